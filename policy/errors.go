@@ -1,0 +1,130 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Match them with errors.Is; the struct errors below carry
+// details and match their sentinel.
+var (
+	// ErrOpen: the breaker is open (or half-open with every probe taken).
+	// The error returned is an [*OpenError] carrying the retry-after.
+	ErrOpen = errors.New("policy: circuit breaker is open")
+
+	// ErrBudgetExhausted: a retry was refused because the guard's retry
+	// budget is spent. The error returned is an [*ExhaustedError] that
+	// unwraps to the last attempt's error.
+	ErrBudgetExhausted = errors.New("policy: retry budget exhausted")
+
+	// ErrAdmitRefused: the Admit hook refused the work. The error returned is
+	// an [*AdmitError] that unwraps to the hook's error.
+	ErrAdmitRefused = errors.New("policy: admission refused")
+
+	// ErrInvalidPolicy: New was given an invalid Policy. The error returned
+	// is an [*InvalidPolicyError] naming the field.
+	ErrInvalidPolicy = errors.New("policy: invalid policy")
+)
+
+// OpenError is returned when the breaker refuses an attempt. One OpenError
+// is made per trip and shared by every refusal of that trip, so rejections
+// allocate nothing; do not modify it.
+type OpenError struct {
+	// State is the breaker state that refused: Open, or HalfOpen with every
+	// probe slot taken.
+	State State
+	// Until is when the open period ends and a probe will be admitted; zero
+	// for HalfOpen.
+	Until time.Time
+
+	clock Clock
+	g     *Guard
+}
+
+// RetryAfter is how long until the breaker admits a probe. For a half-open
+// breaker whose probes are all taken it is the guard's latency estimate
+// (between 1ms and 1s): about when a probe's outcome is known.
+func (e *OpenError) RetryAfter() time.Duration {
+	if e.State == HalfOpen || e.clock == nil {
+		if e.g == nil {
+			return time.Millisecond
+		}
+		return min(max(time.Duration(e.g.latency.Load()), time.Millisecond), time.Second)
+	}
+	return max(e.Until.Sub(e.clock.Now()), 0)
+}
+
+func (e *OpenError) Error() string {
+	return fmt.Sprintf("policy: circuit breaker is %s (retry after %v)", e.State, e.RetryAfter())
+}
+
+// Is reports whether target is ErrOpen.
+func (e *OpenError) Is(target error) bool { return target == ErrOpen }
+
+// ExhaustedError is returned when the retry budget refused a retry.
+type ExhaustedError struct {
+	// Attempts made before the budget refused another.
+	Attempts int
+	// Err is the last attempt's error.
+	Err error
+}
+
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("policy: retry budget exhausted after %d attempt(s): %v", e.Attempts, e.Err)
+}
+
+// Is reports whether target is ErrBudgetExhausted.
+func (e *ExhaustedError) Is(target error) bool { return target == ErrBudgetExhausted }
+
+// Unwrap returns the last attempt's error.
+func (e *ExhaustedError) Unwrap() error { return e.Err }
+
+// AdmitError is returned when the Admit hook refused the work.
+type AdmitError struct{ Err error }
+
+func (e *AdmitError) Error() string { return "policy: admission refused: " + e.Err.Error() }
+
+// Is reports whether target is ErrAdmitRefused.
+func (e *AdmitError) Is(target error) bool { return target == ErrAdmitRefused }
+
+// Unwrap returns the hook's error.
+func (e *AdmitError) Unwrap() error { return e.Err }
+
+// InvalidPolicyError names the Policy field that New refused.
+type InvalidPolicyError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidPolicyError) Error() string {
+	return "policy: invalid " + e.Field + ": " + e.Reason
+}
+
+// Is reports whether target is ErrInvalidPolicy.
+func (e *InvalidPolicyError) Is(target error) bool { return target == ErrInvalidPolicy }
+
+// Permanent marks err as not retryable: Run returns it at once and the
+// consumer dead-letters the message without further attempts. It still counts
+// as a failure for the breaker. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// PermanentError wraps an error that must not be retried.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// [Permanent].
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}

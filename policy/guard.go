@@ -1,0 +1,679 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// State is a circuit breaker state.
+type State uint8
+
+// Breaker states.
+const (
+	Closed   State = iota // attempts flow; failures are counted
+	HalfOpen              // a bounded number of probes are admitted
+	Open                  // every attempt is refused until the open period ends
+)
+
+func (s State) String() string {
+	switch s {
+	case Closed:
+		return "closed"
+	case HalfOpen:
+		return "half-open"
+	case Open:
+		return "open"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+const windowBuckets = 10
+
+// Guard is one instance of a [Policy]: it owns a circuit breaker, a retry
+// budget and a latency estimate, and runs work through them with [Guard.Run]
+// or the two-step [Guard.Allow] and [Permit.Done].
+//
+// A Guard is safe for concurrent use. The closed-breaker success path takes
+// no lock and allocates nothing: it reads the packed state word and updates a
+// few atomics. Failures and state changes take mu.
+type Guard struct {
+	r     resolved
+	epoch time.Time // origin of the nanosecond clock below
+
+	// state packs generation<<2 | State. Changed only under mu; read freely.
+	state     atomic.Uint64
+	openUntil atomic.Int64 // ns since epoch; meaningful while Open
+	consec    atomic.Int64 // consecutive failures while Closed
+	tokens    atomic.Int64 // retry budget, in thousandths of a token
+	latency   atomic.Int64 // latency estimate, ns; 0 until the first sample
+
+	successes atomic.Uint64
+	failures  atomic.Uint64
+	rejected  atomic.Uint64
+	retries   atomic.Uint64
+
+	// openErr is the error returned while Open (one allocation per trip, so
+	// that rejections allocate nothing); fullErr while HalfOpen with every
+	// probe slot taken.
+	openErr atomic.Pointer[OpenError]
+	fullErr *OpenError
+
+	mu        sync.Mutex
+	trips     int   // trips since the breaker last closed (mu)
+	probesOut int   // half-open permits outstanding (mu)
+	probesOK  int   // half-open successes in this generation (mu)
+	floor     int64 // floor tokens, thousandths (mu)
+	floorAt   int64 // ns since epoch of the last floor refill (mu)
+	win       [windowBuckets]bucket
+	width     int64 // ns per window bucket
+}
+
+// bucket is one slice of the rolling window. seq is the index of the time
+// slice it currently counts; a stale bucket is cleared under mu before use.
+type bucket struct {
+	seq  atomic.Int64
+	succ atomic.Int64
+	fail atomic.Int64
+}
+
+// New validates p and builds a Guard from it. The error names the offending
+// field and matches [ErrInvalidPolicy].
+func New(p Policy) (*Guard, error) {
+	r, err := resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	g := &Guard{r: r, epoch: r.clock.Now()}
+	g.tokens.Store(r.maxMilli)
+	g.floor = int64(max(r.floorPerSec, 1) * 1000)
+	if r.floorPerSec == 0 {
+		g.floor = 0
+	}
+	if r.breaker {
+		g.width = int64(r.window) / windowBuckets
+		for i := range g.win {
+			g.win[i].seq.Store(-1)
+		}
+		g.fullErr = &OpenError{State: HalfOpen, clock: r.clock, g: g}
+	}
+	return g, nil
+}
+
+// Policy returns the Policy this guard was built from.
+func (g *Guard) Policy() Policy { return g.r.originalCopy }
+
+func (g *Guard) now() int64 {
+	if g.r.systemClock {
+		return int64(time.Since(g.epoch))
+	}
+	return int64(g.r.clock.Now().Sub(g.epoch))
+}
+
+func unpack(s uint64) (State, uint64) { return State(s & 3), s >> 2 }
+
+// State returns the breaker state. A breaker whose open period has ended
+// reports HalfOpen. Without a breaker it is always Closed.
+func (g *Guard) State() State {
+	st, _ := unpack(g.state.Load())
+	if st == Open && g.now() >= g.openUntil.Load() {
+		return HalfOpen
+	}
+	return st
+}
+
+// RetryAfter returns how long until the breaker admits a probe: zero unless
+// the breaker is open.
+func (g *Guard) RetryAfter() time.Duration {
+	st, _ := unpack(g.state.Load())
+	if st != Open {
+		return 0
+	}
+	return max(time.Duration(g.openUntil.Load()-g.now()), 0)
+}
+
+// Permit is the right to make one attempt, granted by [Guard.Allow]. Report
+// the attempt's outcome exactly once with [Permit.Done]. A Permit is a small
+// value; copying it is fine, but only one copy may call Done.
+type Permit struct {
+	g     *Guard
+	gen   uint64
+	start int64
+	probe bool
+}
+
+// Probe reports whether this permit is a half-open probe.
+func (p Permit) Probe() bool { return p.probe }
+
+// Allow is the first step of two-step use: it asks the Admit hook and the
+// breaker whether an attempt may start now, without running anything. On
+// refusal the error is an [*AdmitError] or an [*OpenError] whose RetryAfter
+// says how long until a probe is admitted.
+func (g *Guard) Allow(ctx context.Context) (Permit, error) {
+	if g.r.admit != nil {
+		if err := g.r.admit(ctx); err != nil {
+			g.emit(Event{Kind: EventAdmitRefused, State: g.State(), Err: err})
+			return Permit{}, &AdmitError{Err: err}
+		}
+	}
+	return g.acquire()
+}
+
+func (g *Guard) acquire() (Permit, error) {
+	now := g.now()
+	if !g.r.breaker {
+		return Permit{g: g, start: now}, nil
+	}
+	s := g.state.Load()
+	if st, gen := unpack(s); st == Closed {
+		return Permit{g: g, gen: gen, start: now}, nil
+	} else if st == Open && now < g.openUntil.Load() {
+		g.rejected.Add(1)
+		return Permit{}, g.openErr.Load()
+	}
+	return g.acquireSlow(now)
+}
+
+func (g *Guard) acquireSlow(now int64) (Permit, error) {
+	g.mu.Lock()
+	st, gen := unpack(g.state.Load())
+	if st == Open && now >= g.openUntil.Load() {
+		g.setState(HalfOpen)
+		st, gen = unpack(g.state.Load())
+		g.probesOut, g.probesOK = 0, 0
+		g.mu.Unlock()
+		g.emit(Event{Kind: EventBreakerHalfOpen, State: HalfOpen})
+		g.mu.Lock()
+		st, gen = unpack(g.state.Load())
+	}
+	switch st {
+	case Closed:
+		g.mu.Unlock()
+		return Permit{g: g, gen: gen, start: now}, nil
+	case HalfOpen:
+		if g.probesOut+g.probesOK < g.r.probes {
+			g.probesOut++
+			g.mu.Unlock()
+			return Permit{g: g, gen: gen, start: now, probe: true}, nil
+		}
+		g.mu.Unlock()
+		g.rejected.Add(1)
+		return Permit{}, g.fullErr
+	default:
+		g.mu.Unlock()
+		g.rejected.Add(1)
+		return Permit{}, g.openErr.Load()
+	}
+}
+
+// setState moves to st with a new generation. Called with mu held.
+func (g *Guard) setState(st State) {
+	_, gen := unpack(g.state.Load())
+	g.state.Store((gen+1)<<2 | uint64(st))
+}
+
+// Done reports the outcome of the attempt: nil for success, an error for a
+// failure (unless the breaker excludes it). An outcome from an earlier
+// breaker generation is counted in Stats but does not move the breaker.
+func (p Permit) Done(err error) {
+	g := p.g
+	if g == nil {
+		return
+	}
+	end := g.now()
+	g.observe(end - p.start)
+	if err == nil {
+		g.successes.Add(1)
+		g.earn()
+		if g.r.breaker {
+			g.recordSuccess(p, end)
+		}
+		return
+	}
+	if g.r.breaker && g.r.exclude(err) {
+		if p.probe {
+			g.mu.Lock()
+			if _, gen := unpack(g.state.Load()); gen == p.gen {
+				g.probesOut--
+			}
+			g.mu.Unlock()
+		}
+		return
+	}
+	g.failures.Add(1)
+	if g.r.breaker {
+		g.recordFailure(p, end, err)
+	}
+}
+
+// release gives back a permit without an outcome (BeforeAttempt refused).
+func (p Permit) release() {
+	if p.g == nil || !p.probe {
+		return
+	}
+	g := p.g
+	g.mu.Lock()
+	if _, gen := unpack(g.state.Load()); gen == p.gen {
+		g.probesOut--
+	}
+	g.mu.Unlock()
+}
+
+func (g *Guard) recordSuccess(p Permit, now int64) {
+	s := g.state.Load()
+	st, gen := unpack(s)
+	if gen != p.gen {
+		return
+	}
+	if st == Closed {
+		if g.consec.Load() != 0 {
+			g.consec.Store(0)
+		}
+		if g.r.ratio > 0 {
+			g.bucketAt(now).succ.Add(1)
+		}
+		return
+	}
+	if !p.probe {
+		return
+	}
+	g.mu.Lock()
+	st, gen = unpack(g.state.Load())
+	if gen != p.gen || st != HalfOpen {
+		g.mu.Unlock()
+		return
+	}
+	g.probesOut--
+	g.probesOK++
+	if g.probesOK < g.r.probes {
+		g.mu.Unlock()
+		return
+	}
+	g.setState(Closed)
+	g.trips = 0
+	g.consec.Store(0)
+	for i := range g.win {
+		g.win[i].seq.Store(-1)
+	}
+	g.mu.Unlock()
+	g.emit(Event{Kind: EventBreakerClosed, State: Closed})
+}
+
+func (g *Guard) recordFailure(p Permit, now int64, err error) {
+	g.mu.Lock()
+	st, gen := unpack(g.state.Load())
+	if gen != p.gen {
+		g.mu.Unlock()
+		return
+	}
+	trip := false
+	switch st {
+	case Closed:
+		n := g.consec.Add(1)
+		if g.r.consecutive > 0 && n >= int64(g.r.consecutive) {
+			trip = true
+		}
+		if g.r.ratio > 0 {
+			g.bucketAtLocked(now).fail.Add(1)
+			if !trip && g.ratioTripped(now) {
+				trip = true
+			}
+		}
+	case HalfOpen:
+		trip = p.probe
+	}
+	if !trip {
+		g.mu.Unlock()
+		return
+	}
+	g.trips++
+	d := g.r.openTimeout
+	for i := 1; i < g.trips && d < g.r.maxOpen; i++ {
+		d *= 2
+	}
+	d = min(d, g.r.maxOpen)
+	g.openUntil.Store(now + int64(d))
+	g.openErr.Store(&OpenError{State: Open, Until: g.epoch.Add(time.Duration(now) + d), clock: g.r.clock, g: g})
+	g.setState(Open)
+	g.consec.Store(0)
+	g.mu.Unlock()
+	g.emit(Event{Kind: EventBreakerOpened, State: Open, Delay: d, Err: err})
+}
+
+// bucketAt returns the window bucket for now, clearing it first if it holds
+// an older time slice.
+func (g *Guard) bucketAt(now int64) *bucket {
+	seq := now / g.width
+	b := &g.win[seq%windowBuckets]
+	if b.seq.Load() == seq {
+		return b
+	}
+	g.mu.Lock()
+	b = g.bucketAtLocked(now)
+	g.mu.Unlock()
+	return b
+}
+
+func (g *Guard) bucketAtLocked(now int64) *bucket {
+	seq := now / g.width
+	b := &g.win[seq%windowBuckets]
+	if b.seq.Load() != seq {
+		b.succ.Store(0)
+		b.fail.Store(0)
+		b.seq.Store(seq)
+	}
+	return b
+}
+
+// ratioTripped reports whether the rolling window trips the ratio rule.
+// Called with mu held.
+func (g *Guard) ratioTripped(now int64) bool {
+	seq := now / g.width
+	var succ, fail int64
+	for i := range g.win {
+		b := &g.win[i]
+		if s := b.seq.Load(); s > seq-windowBuckets && s <= seq {
+			succ += b.succ.Load()
+			fail += b.fail.Load()
+		}
+	}
+	total := succ + fail
+	return total >= int64(g.r.minRequests) && float64(fail) >= g.r.ratio*float64(total)
+}
+
+// earn deposits a success's share into the retry budget. It reads before it
+// writes so that a full bucket (the steady state) costs no contended write.
+func (g *Guard) earn() {
+	if !g.r.budget {
+		return
+	}
+	if t := g.tokens.Load(); t < g.r.maxMilli {
+		if n := g.tokens.Add(g.r.earnMilli); n > g.r.maxMilli {
+			g.tokens.CompareAndSwap(n, g.r.maxMilli)
+		}
+	}
+}
+
+// spend withdraws one token for a retry, from the bucket or else from the
+// floor. It reports whether the retry may go ahead.
+func (g *Guard) spend() bool {
+	if !g.r.budget {
+		return true
+	}
+	for {
+		t := g.tokens.Load()
+		if t < 1000 {
+			break
+		}
+		if g.tokens.CompareAndSwap(t, t-1000) {
+			return true
+		}
+	}
+	if g.r.floorPerSec == 0 {
+		return false
+	}
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	capMilli := int64(max(g.r.floorPerSec, 1) * 1000)
+	g.floor = min(capMilli, g.floor+int64(float64(now-g.floorAt)*g.r.floorPerSec/1e6))
+	g.floorAt = now
+	if g.floor >= 1000 {
+		g.floor -= 1000
+		return true
+	}
+	return false
+}
+
+// observe feeds one attempt duration to the streaming quantile estimate:
+// stochastic gradient descent on the pinball loss with a step proportional
+// to the estimate, so it tracks any scale in O(1) memory.
+func (g *Guard) observe(d int64) {
+	if d <= 0 {
+		d = 1
+	}
+	est := g.latency.Load()
+	if est == 0 {
+		g.latency.CompareAndSwap(0, d)
+		return
+	}
+	step := max(est/16, 1)
+	var next int64
+	if d > est {
+		next = est + max(int64(float64(step)*g.r.quantile), 1)
+	} else if d < est {
+		next = est - max(int64(float64(step)*(1-g.r.quantile)), 1)
+	} else {
+		return
+	}
+	g.latency.Store(max(next, 1))
+}
+
+// NextRetry is the retry decision of the executor, exposed for engines that
+// schedule their own attempts. Given the attempt that just failed (from 1),
+// its error, and the previous backoff (0 before the first retry), it returns
+// the wait before the next attempt, or a non-nil error when there must be no
+// retry: err itself when it is permanent or the attempts are used up, or an
+// [*ExhaustedError] when the budget refused. It spends a budget token and
+// emits EventRetryScheduled or EventBudgetExhausted.
+func (g *Guard) NextRetry(attempt int, err error, prev time.Duration) (time.Duration, error) {
+	if IsPermanent(err) || attempt >= g.r.maxAttempts {
+		return 0, err
+	}
+	if !g.spend() {
+		g.emit(Event{Kind: EventBudgetExhausted, State: g.State(), Attempt: attempt, Err: err})
+		return 0, &ExhaustedError{Attempts: attempt, Err: err}
+	}
+	d := g.Backoff(attempt, err, prev)
+	g.retries.Add(1)
+	g.emit(Event{Kind: EventRetryScheduled, State: g.State(), Attempt: attempt, Delay: d, Err: err})
+	return d, nil
+}
+
+// MaxAttempts returns the resolved maximum number of attempts.
+func (g *Guard) MaxAttempts() int { return g.r.maxAttempts }
+
+// Backoff returns the wait after the given failed attempt (from 1). prev is
+// the previous wait, used by decorrelated jitter (0 before the first retry).
+// It spends nothing.
+func (g *Guard) Backoff(attempt int, err error, prev time.Duration) time.Duration {
+	b := g.r.backoff
+	var d time.Duration
+	switch b.Kind {
+	case Constant:
+		d = b.Base
+	case Linear:
+		d = b.Base * time.Duration(attempt)
+		if attempt > 0 && d/time.Duration(attempt) != b.Base { // overflow
+			d = b.Max
+		}
+	case CustomKind:
+		d = b.Custom(attempt, err)
+	default:
+		// Decorrelated jitter: uniform in [Base, 3*prev], capped.
+		if prev < b.Base {
+			prev = b.Base
+		}
+		hi := min(prev, b.Max) * 3
+		d = b.Base
+		if hi > b.Base {
+			d += time.Duration(rand.Int64N(int64(hi - b.Base + 1)))
+		}
+	}
+	return min(max(d, 0), b.Max)
+}
+
+// Run runs fn through the guard: Admit, then for each attempt the breaker
+// permit, BeforeAttempt, the attempt (under the Deadline, if any), the
+// outcome recorded, and the retry decision with budget and backoff. It
+// returns nil on the first success, or the error that ended the work: the
+// last attempt's error, an [*OpenError], an [*ExhaustedError], an
+// [*AdmitError], or ctx's error joined with the last attempt's error when a
+// backoff was interrupted. A panic in fn is recorded as a failure and
+// re-raised.
+func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
+	if g.r.admit != nil {
+		if err := g.r.admit(ctx); err != nil {
+			g.emit(Event{Kind: EventAdmitRefused, State: g.State(), Err: err})
+			return &AdmitError{Err: err}
+		}
+	}
+	if g.r.deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.r.deadline)
+		defer cancel()
+	}
+	var prev time.Duration
+	for attempt := 1; ; attempt++ {
+		p, err := g.acquire()
+		if err != nil {
+			g.emit(Event{Kind: EventRejected, State: g.State(), Attempt: attempt, Err: err})
+			return err
+		}
+		if g.r.before != nil {
+			if err := g.r.before(ctx, attempt); err != nil {
+				p.release()
+				return err
+			}
+		}
+		if g.r.hedge {
+			err = g.hedged(ctx, p, fn)
+		} else {
+			err = g.attempt(ctx, p, fn)
+		}
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		d, stop := g.NextRetry(attempt, err, prev)
+		if stop != nil {
+			return stop
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+			return err // the wait would outlive the deadline
+		}
+		prev = d
+		if serr := sleep(ctx, d); serr != nil {
+			return errors.Join(serr, err)
+		}
+	}
+}
+
+func (g *Guard) attempt(ctx context.Context, p Permit, fn func(context.Context) error) (err error) {
+	finished := false
+	defer func() {
+		if !finished {
+			r := recover()
+			p.Done(fmt.Errorf("policy: panic: %v", r))
+			panic(r)
+		}
+	}()
+	err = fn(ctx)
+	finished = true
+	p.Done(err)
+	return err
+}
+
+// hedged runs fn and, if it is still running after the latency estimate,
+// a second copy; the first success wins and the other is cancelled.
+func (g *Guard) hedged(ctx context.Context, p Permit, fn func(context.Context) error) error {
+	delay := max(time.Duration(g.latency.Load()), g.r.hedgeMin)
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan error, 2)
+	run := func() {
+		var err error
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("policy: panic: %v", r)
+			}
+			results <- err
+		}()
+		err = fn(hctx)
+	}
+	go run()
+	timer := time.NewTimer(delay)
+	defer timer.Stop()
+	running := 1
+	var err error
+	for {
+		select {
+		case err = <-results:
+			running--
+			if err == nil || running == 0 {
+				p.Done(err)
+				return err
+			}
+		case <-timer.C:
+			if running == 1 {
+				g.emit(Event{Kind: EventHedgeStarted, State: g.State()})
+				running++
+				go run()
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *Guard) emit(e Event) {
+	if g.r.onEvent != nil {
+		g.r.onEvent(e)
+	}
+}
+
+// Stats is a snapshot of a guard.
+type Stats struct {
+	State      State
+	Generation uint64
+	// RetryAfter is how long until a probe is admitted (zero unless open).
+	RetryAfter time.Duration
+	// Successes, Failures: outcomes reported (excluded errors are neither).
+	Successes, Failures uint64
+	// Rejected: attempts refused by the breaker.
+	Rejected uint64
+	// Retries: retries scheduled.
+	Retries uint64
+	// ConsecutiveFailures while closed.
+	ConsecutiveFailures int
+	// Tokens left in the retry budget.
+	Tokens float64
+	// Latency is the current estimate of the configured quantile of
+	// attempt durations; zero before the first attempt.
+	Latency time.Duration
+}
+
+// Stats returns a snapshot of the guard's counters and estimates.
+func (g *Guard) Stats() Stats {
+	_, gen := unpack(g.state.Load())
+	return Stats{
+		State:               g.State(),
+		Generation:          gen,
+		RetryAfter:          g.RetryAfter(),
+		Successes:           g.successes.Load(),
+		Failures:            g.failures.Load(),
+		Rejected:            g.rejected.Load(),
+		Retries:             g.retries.Load(),
+		ConsecutiveFailures: int(g.consec.Load()),
+		Tokens:              float64(g.tokens.Load()) / 1000,
+		Latency:             time.Duration(g.latency.Load()),
+	}
+}
