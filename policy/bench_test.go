@@ -1,0 +1,208 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/failsafe-go/failsafe-go"
+	"github.com/failsafe-go/failsafe-go/circuitbreaker"
+	"github.com/failsafe-go/failsafe-go/retrypolicy"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/ringfence/ringfence/policy"
+)
+
+// The benchmarks compare the executor a user would otherwise pick, in one
+// run: go test -run '^$' -bench . -benchmem ./policy/
+//
+// Success: a closed breaker and a handler that succeeds. Ours runs the
+// breaker, retry, budget and latency estimate (no deadline); gobreaker is a
+// breaker alone; failsafe-go composes a retry policy with a circuit breaker.
+// Rejected: the breaker is open and every call is refused.
+
+var errBench = errors.New("bench: failure")
+
+func okFn(context.Context) error { return nil }
+func okPlain() error             { return nil }
+func okGB() (struct{}, error)    { return struct{}{}, nil }
+
+func benchGuard(b *testing.B) *policy.Guard {
+	b.Helper()
+	p := policy.Default()
+	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
+	g, err := policy.New(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return g
+}
+
+func benchGobreaker() *gobreaker.CircuitBreaker[struct{}] {
+	return gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{Name: "bench", Timeout: time.Hour})
+}
+
+// benchFailsafe composes a retry policy (3 attempts, exponential backoff,
+// no retry on an open breaker, like ours) with a circuit breaker.
+func benchFailsafe(open bool) failsafe.Executor[any] {
+	rp := retrypolicy.NewBuilder[any]().WithMaxAttempts(3).
+		WithBackoff(50*time.Millisecond, 5*time.Second).
+		AbortOnErrors(circuitbreaker.ErrOpen).Build()
+	cb := circuitbreaker.NewBuilder[any]().WithFailureThreshold(5).WithDelay(time.Hour).Build()
+	if open {
+		cb.Open()
+	}
+	return failsafe.With[any](rp, cb)
+}
+
+func BenchmarkSuccess(b *testing.B) {
+	ctx := context.Background()
+	b.Run("ringfence/serial", func(b *testing.B) {
+		g := benchGuard(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := g.Run(ctx, okFn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ringfence/parallel", func(b *testing.B) {
+		g := benchGuard(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := g.Run(ctx, okFn); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("gobreaker/serial", func(b *testing.B) {
+		cb := benchGobreaker()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := cb.Execute(okGB); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("gobreaker/parallel", func(b *testing.B) {
+		cb := benchGobreaker()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := cb.Execute(okGB); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("failsafe/serial", func(b *testing.B) {
+		ex := benchFailsafe(false)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := ex.Run(okPlain); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("failsafe/parallel", func(b *testing.B) {
+		ex := benchFailsafe(false)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := ex.Run(okPlain); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+func BenchmarkRejected(b *testing.B) {
+	ctx := context.Background()
+	failFn := func(context.Context) error { return policy.Permanent(errBench) }
+	openGuard := func(b *testing.B) *policy.Guard {
+		g := benchGuard(b)
+		for g.State() != policy.Open {
+			_ = g.Run(ctx, failFn)
+		}
+		return g
+	}
+	openGobreaker := func(b *testing.B) *gobreaker.CircuitBreaker[struct{}] {
+		cb := benchGobreaker()
+		for cb.State() != gobreaker.StateOpen {
+			_, _ = cb.Execute(func() (struct{}, error) { return struct{}{}, errBench })
+		}
+		return cb
+	}
+	check := func(b *testing.B, err error) {
+		if err == nil {
+			b.Fatal("rejection path ran the handler")
+		}
+	}
+	b.Run("ringfence/serial", func(b *testing.B) {
+		g := openGuard(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := g.Run(ctx, okFn); !errors.Is(err, policy.ErrOpen) {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ringfence/parallel", func(b *testing.B) {
+		g := openGuard(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := g.Run(ctx, okFn); err == nil {
+					b.Error("handler ran")
+					return
+				}
+			}
+		})
+	})
+	b.Run("gobreaker/serial", func(b *testing.B) {
+		cb := openGobreaker(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, err := cb.Execute(okGB)
+			check(b, err)
+		}
+	})
+	b.Run("gobreaker/parallel", func(b *testing.B) {
+		cb := openGobreaker(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := cb.Execute(okGB); err == nil {
+					b.Error("handler ran")
+					return
+				}
+			}
+		})
+	})
+	b.Run("failsafe/serial", func(b *testing.B) {
+		ex := benchFailsafe(true)
+		b.ReportAllocs()
+		for b.Loop() {
+			check(b, ex.Run(okPlain))
+		}
+	})
+	b.Run("failsafe/parallel", func(b *testing.B) {
+		ex := benchFailsafe(true)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := ex.Run(okPlain); err == nil {
+					b.Error("handler ran")
+					return
+				}
+			}
+		})
+	})
+}
