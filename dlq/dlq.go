@@ -36,9 +36,11 @@ const (
 
 // Record is one dead letter: the original message, byte for byte, plus what
 // ringfence knows about its failure. On the wire the failure data travels as
-// headers prefixed "ringfence-" (see EncodeHeaders and DecodeHeaders).
+// headers prefixed "ringfence-" (see EncodeHeaders and DecodeRecord).
 type Record struct {
-	// Tenant is the raw tenant key (any bytes). Empty with ReasonNoTenant.
+	// Tenant is the raw tenant key (any bytes). Empty with ReasonNoTenant;
+	// with ReasonInvalidTenant it holds the refused key, if any. Either way
+	// the record goes to the "no tenant" bucket (see Bucket).
 	Tenant string
 
 	// Key, Value and Headers are the original message's, unchanged, with any
@@ -49,7 +51,8 @@ type Record struct {
 
 	// Source is the topic (Kafka) or subject (NATS) the message came from.
 	Source string
-	// Partition and Offset locate a Kafka message; Offset is -1 otherwise.
+	// Partition and Offset locate a Kafka message; Offset is -1 otherwise
+	// (set it: the zero value 0 is a real Kafka offset).
 	Partition int32
 	Offset    int64
 	// Stream and Sequence locate a JetStream message.
@@ -66,10 +69,12 @@ type Record struct {
 	// ErrorType is the Go type of the last error, e.g. "*net.OpError".
 	ErrorType string
 	Reason    Reason
-	// Redrive counts how many times this message was replayed from a DLQ.
+	// Redrive counts how many times this message was replayed from a DLQ
+	// (RedriveCount reads it from the redelivered message's headers).
 	Redrive int
 
-	// Time is when the record was written to the DLQ; set by inspectors.
+	// Time is when the record was written to the DLQ; set by inspectors,
+	// not carried in headers.
 	Time time.Time
 	// Position is the record's place in its DLQ (offset or stream sequence),
 	// set by inspectors.

@@ -1,4 +1,73 @@
 // Package dlq defines ringfence's dead-letter record, its "ringfence-" header
 // format, the tenant token used to name per-tenant DLQ topics and subjects,
 // and the Sink and Inspector interfaces that each broker adapter implements.
+//
+// # Tenant tokens
+//
+// A tenant key is any bytes. TenantToken encodes it as a token that is legal
+// both inside a Kafka topic name ([a-zA-Z0-9._-]) and as one NATS subject
+// token (no '.', '*', '>' or whitespace): the token uses only [A-Za-z0-9_-].
+//
+//   - Bytes in [A-Za-z0-9-] stand for themselves, so common ids stay
+//     readable: "acme-corp" is "acme-corp", "tenant42" is "tenant42".
+//   - Every other byte, '_' included, is '_' and two lowercase hex digits:
+//     "acme.corp" is "acme_2ecorp", "acme_2ecorp" is "acme_5f2ecorp", "*" is
+//     "_2a", invalid UTF-8 "\xff" is "_ff". The encoding is injective and
+//     ParseTenantToken reverses it; it accepts only canonical tokens (no
+//     uppercase hex, no escaped letter), so no two tokens name one tenant.
+//   - The empty key is NoTenantToken, "_none": the "no tenant" bucket where
+//     the engine sends messages whose key is missing, empty or refused
+//     (Record.Bucket). No other key encodes to it: "_n" is not an escape.
+//   - A key whose encoding is longer than MaxTokenLen (180) is hashed: the
+//     longest prefix of its encoding of at most 146 characters, cut between
+//     escapes, then "_h", then the first 32 hex digits (128 bits) of the
+//     SHA-256 of the key. 'h' is not a hex digit, so "_h" never occurs in a
+//     plain token: no key can forge a hashed token, nor a hashed token a
+//     plain one. A hashed token cannot be reversed; the full key travels in
+//     HeaderTenant of every record.
+//
+// Names: KafkaTopic gives "<source>.dlq.<token>", at most 249 characters
+// (Kafka's limit) for sources of up to MaxKafkaSourceLen (64) characters;
+// NATSSubject gives "<prefix>.<token>". SplitKafkaTopic and SplitNATSSubject
+// take them apart for inspectors.
+//
+// # Record headers
+//
+// A Record travels as the original key and value, byte for byte, and the
+// original headers without any earlier "ringfence-" header, followed by the
+// ringfence- headers below (Record.EncodeHeaders, DecodeRecord). Numbers are
+// decimal; times are RFC 3339 in UTC with nine fractional digits
+// (TimeLayout). Headers marked "if set" are left out for the field's zero
+// value.
+//
+//	header                   field         written
+//	ringfence-tenant         Tenant        always; raw key bytes, may be empty or non-UTF-8
+//	ringfence-tenant-token   (Bucket)      always; the token naming the record's DLQ
+//	ringfence-source         Source        if set; source topic or subject
+//	ringfence-partition      Partition     if Offset != -1 or Partition != 0
+//	ringfence-offset         Offset        if Offset != -1 (Kafka)
+//	ringfence-stream         Stream        if set (JetStream)
+//	ringfence-sequence       Sequence      if set (JetStream)
+//	ringfence-group          Group         if set; consumer group or durable
+//	ringfence-attempts       Attempts      if set
+//	ringfence-first-failure  FirstFailure  if set and within years 0 to 9999
+//	ringfence-last-failure   LastFailure   if set and within years 0 to 9999
+//	ringfence-error          Error         if set; capped at MaxErrorLen (1024) bytes on a UTF-8 boundary
+//	ringfence-error-type     ErrorType     if set; Go type, e.g. "*net.OpError"
+//	ringfence-reason         Reason        if set; "permanent", "exhausted", "poison", ...
+//	ringfence-redrive        Redrive       if set; times replayed from a DLQ
+//
+// When a replayed message fails again, the engine passes its headers as they
+// came: EncodeHeaders drops the stale ringfence- ones (matched ignoring ASCII
+// case), so each appears once, and RedriveCount reads the count that
+// Record.ReplayHeaders raised.
+//
+// # Filling a record
+//
+// The engine builds a Record from the failed message: Key, Value, Headers,
+// Source, Partition and Offset (Kafka) or Stream and Sequence with Offset -1
+// (NATS), Group, Tenant (the raw key), Attempts, the first and last failure
+// times, Error and ErrorType from CapError(lastErr), Reason, and Redrive from
+// RedriveCount(message headers). It then calls Sink.Write and settles the
+// message only once Write returned nil.
 package dlq
