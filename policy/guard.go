@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -64,11 +65,11 @@ type Guard struct {
 	fullErr *OpenError
 
 	mu        sync.Mutex
-	trips     int   // trips since the breaker last closed (mu)
-	probesOut int   // half-open permits outstanding (mu)
-	probesOK  int   // half-open successes in this generation (mu)
-	floor     int64 // floor tokens, thousandths (mu)
-	floorAt   int64 // ns since epoch of the last floor refill (mu)
+	trips     int     // trips since the breaker last closed (mu)
+	probesOut int     // half-open permits outstanding (mu)
+	probesOK  int     // half-open successes in this generation (mu)
+	floor     float64 // floor tokens left (mu)
+	floorAt   int64   // ns since epoch of the last floor refill (mu)
 	win       [windowBuckets]bucket
 	width     int64 // ns per window bucket
 }
@@ -90,15 +91,10 @@ func New(p Policy) (*Guard, error) {
 	}
 	g := &Guard{r: r, epoch: r.clock.Now()}
 	g.tokens.Store(r.maxMilli)
-	g.floor = int64(max(r.floorPerSec, 1) * 1000)
-	if r.floorPerSec == 0 {
-		g.floor = 0
-	}
+	g.floor = g.floorCap()
 	if r.breaker {
 		g.width = int64(r.window) / windowBuckets
-		for i := range g.win {
-			g.win[i].seq.Store(-1)
-		}
+		g.clearWindow()
 		g.fullErr = &OpenError{State: HalfOpen, clock: r.clock, g: g}
 	}
 	return g, nil
@@ -154,13 +150,25 @@ func (p Permit) Probe() bool { return p.probe }
 // refusal the error is an [*AdmitError] or an [*OpenError] whose RetryAfter
 // says how long until a probe is admitted.
 func (g *Guard) Allow(ctx context.Context) (Permit, error) {
-	if g.r.admit != nil {
-		if err := g.r.admit(ctx); err != nil {
-			g.emit(Event{Kind: EventAdmitRefused, State: g.State(), Err: err})
-			return Permit{}, &AdmitError{Err: err}
-		}
+	if err := g.admit(ctx); err != nil {
+		return Permit{}, err
 	}
-	return g.acquire()
+	p, err := g.acquire()
+	if err != nil {
+		g.emit(Event{Kind: EventRejected, Err: err})
+	}
+	return p, err
+}
+
+func (g *Guard) admit(ctx context.Context) error {
+	if g.r.admit == nil {
+		return nil
+	}
+	if err := g.r.admit(ctx); err != nil {
+		g.emit(Event{Kind: EventAdmitRefused, Err: err})
+		return &AdmitError{Err: err}
+	}
+	return nil
 }
 
 func (g *Guard) acquire() (Permit, error) {
@@ -186,7 +194,7 @@ func (g *Guard) acquireSlow(now int64) (Permit, error) {
 		st, gen = unpack(g.state.Load())
 		g.probesOut, g.probesOK = 0, 0
 		g.mu.Unlock()
-		g.emit(Event{Kind: EventBreakerHalfOpen, State: HalfOpen})
+		g.emitState(Event{Kind: EventBreakerHalfOpen, State: HalfOpen})
 		g.mu.Lock()
 		st, gen = unpack(g.state.Load())
 	}
@@ -250,8 +258,10 @@ func (p Permit) Done(err error) {
 	}
 }
 
-// release gives back a permit without an outcome (BeforeAttempt refused).
-func (p Permit) release() {
+// Release gives the permit back without an outcome: the attempt did not run
+// (the engine shut down, BeforeAttempt refused). It frees a half-open probe
+// slot and records nothing. Call either Done or Release, once.
+func (p Permit) Release() {
 	if p.g == nil || !p.probe {
 		return
 	}
@@ -296,11 +306,9 @@ func (g *Guard) recordSuccess(p Permit, now int64) {
 	g.setState(Closed)
 	g.trips = 0
 	g.consec.Store(0)
-	for i := range g.win {
-		g.win[i].seq.Store(-1)
-	}
+	g.clearWindow()
 	g.mu.Unlock()
-	g.emit(Event{Kind: EventBreakerClosed, State: Closed})
+	g.emitState(Event{Kind: EventBreakerClosed, State: Closed})
 }
 
 func (g *Guard) recordFailure(p Permit, now int64, err error) {
@@ -333,6 +341,10 @@ func (g *Guard) recordFailure(p Permit, now int64, err error) {
 	g.trips++
 	d := g.r.openTimeout
 	for i := 1; i < g.trips && d < g.r.maxOpen; i++ {
+		if d > g.r.maxOpen/2 {
+			d = g.r.maxOpen
+			break
+		}
 		d *= 2
 	}
 	d = min(d, g.r.maxOpen)
@@ -341,8 +353,23 @@ func (g *Guard) recordFailure(p Permit, now int64, err error) {
 	g.setState(Open)
 	g.consec.Store(0)
 	g.mu.Unlock()
-	g.emit(Event{Kind: EventBreakerOpened, State: Open, Delay: d, Err: err})
+	g.emitState(Event{Kind: EventBreakerOpened, State: Open, Delay: d, Err: err})
 }
+
+// clearWindow empties the rolling window. Called with mu held (or before
+// the guard is shared).
+func (g *Guard) clearWindow() {
+	for i := range g.win {
+		b := &g.win[i]
+		b.seq.Store(noSlice)
+		b.succ.Store(0)
+		b.fail.Store(0)
+	}
+}
+
+// noSlice marks a bucket that counts no time slice; it is below every
+// window, so ratioTripped never counts it.
+const noSlice = math.MinInt64
 
 // bucketAt returns the window bucket for now, clearing it first if it holds
 // an older time slice.
@@ -391,9 +418,13 @@ func (g *Guard) earn() {
 	if !g.r.budget {
 		return
 	}
-	if t := g.tokens.Load(); t < g.r.maxMilli {
-		if n := g.tokens.Add(g.r.earnMilli); n > g.r.maxMilli {
-			g.tokens.CompareAndSwap(n, g.r.maxMilli)
+	for {
+		t := g.tokens.Load()
+		if t >= g.r.maxMilli {
+			return
+		}
+		if g.tokens.CompareAndSwap(t, min(t+g.r.earnMilli, g.r.maxMilli)) {
+			return
 		}
 	}
 }
@@ -419,14 +450,24 @@ func (g *Guard) spend() bool {
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	capMilli := int64(max(g.r.floorPerSec, 1) * 1000)
-	g.floor = min(capMilli, g.floor+int64(float64(now-g.floorAt)*g.r.floorPerSec/1e6))
-	g.floorAt = now
-	if g.floor >= 1000 {
-		g.floor -= 1000
+	if now > g.floorAt {
+		g.floor = min(g.floorCap(), g.floor+float64(now-g.floorAt)*g.r.floorPerSec/1e9)
+		g.floorAt = now
+	}
+	if g.floor >= 1 {
+		g.floor--
 		return true
 	}
 	return false
+}
+
+// floorCap is the most floor tokens that accrue: one second's worth, and at
+// least one so that a floor below 1/s still allows a retry now and then.
+func (g *Guard) floorCap() float64 {
+	if g.r.floorPerSec == 0 {
+		return 0
+	}
+	return max(g.r.floorPerSec, 1)
 }
 
 // observe feeds one attempt duration to the streaming quantile estimate:
@@ -457,20 +498,48 @@ func (g *Guard) observe(d int64) {
 // schedule their own attempts. Given the attempt that just failed (from 1),
 // its error, and the previous backoff (0 before the first retry), it returns
 // the wait before the next attempt, or a non-nil error when there must be no
-// retry: err itself when it is permanent or the attempts are used up, or an
-// [*ExhaustedError] when the budget refused. It spends a budget token and
-// emits EventRetryScheduled or EventBudgetExhausted.
+// retry: err itself when it is permanent or the attempts are used up, an
+// [*OpenError] when the breaker will still be open after the wait (park
+// rather than retry), or an [*ExhaustedError] when the budget refused. Only a
+// scheduled retry spends a budget token; it emits EventRetryScheduled,
+// EventRejected or EventBudgetExhausted accordingly.
 func (g *Guard) NextRetry(attempt int, err error, prev time.Duration) (time.Duration, error) {
-	if IsPermanent(err) || attempt >= g.r.maxAttempts {
+	d, stop := g.nextRetry(context.Background(), attempt, err, prev)
+	if stop != nil {
+		return 0, stop
+	}
+	return d, nil
+}
+
+// nextRetry decides a retry. Everything that can end the work without a retry
+// is checked before a budget token is spent: a permanent error, the last
+// attempt, and, for Run, a breaker that will still be open after the wait
+// and a wait that would outlive ctx's deadline.
+func (g *Guard) nextRetry(ctx context.Context, attempt int, err error, prev time.Duration) (time.Duration, error) {
+	if err == nil {
+		return 0, nil
+	}
+	if attempt >= g.r.maxAttempts || IsPermanent(err) {
 		return 0, err
 	}
+	d := g.Backoff(attempt, err, prev)
+	if g.r.breaker {
+		if st, _ := unpack(g.state.Load()); st == Open && g.openUntil.Load()-g.now() > int64(d) {
+			g.rejected.Add(1)
+			oe := g.openErr.Load()
+			g.emit(Event{Kind: EventRejected, Attempt: attempt + 1, Err: oe})
+			return 0, oe
+		}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return 0, errors.Join(err, context.DeadlineExceeded) // the wait would outlive the deadline
+	}
 	if !g.spend() {
-		g.emit(Event{Kind: EventBudgetExhausted, State: g.State(), Attempt: attempt, Err: err})
+		g.emit(Event{Kind: EventBudgetExhausted, Attempt: attempt, Err: err})
 		return 0, &ExhaustedError{Attempts: attempt, Err: err}
 	}
-	d := g.Backoff(attempt, err, prev)
 	g.retries.Add(1)
-	g.emit(Event{Kind: EventRetryScheduled, State: g.State(), Attempt: attempt, Delay: d, Err: err})
+	g.emit(Event{Kind: EventRetryScheduled, Attempt: attempt, Delay: d, Err: err})
 	return d, nil
 }
 
@@ -498,7 +567,10 @@ func (g *Guard) Backoff(attempt int, err error, prev time.Duration) time.Duratio
 		if prev < b.Base {
 			prev = b.Base
 		}
-		hi := min(prev, b.Max) * 3
+		hi := b.Max // 3*prev, capped, without overflow
+		if p := min(prev, b.Max); p <= b.Max/3 {
+			hi = p * 3
+		}
 		d = b.Base
 		if hi > b.Base {
 			d += time.Duration(rand.Int64N(int64(hi - b.Base + 1)))
@@ -510,17 +582,22 @@ func (g *Guard) Backoff(attempt int, err error, prev time.Duration) time.Duratio
 // Run runs fn through the guard: Admit, then for each attempt the breaker
 // permit, BeforeAttempt, the attempt (under the Deadline, if any), the
 // outcome recorded, and the retry decision with budget and backoff. It
-// returns nil on the first success, or the error that ended the work: the
-// last attempt's error, an [*OpenError], an [*ExhaustedError], an
-// [*AdmitError], or ctx's error joined with the last attempt's error when a
-// backoff was interrupted. A panic in fn is recorded as a failure and
-// re-raised.
+// returns nil on the first success, or the error that ended the work:
+//
+//   - the last attempt's error (permanent, or the attempts are used up);
+//   - an [*OpenError] when the breaker refused an attempt, or opened and
+//     will still be open after the backoff (no token is spent then);
+//   - an [*ExhaustedError] when the retry budget refused a retry;
+//   - an [*AdmitError] when Admit refused, or BeforeAttempt's error;
+//   - the last attempt's error joined with ctx's error when ctx ended during
+//     an attempt or a backoff (a backoff is interrupted at once), or with
+//     [context.DeadlineExceeded] when the next backoff would outlive the
+//     deadline.
+//
+// A panic in fn is recorded as a failure and re-raised.
 func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
-	if g.r.admit != nil {
-		if err := g.r.admit(ctx); err != nil {
-			g.emit(Event{Kind: EventAdmitRefused, State: g.State(), Err: err})
-			return &AdmitError{Err: err}
-		}
+	if err := g.admit(ctx); err != nil {
+		return err
 	}
 	if g.r.deadline > 0 {
 		var cancel context.CancelFunc
@@ -528,15 +605,22 @@ func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 		defer cancel()
 	}
 	var prev time.Duration
+	var last error
 	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			if last != nil {
+				return errors.Join(last, err)
+			}
+			return err
+		}
 		p, err := g.acquire()
 		if err != nil {
-			g.emit(Event{Kind: EventRejected, State: g.State(), Attempt: attempt, Err: err})
+			g.emit(Event{Kind: EventRejected, Attempt: attempt, Err: err})
 			return err
 		}
 		if g.r.before != nil {
 			if err := g.r.before(ctx, attempt); err != nil {
-				p.release()
+				p.Release()
 				return err
 			}
 		}
@@ -548,19 +632,19 @@ func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
-			return err
+		if cerr := ctx.Err(); cerr != nil {
+			if errors.Is(err, cerr) {
+				return err
+			}
+			return errors.Join(err, cerr)
 		}
-		d, stop := g.NextRetry(attempt, err, prev)
+		d, stop := g.nextRetry(ctx, attempt, err, prev)
 		if stop != nil {
 			return stop
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-			return err // the wait would outlive the deadline
-		}
-		prev = d
+		prev, last = d, err
 		if serr := sleep(ctx, d); serr != nil {
-			return errors.Join(serr, err)
+			return errors.Join(err, serr)
 		}
 	}
 }
@@ -568,11 +652,16 @@ func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 func (g *Guard) attempt(ctx context.Context, p Permit, fn func(context.Context) error) (err error) {
 	finished := false
 	defer func() {
-		if !finished {
-			r := recover()
-			p.Done(fmt.Errorf("policy: panic: %v", r))
-			panic(r)
+		if finished {
+			return
 		}
+		r := recover()
+		if r == nil { // runtime.Goexit: record it and let it go on
+			p.Done(errGoexit)
+			return
+		}
+		p.Done(fmt.Errorf("policy: panic: %v", r))
+		panic(r)
 	}()
 	err = fn(ctx)
 	finished = true
@@ -612,7 +701,7 @@ func (g *Guard) hedged(ctx context.Context, p Permit, fn func(context.Context) e
 			}
 		case <-timer.C:
 			if running == 1 {
-				g.emit(Event{Kind: EventHedgeStarted, State: g.State()})
+				g.emit(Event{Kind: EventHedgeStarted})
 				running++
 				go run()
 			}
@@ -634,7 +723,19 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+var errGoexit = errors.New("policy: attempt called runtime.Goexit")
+
+// emit sends e to OnEvent with the current state filled in. The state is
+// read only when there is a hook, so a guard without one pays nothing.
 func (g *Guard) emit(e Event) {
+	if g.r.onEvent != nil {
+		e.State = g.State()
+		g.r.onEvent(e)
+	}
+}
+
+// emitState sends e to OnEvent as given.
+func (g *Guard) emitState(e Event) {
 	if g.r.onEvent != nil {
 		g.r.onEvent(e)
 	}

@@ -163,7 +163,7 @@ type Backoff struct {
 	Kind BackoffKind
 	// Base is the first wait. Zero means 50ms.
 	Base time.Duration
-	// Max caps every wait. Zero means 5s.
+	// Max caps every wait. Zero means 5s, or Base if that is longer.
 	Max time.Duration
 	// Custom, if set, computes the wait from the attempt that just failed
 	// (counting from 1) and its error. Its result is capped at Max.
@@ -298,7 +298,7 @@ func resolve(p Policy) (resolved, error) {
 	r.maxAttempts = orInt(p.Retry.MaxAttempts, 1)
 	r.backoff = p.Retry.Backoff
 	r.backoff.Base = orDuration(r.backoff.Base, 50*time.Millisecond)
-	r.backoff.Max = orDuration(r.backoff.Max, 5*time.Second)
+	r.backoff.Max = orDuration(r.backoff.Max, max(5*time.Second, r.backoff.Base))
 	if r.backoff.Custom != nil {
 		r.backoff.Kind = CustomKind
 	}
@@ -319,7 +319,7 @@ func resolve(p Policy) (resolved, error) {
 		return r, invalid("Budget.MinPerSecond", "must be a number, got %v", b.MinPerSecond)
 	}
 	r.budget = !b.Disabled
-	r.earnMilli = int64(math.Round(orFloat(b.Ratio, 0.2) * 1000))
+	r.earnMilli = max(int64(math.Round(orFloat(b.Ratio, 0.2)*1000)), 1)
 	r.maxMilli = int64(math.Round(orFloat(b.MaxTokens, 10) * 1000))
 	r.floorPerSec = orFloat(b.MinPerSecond, 1)
 	if r.floorPerSec < 0 {
