@@ -23,14 +23,18 @@ type Message struct {
 	// Offset is the Kafka offset or the JetStream stream sequence. Within one
 	// partition, offsets of delivered messages strictly increase.
 	Offset int64
+	// Stream is the JetStream stream name (Offset is then its sequence);
+	// empty for Kafka.
+	Stream string
 	Time   time.Time
 
 	// Handle is the adapter's own reference (e.g. a jetstream.Msg). The
 	// engine never reads it; the adapter uses it in Settle.
 	Handle any
 
-	seq uint64 // engine's delivery sequence within the partition
-	gen uint64 // partition assignment generation at delivery
+	seq uint64   // engine's delivery sequence within the partition
+	gen uint64   // partition assignment generation at delivery
+	st  msgState // engine bookkeeping
 }
 
 // Header returns the value of the first header named key, and whether there
