@@ -65,13 +65,15 @@ type Guard struct {
 	fullErr *OpenError
 
 	mu        sync.Mutex
-	trips     int     // trips since the breaker last closed (mu)
-	probesOut int     // half-open permits outstanding (mu)
-	probesOK  int     // half-open successes in this generation (mu)
-	floor     float64 // floor tokens left (mu)
-	floorAt   int64   // ns since epoch of the last floor refill (mu)
-	win       [windowBuckets]bucket
-	width     int64 // ns per window bucket
+	trips     int // trips since the breaker last closed (mu)
+	probesOut int // half-open permits outstanding (mu)
+	probesOK  int // half-open successes in this generation (mu)
+	// floorEmpty is when, in ns since epoch, the retry floor was (or will
+	// be, by the spends so far) empty; it accrues one retry per floorEvery
+	// ns after that, up to floorCap ns' worth (mu).
+	floorEmpty int64
+	win        [windowBuckets]bucket
+	width      int64 // ns per window bucket
 }
 
 // bucket is one slice of the rolling window. seq is the index of the time
@@ -91,7 +93,7 @@ func New(p Policy) (*Guard, error) {
 	}
 	g := &Guard{r: r, epoch: r.clock.Now()}
 	g.tokens.Store(r.maxMilli)
-	g.floor = g.floorCap()
+	g.floorEmpty = -g.r.floorCap // starts full
 	if r.breaker {
 		g.width = int64(r.window) / windowBuckets
 		g.clearWindow()
@@ -447,27 +449,17 @@ func (g *Guard) spend() bool {
 	if g.r.floorPerSec == 0 {
 		return false
 	}
+	// The floor is a virtual schedule in integer ns, so it neither drifts
+	// nor loses fractions however often it is asked.
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if now > g.floorAt {
-		g.floor = min(g.floorCap(), g.floor+float64(now-g.floorAt)*g.r.floorPerSec/1e9)
-		g.floorAt = now
+	empty := max(g.floorEmpty, now-g.r.floorCap)
+	if now-empty < g.r.floorEvery {
+		return false
 	}
-	if g.floor >= 1 {
-		g.floor--
-		return true
-	}
-	return false
-}
-
-// floorCap is the most floor tokens that accrue: one second's worth, and at
-// least one so that a floor below 1/s still allows a retry now and then.
-func (g *Guard) floorCap() float64 {
-	if g.r.floorPerSec == 0 {
-		return 0
-	}
-	return max(g.r.floorPerSec, 1)
+	g.floorEmpty = empty + g.r.floorEvery
+	return true
 }
 
 // observe feeds one attempt duration to the streaming quantile estimate:

@@ -184,7 +184,8 @@ type Budget struct {
 	// MaxTokens caps the bucket; it starts full. Zero means 10.
 	MaxTokens float64
 	// MinPerSecond is the floor of retries per second allowed even with an
-	// empty bucket. Zero means 1; negative means no floor.
+	// empty bucket; up to one second's worth (at least one retry) accrues
+	// while unused. Zero means 1; negative means no floor.
 	MinPerSecond float64
 }
 
@@ -222,6 +223,8 @@ type resolved struct {
 	earnMilli    int64
 	maxMilli     int64
 	floorPerSec  float64
+	floorEvery   int64 // ns per floor retry
+	floorCap     int64 // ns of floor that accrue: 1s, or one retry if slower
 	quantile     float64
 	deadline     time.Duration
 	hedge        bool
@@ -324,6 +327,10 @@ func resolve(p Policy) (resolved, error) {
 	r.floorPerSec = orFloat(b.MinPerSecond, 1)
 	if r.floorPerSec < 0 {
 		r.floorPerSec = 0
+	}
+	if r.floorPerSec > 0 {
+		r.floorEvery = max(int64(min(float64(time.Second)/r.floorPerSec, 1e18)), 1)
+		r.floorCap = max(int64(time.Second), r.floorEvery)
 	}
 
 	q := p.Latency.Quantile
