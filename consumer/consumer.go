@@ -660,7 +660,7 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 	permit.Done(herr)
 	if herr == nil {
 		c.handled.Add(1)
-		c.settle(target)
+		c.settle(l.ps, target)
 		c.mu.Lock()
 		l.t.handled++
 		c.popAt(l, idx)
@@ -861,7 +861,7 @@ func (c *Consumer) deadLetter(l *lane, m *Message, reason dlq.Reason, cause erro
 		return stepResult{wait: wait}
 	}
 	c.dead.Add(1)
-	c.settle(m)
+	c.settle(l.ps, m)
 	c.mu.Lock()
 	l.t.dead++
 	c.popAt(l, 0)
@@ -911,14 +911,9 @@ func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *
 	return rec
 }
 
-// settle reports m settled to the source and advances the watermark.
-func (c *Consumer) settle(m *Message) {
-	c.mu.Lock()
-	ps := c.parts[m.Partition]
-	c.mu.Unlock()
-	if ps == nil {
-		return
-	}
+// settle reports m settled to the source and advances its partition's
+// watermark. ps is the partition state m was delivered under.
+func (c *Consumer) settle(ps *partState, m *Message) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if !ps.live || m.gen != ps.gen {
