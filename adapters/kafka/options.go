@@ -1,0 +1,197 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/consumer"
+)
+
+// ErrInvalidOption is wrapped by every error that an option or a
+// constructor returns for a bad setting.
+var ErrInvalidOption = errors.New("kafka: invalid option")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// SourceOption configures a Source. Each option checks its own argument.
+type SourceOption func(*sourceConfig) error
+
+type sourceConfig struct {
+	dialer            *kafkago.Dialer
+	tenant            consumer.TenantFunc
+	commitInterval    time.Duration
+	heartbeatInterval time.Duration
+	sessionTimeout    time.Duration
+	rebalanceTimeout  time.Duration
+	joinBackoff       time.Duration
+	maxWait           time.Duration
+	maxBytes          int
+	startOffset       int64
+	logger            *slog.Logger
+}
+
+func defaultSourceConfig() sourceConfig {
+	return sourceConfig{
+		dialer:            kafkago.DefaultDialer,
+		tenant:            consumer.FromKey(),
+		commitInterval:    time.Second,
+		heartbeatInterval: 3 * time.Second,
+		sessionTimeout:    30 * time.Second,
+		rebalanceTimeout:  30 * time.Second,
+		joinBackoff:       time.Second,
+		maxWait:           500 * time.Millisecond,
+		maxBytes:          1 << 20,
+		startOffset:       kafkago.FirstOffset,
+		logger:            slog.Default(),
+	}
+}
+
+// WithDialer sets the dialer for every connection (TLS, SASL, timeouts).
+// Default: kafka-go's DefaultDialer.
+func WithDialer(d *kafkago.Dialer) SourceOption {
+	return func(c *sourceConfig) error {
+		if d == nil {
+			return invalid("nil dialer")
+		}
+		c.dialer = d
+		return nil
+	}
+}
+
+// TenantFromKey takes the tenant from the Kafka message key. This is the
+// default.
+func TenantFromKey() SourceOption {
+	return func(c *sourceConfig) error {
+		c.tenant = consumer.FromKey()
+		return nil
+	}
+}
+
+// TenantFromHeader takes the tenant from the first header named name.
+// Default: TenantFromKey.
+func TenantFromHeader(name string) SourceOption {
+	return func(c *sourceConfig) error {
+		if name == "" {
+			return invalid("empty tenant header name")
+		}
+		c.tenant = consumer.FromHeader(name)
+		return nil
+	}
+}
+
+// WithCommitInterval sets how often settled offsets are committed. Commits
+// also happen on revocation and on shutdown. Default: 1s.
+func WithCommitInterval(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("commit interval %v is not positive", d)
+		}
+		c.commitInterval = d
+		return nil
+	}
+}
+
+// WithHeartbeatInterval sets how often the group coordinator is told this
+// member is alive; a rebalance is noticed at the next heartbeat.
+// Default: 3s.
+func WithHeartbeatInterval(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("heartbeat interval %v is not positive", d)
+		}
+		c.heartbeatInterval = d
+		return nil
+	}
+}
+
+// WithSessionTimeout sets how long the coordinator waits for a heartbeat
+// before it evicts a silent member. It must lie within the broker's
+// group.min/max.session.timeout.ms. Default: 30s.
+func WithSessionTimeout(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("session timeout %v is not positive", d)
+		}
+		c.sessionTimeout = d
+		return nil
+	}
+}
+
+// WithRebalanceTimeout sets how long the coordinator waits for members to
+// rejoin during a rebalance. Default: 30s.
+func WithRebalanceTimeout(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("rebalance timeout %v is not positive", d)
+		}
+		c.rebalanceTimeout = d
+		return nil
+	}
+}
+
+// WithJoinBackoff sets the pause before joining the group again after a
+// failed join (e.g. while the broker restarts). Default: 1s.
+func WithJoinBackoff(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("join backoff %v is not positive", d)
+		}
+		c.joinBackoff = d
+		return nil
+	}
+}
+
+// WithMaxWait sets how long the broker may hold a fetch that has no data
+// yet. It also bounds how long Pause or shutdown wait for an idle fetch.
+// Default: 500ms.
+func WithMaxWait(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("max wait %v is not positive", d)
+		}
+		c.maxWait = d
+		return nil
+	}
+}
+
+// WithMaxBytes sets the most bytes one fetch of one partition returns.
+// Default: 1 MiB.
+func WithMaxBytes(n int) SourceOption {
+	return func(c *sourceConfig) error {
+		if n < 1 {
+			return invalid("max bytes %d is not positive", n)
+		}
+		c.maxBytes = n
+		return nil
+	}
+}
+
+// WithStartOffset sets where a partition with no committed offset starts:
+// kafka-go's FirstOffset or LastOffset. Default: FirstOffset.
+func WithStartOffset(offset int64) SourceOption {
+	return func(c *sourceConfig) error {
+		if offset != kafkago.FirstOffset && offset != kafkago.LastOffset {
+			return invalid("start offset %d is neither FirstOffset nor LastOffset", offset)
+		}
+		c.startOffset = offset
+		return nil
+	}
+}
+
+// WithLogger sets the logger for reconnects, failed commits and
+// rebalances. Default: slog.Default().
+func WithLogger(l *slog.Logger) SourceOption {
+	return func(c *sourceConfig) error {
+		if l == nil {
+			return invalid("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}

@@ -1,0 +1,558 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/consumer"
+)
+
+// ErrAlreadyRunning: Run was called a second time on a Source.
+var ErrAlreadyRunning = errors.New("kafka: source already running")
+
+// Source is a consumer.Source reading one topic as a member of a Kafka
+// consumer group. Every assigned partition is fetched on its own connection
+// so that Pause stops that partition only; the engine's watermarks are
+// committed by one committer per generation. Source is safe for concurrent
+// use; Run may be called once.
+type Source struct {
+	brokers []string
+	topic   string
+	group   string
+	cfg     sourceConfig
+	log     *slog.Logger
+	client  *kafkago.Client
+
+	started atomic.Bool
+	// parts is the current generation's partitions by ID; replaced (never
+	// mutated) when a generation starts or ends.
+	parts atomic.Pointer[map[int32]*partition]
+	// ended is set once the last generation made its final commit on
+	// shutdown; later Commit calls commit directly (see lateCommit).
+	ended atomic.Bool
+	// left is closed when Run has returned and the group was left.
+	left chan struct{}
+	// lateMu serialises commits made after Run returned.
+	lateMu sync.Mutex
+}
+
+// partition is one assigned partition within one generation.
+type partition struct {
+	id    consumer.Partition
+	start int64 // offset from the assignment (may be First/LastOffset)
+
+	// want is the highest commit point the engine reported, -1 for none.
+	want atomic.Int64
+	// done is the last offset committed to the group coordinator. It is
+	// owned by the generation's committer, then (after shutdown) guarded by
+	// Source.lateMu.
+	done int64
+
+	// paused is read lock-free by the fetcher; mu guards wake, which is
+	// closed by Resume.
+	paused atomic.Bool
+	mu     sync.Mutex
+	wake   chan struct{}
+}
+
+// NewSource returns a Source for topic in consumer group group, reaching the
+// cluster through brokers (host:port). It validates its arguments and
+// options; nothing connects until Run.
+func NewSource(brokers []string, topic, group string, opts ...SourceOption) (*Source, error) {
+	if len(brokers) == 0 {
+		return nil, invalid("no brokers")
+	}
+	for _, b := range brokers {
+		if b == "" || !strings.Contains(b, ":") {
+			return nil, invalid("broker %q is not host:port", b)
+		}
+	}
+	if err := validTopic(topic); err != nil {
+		return nil, err
+	}
+	if group == "" {
+		return nil, invalid("empty consumer group")
+	}
+	cfg := defaultSourceConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("nil option")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	s := &Source{
+		brokers: append([]string(nil), brokers...),
+		topic:   topic,
+		group:   group,
+		cfg:     cfg,
+		log:     cfg.logger.With("topic", topic, "group", group),
+		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: transportFor(cfg.dialer)},
+		left:    make(chan struct{}),
+	}
+	empty := map[int32]*partition{}
+	s.parts.Store(&empty)
+	return s, nil
+}
+
+// validTopic applies Kafka's topic name rules.
+func validTopic(topic string) error {
+	if topic == "" || topic == "." || topic == ".." || len(topic) > 249 {
+		return invalid("topic %q: must be 1 to 249 characters, not . or ..", topic)
+	}
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return invalid("topic %q: character %q not in [a-zA-Z0-9._-]", topic, c)
+		}
+	}
+	return nil
+}
+
+// transportFor makes a kafka-go Transport that connects like d.
+func transportFor(d *kafkago.Dialer) *kafkago.Transport {
+	return &kafkago.Transport{
+		Dial:     d.DialFunc,
+		SASL:     d.SASLMechanism,
+		TLS:      d.TLS,
+		ClientID: d.ClientID,
+	}
+}
+
+// Topic returns the source topic.
+func (s *Source) Topic() string { return s.topic }
+
+// Group returns the consumer group.
+func (s *Source) Group() string { return s.group }
+
+// Tenant returns the tenant extractor chosen with TenantFromKey or
+// TenantFromHeader, for consumer.New.
+func (s *Source) Tenant() consumer.TenantFunc { return s.cfg.tenant }
+
+// Run joins the group and fetches until ctx is cancelled. On return it has
+// committed what was settled and left the group; what the engine settles
+// afterwards is still committed by Commit while the group has no other
+// member.
+func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer close(s.left)
+	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
+		ID:                s.group,
+		Brokers:           s.brokers,
+		Dialer:            s.cfg.dialer,
+		Topics:            []string{s.topic},
+		HeartbeatInterval: s.cfg.heartbeatInterval,
+		SessionTimeout:    s.cfg.sessionTimeout,
+		RebalanceTimeout:  s.cfg.rebalanceTimeout,
+		JoinGroupBackoff:  s.cfg.joinBackoff,
+		StartOffset:       s.cfg.startOffset,
+		Logger:            s.kafkaLogger(slog.LevelDebug),
+		ErrorLogger:       s.kafkaLogger(slog.LevelDebug),
+	})
+	if err != nil {
+		return invalid("consumer group: %v", err)
+	}
+	// Closing the group (not our goroutines) must end the last generation,
+	// so that kafka-go leaves the group instead of joining a new generation.
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = cg.Close()
+		close(closed)
+	})
+	for {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
+				break
+			}
+			s.log.Warn("kafka: joining consumer group failed; retrying", "err", err)
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		s.runGeneration(ctx, gen, d)
+	}
+	if stop() {
+		_ = cg.Close()
+	} else {
+		<-closed
+	}
+	s.ended.Store(true)
+	return nil
+}
+
+// runGeneration fetches the generation's partitions and returns once all of
+// its goroutines have finished.
+func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation, d consumer.Dispatcher) {
+	parts := make(map[int32]*partition)
+	for _, a := range gen.Assignments[s.topic] {
+		ps := &partition{id: consumer.Partition{Topic: s.topic, ID: int32(a.ID)}, start: a.Offset, done: -1}
+		ps.want.Store(-1)
+		parts[ps.id.ID] = ps
+	}
+	s.log.Debug("kafka: generation started", "generation", gen.ID, "partitions", len(parts))
+	s.parts.Store(&parts)
+	for _, ps := range parts {
+		d.Assigned(ps.id)
+	}
+
+	var fetching sync.WaitGroup
+	fetching.Add(len(parts))
+	finished := make(chan struct{})
+	gen.Start(func(genCtx context.Context) {
+		defer close(finished)
+		s.commitLoop(ctx, genCtx, gen, parts, &fetching, d)
+	})
+	for _, ps := range parts {
+		gen.Start(func(genCtx context.Context) {
+			fctx, cancel := context.WithCancel(ctx)
+			stop := context.AfterFunc(genCtx, cancel)
+			s.fetch(fctx, ps, d)
+			stop()
+			cancel()
+			fetching.Done()
+			// Returning early would end the generation for everyone.
+			<-genCtx.Done()
+		})
+	}
+	<-finished
+}
+
+// commitLoop is the generation's single committer.
+func (s *Source) commitLoop(ctx, genCtx context.Context, gen *kafkago.Generation, parts map[int32]*partition, fetching *sync.WaitGroup, d consumer.Dispatcher) {
+	t := time.NewTicker(s.cfg.commitInterval)
+	defer t.Stop()
+	for done := false; !done; {
+		select {
+		case <-t.C:
+			s.commitGeneration(gen, parts)
+		case <-genCtx.Done():
+			done = true
+		}
+	}
+	fetching.Wait() // no Deliver after Revoked
+	if ctx.Err() != nil {
+		// Shutdown: the engine drains and commits after Run returns.
+		s.ended.Store(true)
+		s.commitGeneration(gen, parts)
+		return
+	}
+	for _, ps := range parts {
+		d.Revoked(ps.id)
+	}
+	s.commitGeneration(gen, parts)
+	empty := map[int32]*partition{}
+	s.parts.Store(&empty)
+	s.log.Debug("kafka: generation ended", "generation", gen.ID)
+}
+
+// commitGeneration commits every watermark that moved since the last
+// commit.
+func (s *Source) commitGeneration(gen *kafkago.Generation, parts map[int32]*partition) {
+	var offsets map[int]int64
+	for id, ps := range parts {
+		if w := ps.want.Load(); w > ps.done {
+			if offsets == nil {
+				offsets = make(map[int]int64, len(parts))
+			}
+			offsets[int(id)] = w
+		}
+	}
+	if offsets == nil {
+		return
+	}
+	if err := gen.CommitOffsets(map[string]map[int]int64{s.topic: offsets}); err != nil {
+		// The messages stay uncommitted and are redelivered if the
+		// partition moves; the next tick retries.
+		s.log.Warn("kafka: commit failed", "generation", gen.ID, "err", err)
+		return
+	}
+	for id, off := range offsets {
+		parts[int32(id)].done = off
+	}
+}
+
+// Settle does nothing: Kafka progress is committed by watermark (Commit).
+func (s *Source) Settle(context.Context, *consumer.Message) error { return nil }
+
+// Commit records that every message of p below next is settled. The
+// generation's committer sends it within CommitInterval. After Run has
+// returned, Commit commits at once (a "simple" commit, accepted while the
+// group has no member).
+func (s *Source) Commit(ctx context.Context, p consumer.Partition, next int64) error {
+	ps := s.lookup(p)
+	if ps == nil {
+		return nil // revoked: the new owner reads it again
+	}
+	for {
+		cur := ps.want.Load()
+		if next <= cur || ps.want.CompareAndSwap(cur, next) {
+			break
+		}
+	}
+	if s.ended.Load() {
+		return s.lateCommit(ctx, ps)
+	}
+	return nil
+}
+
+// lateCommit commits ps's watermark outside any generation, once the group
+// was left.
+func (s *Source) lateCommit(ctx context.Context, ps *partition) error {
+	select {
+	case <-s.left:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	s.lateMu.Lock()
+	defer s.lateMu.Unlock()
+	w := ps.want.Load()
+	if w <= ps.done {
+		return nil
+	}
+	resp, err := s.client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+		Addr:         s.client.Addr,
+		GroupID:      s.group,
+		GenerationID: -1,
+		Topics:       map[string][]kafkago.OffsetCommit{s.topic: {{Partition: int(ps.id.ID), Offset: w}}},
+	})
+	if err != nil {
+		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, ps.id.ID, err)
+	}
+	for _, pr := range resp.Topics[s.topic] {
+		if pr.Error != nil {
+			return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, ps.id.ID, pr.Error)
+		}
+	}
+	ps.done = w
+	return nil
+}
+
+func (s *Source) lookup(p consumer.Partition) *partition {
+	if p.Topic != s.topic {
+		return nil
+	}
+	return (*s.parts.Load())[p.ID]
+}
+
+// Pause stops fetching p after the message being delivered.
+func (s *Source) Pause(p consumer.Partition) {
+	if ps := s.lookup(p); ps != nil {
+		ps.mu.Lock()
+		if !ps.paused.Load() {
+			ps.wake = make(chan struct{})
+			ps.paused.Store(true)
+		}
+		ps.mu.Unlock()
+	}
+}
+
+// Resume undoes Pause.
+func (s *Source) Resume(p consumer.Partition) {
+	if ps := s.lookup(p); ps != nil {
+		ps.mu.Lock()
+		if ps.paused.Load() {
+			ps.paused.Store(false)
+			close(ps.wake)
+		}
+		ps.mu.Unlock()
+	}
+}
+
+// waitResumed blocks while ps is paused; false if ctx ended first.
+func (ps *partition) waitResumed(ctx context.Context) bool {
+	for ps.paused.Load() {
+		ps.mu.Lock()
+		wake := ps.wake
+		paused := ps.paused.Load()
+		ps.mu.Unlock()
+		if !paused {
+			break
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// fetch reads ps from its leader and delivers in offset order until ctx
+// ends, reconnecting with backoff.
+func (s *Source) fetch(ctx context.Context, ps *partition, d consumer.Dispatcher) {
+	offset := ps.start
+	var conn *kafkago.Conn
+	var stopClose func() bool
+	closeConn := func() {
+		if conn != nil {
+			stopClose()
+			_ = conn.Close()
+			conn = nil
+		}
+	}
+	defer closeConn()
+	for attempt := 0; ; {
+		if !ps.waitResumed(ctx) {
+			return
+		}
+		if conn == nil {
+			if attempt > 0 && !sleep(ctx, backoff(attempt)) {
+				return
+			}
+			attempt++
+			c, start, err := s.dial(ctx, int(ps.id.ID), offset)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				s.log.Warn("kafka: connecting to partition leader failed; retrying", "partition", ps.id.ID, "attempt", attempt, "err", err)
+				continue
+			}
+			conn, offset = c, start
+			stopClose = context.AfterFunc(ctx, func() { _ = c.Close() })
+		}
+
+		var err error
+		offset, err = s.readBatch(conn, ps, offset, d)
+		switch {
+		case err == nil, errors.Is(err, io.EOF), errors.Is(err, kafkago.RequestTimedOut):
+			attempt = 0
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, kafkago.OffsetOutOfRange):
+			// Retention removed what we wanted, or we are past the end:
+			// reconnecting re-resolves the offset against the log's range.
+			s.log.Warn("kafka: offset out of range", "partition", ps.id.ID, "offset", offset)
+			closeConn()
+		default:
+			s.log.Warn("kafka: fetch failed; reconnecting", "partition", ps.id.ID, "offset", offset, "err", err)
+			closeConn()
+		}
+	}
+}
+
+// dial connects to the partition leader and resolves offset (which may be
+// FirstOffset, LastOffset, or below the log start) to an absolute one.
+func (s *Source) dial(ctx context.Context, part int, offset int64) (*kafkago.Conn, int64, error) {
+	var errs []error
+	for _, b := range s.brokers {
+		conn, err := s.cfg.dialer.DialLeader(ctx, "tcp", b, s.topic, part)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		first, last, err := conn.ReadOffsets()
+		if err != nil {
+			_ = conn.Close()
+			errs = append(errs, err)
+			continue
+		}
+		switch {
+		case offset == kafkago.FirstOffset, offset >= 0 && offset < first:
+			offset = first
+		case offset == kafkago.LastOffset, offset > last:
+			offset = last
+		}
+		_ = conn.SetDeadline(time.Time{})
+		return conn, offset, nil
+	}
+	return nil, offset, errors.Join(errs...)
+}
+
+// readBatch fetches once from offset and delivers what came back. It
+// returns the offset to fetch next.
+func (s *Source) readBatch(conn *kafkago.Conn, ps *partition, offset int64, d consumer.Dispatcher) (int64, error) {
+	if _, err := conn.Seek(offset, kafkago.SeekAbsolute|kafkago.SeekDontCheck); err != nil {
+		return offset, err
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(s.cfg.maxWait + 10*time.Second))
+	batch := conn.ReadBatchWith(kafkago.ReadBatchConfig{MinBytes: 1, MaxBytes: s.cfg.maxBytes, MaxWait: s.cfg.maxWait})
+	var err error
+	for {
+		var m kafkago.Message
+		if m, err = batch.ReadMessage(); err != nil {
+			break
+		}
+		if m.Offset < offset {
+			continue // compressed batches may start before the fetch offset
+		}
+		d.Deliver(toMessage(ps.id, &m))
+		offset = m.Offset + 1
+		if ps.paused.Load() {
+			break
+		}
+	}
+	cerr := batch.Close()
+	_ = conn.SetReadDeadline(time.Time{})
+	if err == nil || errors.Is(err, io.EOF) {
+		err = cerr
+	}
+	return offset, err
+}
+
+func toMessage(p consumer.Partition, m *kafkago.Message) *consumer.Message {
+	out := &consumer.Message{
+		Key:       m.Key,
+		Value:     m.Value,
+		Topic:     m.Topic,
+		Partition: p,
+		Offset:    m.Offset,
+		Time:      m.Time,
+	}
+	if out.Topic == "" {
+		out.Topic = p.Topic
+	}
+	if len(m.Headers) > 0 {
+		out.Headers = make([]consumer.Header, len(m.Headers))
+		for i, h := range m.Headers {
+			out.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return out
+}
+
+// backoff is the wait before reconnect attempt n (1-based): 100ms doubling
+// up to 5s.
+func backoff(n int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < n && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Second)
+}
+
+// sleep waits d or until ctx ends; false if ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// kafkaLogger routes kafka-go's printf logging to slog at level.
+func (s *Source) kafkaLogger(level slog.Level) kafkago.Logger {
+	return kafkago.LoggerFunc(func(format string, args ...any) {
+		if s.log.Enabled(context.Background(), level) {
+			s.log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...))
+		}
+	})
+}

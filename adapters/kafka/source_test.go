@@ -1,0 +1,287 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/ringfence/ringfence/consumer"
+)
+
+func TestNewSourceValidates(t *testing.T) {
+	t.Parallel()
+	ok := []string{"127.0.0.1:9092"}
+	tests := []struct {
+		name    string
+		brokers []string
+		topic   string
+		group   string
+		opts    []SourceOption
+	}{
+		{"no brokers", nil, "t", "g", nil},
+		{"broker without port", []string{"localhost"}, "t", "g", nil},
+		{"empty topic", ok, "", "g", nil},
+		{"bad topic char", ok, "a/b", "g", nil},
+		{"dot topic", ok, "..", "g", nil},
+		{"empty group", ok, "t", "", nil},
+		{"nil option", ok, "t", "g", []SourceOption{nil}},
+		{"nil dialer", ok, "t", "g", []SourceOption{WithDialer(nil)}},
+		{"empty header", ok, "t", "g", []SourceOption{TenantFromHeader("")}},
+		{"zero commit interval", ok, "t", "g", []SourceOption{WithCommitInterval(0)}},
+		{"negative heartbeat", ok, "t", "g", []SourceOption{WithHeartbeatInterval(-time.Second)}},
+		{"zero session", ok, "t", "g", []SourceOption{WithSessionTimeout(0)}},
+		{"zero rebalance", ok, "t", "g", []SourceOption{WithRebalanceTimeout(0)}},
+		{"zero join backoff", ok, "t", "g", []SourceOption{WithJoinBackoff(0)}},
+		{"zero max wait", ok, "t", "g", []SourceOption{WithMaxWait(0)}},
+		{"zero max bytes", ok, "t", "g", []SourceOption{WithMaxBytes(0)}},
+		{"bad start offset", ok, "t", "g", []SourceOption{WithStartOffset(5)}},
+		{"nil logger", ok, "t", "g", []SourceOption{WithLogger(nil)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewSource(tt.brokers, tt.topic, tt.group, tt.opts...)
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("err = %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+	s, err := NewSource(ok, "orders.v1", "g", TenantFromHeader("tenant"), WithStartOffset(kafkago.LastOffset))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Tenant()(&consumer.Message{Headers: []consumer.Header{{Key: "tenant", Value: []byte("acme")}}})
+	if err != nil || got != "acme" {
+		t.Fatalf("Tenant() = %q, %v; want acme", got, err)
+	}
+}
+
+func TestSourceRunTwice(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, kfake.SeedTopics(1, "twice"))
+	src, err := NewSource(c.Addrs(), "twice", uniq("g"), fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(false)
+	stop := runSource(t, src, col)
+	defer stop()
+	col.waitFor(t, testCtx(t, 20*time.Second), "assignment", func() bool { return col.assigned[0] == 1 })
+	if err := src.Run(context.Background(), col); !errors.Is(err, ErrAlreadyRunning) {
+		t.Fatalf("second Run = %v, want ErrAlreadyRunning", err)
+	}
+}
+
+// A source delivers every partition in offset order, commits the
+// watermarks it is given, and a new source in the same group resumes from
+// them.
+func TestSourceResumesFromWatermark(t *testing.T) {
+	t.Parallel()
+	const parts, per = 3, 50
+	topic, group := uniq("resume"), uniq("g")
+	c := startCluster(t, kfake.SeedTopics(parts, topic))
+	produce(t, c.Addrs(), topic, msgs("a", parts, per)...)
+
+	src, err := NewSource(c.Addrs(), topic, group, fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(false)
+	col.src = src
+	// Settle everything except partition 1 from offset 20 on: its
+	// watermark stays at 20.
+	col.onMsg = func(m *consumer.Message) {
+		if m.Partition.ID == 1 && m.Offset >= 20 {
+			return
+		}
+		_ = src.Commit(context.Background(), m.Partition, m.Offset+1)
+	}
+	stop := runSource(t, src, col)
+	ctx := testCtx(t, 30*time.Second)
+	col.waitFor(t, ctx, "all messages", func() bool { return len(col.seen) == parts*per })
+	for p := int32(0); p < parts; p++ {
+		if !slices.IsSorted(col.byPart[p]) {
+			t.Fatalf("partition %d delivered out of order: %v", p, col.byPart[p])
+		}
+	}
+	stop()
+	got := committed(t, c.Addrs(), group, topic, parts)
+	want := map[int]int64{0: per, 1: 20, 2: per}
+	for p, w := range want {
+		if got[p] != w {
+			t.Fatalf("committed = %v, want %v", got, want)
+		}
+	}
+
+	// The restarted consumer resumes from the watermark: partition 1 from
+	// 20, the others only with what is produced now.
+	produce(t, c.Addrs(), topic, msgs("b", parts, 5)...)
+	src2, err := NewSource(c.Addrs(), topic, group, fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col2 := newCollector(true)
+	col2.src = src2
+	runSource(t, src2, col2)
+	col2.waitFor(t, ctx, "resumed messages", func() bool { return len(col2.seen) == (per-20)+parts*5 })
+	if first := col2.byPart[1][0]; first != 20 {
+		t.Fatalf("partition 1 resumed at %d, want 20", first)
+	}
+	for _, p := range []int32{0, 2} {
+		if first := col2.byPart[p][0]; first != per {
+			t.Fatalf("partition %d resumed at %d, want %d", p, first, per)
+		}
+	}
+}
+
+// Pause stops fetching one partition only; Resume restarts it.
+func TestSourcePausesOnePartition(t *testing.T) {
+	t.Parallel()
+	const per = 40
+	topic := uniq("pause")
+	c := startCluster(t, kfake.SeedTopics(2, topic))
+	produce(t, c.Addrs(), topic, msgs("m", 2, per)...)
+	src, err := NewSource(c.Addrs(), topic, uniq("g"), fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(true)
+	col.src = src
+	col.onMsg = func(m *consumer.Message) {
+		if m.Partition.ID == 0 && m.Offset == 0 {
+			src.Pause(m.Partition)
+		}
+	}
+	runSource(t, src, col)
+	ctx := testCtx(t, 30*time.Second)
+	col.waitFor(t, ctx, "partition 1 and the pausing message", func() bool { return len(col.byPart[1]) == per && len(col.byPart[0]) > 0 })
+	col.mu.Lock()
+	n0 := len(col.byPart[0])
+	col.mu.Unlock()
+	if n0 != 1 {
+		t.Fatalf("paused partition 0 delivered %d messages, want 1", n0)
+	}
+	// More traffic on partition 1 still flows while 0 stays paused.
+	produce(t, c.Addrs(), topic, kafkago.Message{Partition: 1, Value: []byte("late-1")}, kafkago.Message{Partition: 0, Value: []byte("late-0")})
+	col.waitFor(t, ctx, "late message on partition 1", func() bool { return col.seen["late-1"] == 1 })
+	col.mu.Lock()
+	n0 = len(col.byPart[0])
+	col.mu.Unlock()
+	if n0 != 1 {
+		t.Fatalf("paused partition 0 delivered %d messages, want 1", n0)
+	}
+	src.Resume(consumer.Partition{Topic: topic, ID: 0})
+	col.waitFor(t, ctx, "partition 0 after resume", func() bool { return len(col.byPart[0]) == per+1 })
+}
+
+// Two consumers share a group; one leaves mid-run; nothing is lost.
+func TestSourceTwoConsumersOneLeaves(t *testing.T) {
+	t.Parallel()
+	const parts, per = 4, 30
+	topic, group := uniq("pair"), uniq("g")
+	c := startCluster(t, kfake.SeedTopics(parts, topic))
+	produce(t, c.Addrs(), topic, msgs("a", parts, per)...)
+
+	newSrc := func() (*Source, *collector) {
+		s, err := NewSource(c.Addrs(), topic, group, fastOpts()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		col := newCollector(true)
+		col.src = s
+		return s, col
+	}
+	ctx := testCtx(t, 60*time.Second)
+	srcA, colA := newSrc()
+	stopA := runSource(t, srcA, colA)
+	colA.waitFor(t, ctx, "A to consume the first batch", func() bool { return len(colA.seen) == parts*per })
+
+	srcB, colB := newSrc()
+	runSource(t, srcB, colB)
+	// The rebalance splits the partitions: A loses some, B gains them.
+	colB.waitFor(t, ctx, "B to be assigned", func() bool { return len(colB.assigned) > 0 })
+	colA.waitFor(t, ctx, "A to see the revocation", func() bool { return len(colA.revoked) > 0 })
+	produce(t, c.Addrs(), topic, msgs("b", parts, per)...)
+	stopA() // A leaves mid-run
+	produce(t, c.Addrs(), topic, msgs("c", parts, per)...)
+
+	want := append(append(msgs("a", parts, per), msgs("b", parts, per)...), msgs("c", parts, per)...)
+	union := func() (missing []string) {
+		colA.mu.Lock()
+		defer colA.mu.Unlock()
+		colB.mu.Lock()
+		defer colB.mu.Unlock()
+		for _, m := range want {
+			v := string(m.Value)
+			if colA.seen[v] == 0 && colB.seen[v] == 0 {
+				missing = append(missing, v)
+			}
+		}
+		return missing
+	}
+	for {
+		missing := union()
+		if len(missing) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("lost %d messages, e.g. %v", len(missing), missing[:min(5, len(missing))])
+		case <-colB.changed:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	colB.mu.Lock()
+	nb := len(colB.assigned)
+	colB.mu.Unlock()
+	if nb != parts {
+		t.Fatalf("after A left, B was assigned %d partitions, want all %d", nb, parts)
+	}
+}
+
+// A broker restart (same port, same data) ends the generation; the source
+// reconnects and goes on from the committed offsets.
+func TestSourceSurvivesBrokerRestart(t *testing.T) {
+	t.Parallel()
+	const parts, per = 2, 20
+	topic, group := uniq("restart"), uniq("g")
+	c := startCluster(t, kfake.SeedTopics(parts, topic), kfake.DataDir(t.TempDir()))
+	produce(t, c.Addrs(), topic, msgs("a", parts, per)...)
+	src, err := NewSource(c.Addrs(), topic, group, fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(true)
+	col.src = src
+	runSource(t, src, col)
+	ctx := testCtx(t, 60*time.Second)
+	col.waitFor(t, ctx, "first batch", func() bool { return len(col.seen) == parts*per })
+	// Let a commit land so the restart resumes past the first batch.
+	eventually(t, ctx, "first batch committed", func() bool {
+		got := committed(t, c.Addrs(), group, topic, parts)
+		return got[0] == per && got[1] == per
+	})
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, c.Addrs(), topic, msgs("b", parts, per)...)
+	col.waitFor(t, ctx, "second batch after restart", func() bool {
+		for _, m := range msgs("b", parts, per) {
+			if col.seen[string(m.Value)] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	for _, m := range msgs("a", parts, per) {
+		if n := col.seen[string(m.Value)]; n != 1 {
+			t.Fatalf("%s delivered %d times; committed messages must not come back", m.Value, n)
+		}
+	}
+}
