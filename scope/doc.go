@@ -1,0 +1,32 @@
+// Package scope keeps one [policy.Guard] per key (per tenant), bounded in
+// memory whatever the key stream.
+//
+// [New] takes a template [policy.Policy] and [Options]; [Scope.For] returns
+// the guard of a key, building it on first sight. Options.Shape customises
+// the policy per key (a premium tenant gets a longer deadline); it runs once
+// per key life and its result is cached in the guard.
+//
+// # Lookups never wait
+//
+// Present keys are found in an immutable map read through an atomic
+// pointer: the lookup takes no lock and allocates nothing. New keys go to an
+// overflow map under a mutex, and a goroutine started on demand rebuilds the
+// read map (promoting new keys, or sweeping) without holding any lock a
+// lookup needs.
+//
+// # Eviction
+//
+// Eviction is approximate, after CLOCK. Each lookup stamps its entry with
+// the current epoch (a store only when the stamp changes); a sweep starts a
+// new epoch and keeps the keys looked up since the previous sweep started,
+// up to MaxKeys of them. The scope may exceed MaxKeys between sweeps. A key
+// that returns after its eviction gets a fresh guard (and Shape runs again).
+//
+// A sweep does not silently reset protection: a guard whose breaker is open
+// or half-open, or whose key is pinned ([Scope.Pin], for example while the
+// consumer holds parked messages of that tenant), survives sweeps while the
+// scope holds fewer than Options.HardCeiling keys (default 4*MaxKeys).
+// Beyond the ceiling they are evicted too, so Len never exceeds
+// HardCeiling+MaxKeys: a For that would go past that bound runs the sweep
+// itself first, the only case in which a lookup waits for a sweep.
+package scope
