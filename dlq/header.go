@@ -235,7 +235,9 @@ func RedriveCount(headers []Header) int {
 // as written with EncodeHeaders. Record.Headers gets the headers without
 // ringfence- ones, in order. Header names are matched ignoring ASCII case;
 // unknown ringfence- headers (from a newer version) are dropped;
-// HeaderTenantToken is not read back (Bucket derives it). The record aliases
+// HeaderTenantToken is not read back (Bucket derives it); Error is capped at
+// MaxErrorLen as EncodeHeaders would. Times may carry any offset and come
+// back in UTC. The record aliases
 // key, value and the header values. Time and Position are left for the
 // caller. It returns ErrNotRecord when there is no ringfence- header, and an
 // error wrapping ErrMalformedRecord when one cannot be decoded or appears
