@@ -1,0 +1,467 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ringfence/ringfence/policy"
+)
+
+func TestValidationNamesTheField(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		field string
+		p     policy.Policy
+	}{
+		{"Breaker.ConsecutiveFailures", policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: -1}}},
+		{"Breaker.FailureRatio", policy.Policy{Breaker: &policy.Breaker{FailureRatio: 1.5}}},
+		{"Breaker.FailureRatio", policy.Policy{Breaker: &policy.Breaker{FailureRatio: -0.1}}},
+		{"Breaker.FailureRatio", policy.Policy{Breaker: &policy.Breaker{FailureRatio: math.NaN()}}},
+		{"Breaker.Window", policy.Policy{Breaker: &policy.Breaker{Window: -time.Second}}},
+		{"Breaker.Window", policy.Policy{Breaker: &policy.Breaker{Window: 5}}},
+		{"Breaker.MinRequests", policy.Policy{Breaker: &policy.Breaker{MinRequests: -1}}},
+		{"Breaker.OpenTimeout", policy.Policy{Breaker: &policy.Breaker{OpenTimeout: -1}}},
+		{"Breaker.MaxOpenTimeout", policy.Policy{Breaker: &policy.Breaker{MaxOpenTimeout: -1}}},
+		{"Breaker.MaxOpenTimeout", policy.Policy{Breaker: &policy.Breaker{OpenTimeout: time.Minute, MaxOpenTimeout: time.Second}}},
+		{"Breaker.HalfOpenProbes", policy.Policy{Breaker: &policy.Breaker{HalfOpenProbes: -2}}},
+		{"Retry.MaxAttempts", policy.Policy{Retry: policy.Retry{MaxAttempts: -1}}},
+		{"Retry.Backoff.Base", policy.Policy{Retry: policy.Retry{Backoff: policy.Backoff{Base: -1}}}},
+		{"Retry.Backoff.Max", policy.Policy{Retry: policy.Retry{Backoff: policy.Backoff{Max: -1}}}},
+		{"Retry.Backoff.Max", policy.Policy{Retry: policy.Retry{Backoff: policy.Backoff{Base: time.Second, Max: time.Millisecond}}}},
+		{"Retry.Backoff.Kind", policy.Policy{Retry: policy.Retry{Backoff: policy.Backoff{Kind: 9}}}},
+		{"Retry.Backoff.Custom", policy.Policy{Retry: policy.Retry{Backoff: policy.Backoff{Kind: policy.CustomKind}}}},
+		{"Budget.Ratio", policy.Policy{Budget: &policy.Budget{Ratio: 2}}},
+		{"Budget.MaxTokens", policy.Policy{Budget: &policy.Budget{MaxTokens: -1}}},
+		{"Budget.MaxTokens", policy.Policy{Budget: &policy.Budget{MaxTokens: math.Inf(1)}}},
+		{"Budget.MinPerSecond", policy.Policy{Budget: &policy.Budget{MinPerSecond: math.NaN()}}},
+		{"Latency.Quantile", policy.Policy{Latency: policy.Latency{Quantile: 1}}},
+		{"Latency.Quantile", policy.Policy{Latency: policy.Latency{Quantile: -0.5}}},
+		{"Deadline", policy.Policy{Deadline: -time.Second}},
+		{"Hedge.MinDelay", policy.Policy{Hedge: policy.Hedge{Enabled: true, MinDelay: -1}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.field, func(t *testing.T) {
+			t.Parallel()
+			g, err := policy.New(tt.p)
+			var ie *policy.InvalidPolicyError
+			if g != nil || !errors.Is(err, policy.ErrInvalidPolicy) || !errors.As(err, &ie) {
+				t.Fatalf("New = %v, %v; want an InvalidPolicyError", g, err)
+			}
+			if ie.Field != tt.field || !strings.HasPrefix(err.Error(), "policy: invalid "+tt.field+": ") {
+				t.Fatalf("error %q names field %q, want %q", err, ie.Field, tt.field)
+			}
+		})
+	}
+}
+
+func TestValidDefaults(t *testing.T) {
+	t.Parallel()
+	for _, p := range []policy.Policy{
+		{},
+		policy.Default(),
+		{Breaker: &policy.Breaker{}},
+		{Breaker: &policy.Breaker{FailureRatio: 1, Window: 10}},
+		{Breaker: &policy.Breaker{OpenTimeout: 2 * time.Minute}}, // default cap follows OpenTimeout
+		{Retry: policy.Retry{Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Minute}}},
+		{Budget: &policy.Budget{Ratio: 1e-9}}, // still earns something
+	} {
+		if _, err := policy.New(p); err != nil {
+			t.Errorf("New(%+v) = %v", p, err)
+		}
+	}
+	g := mustNew(t, policy.Policy{Budget: &policy.Budget{Ratio: 1e-9, MaxTokens: 1, MinPerSecond: -1}})
+	_, _ = g.NextRetry(0, errFail, 0)
+	p, _ := g.Allow(context.Background())
+	p.Done(nil)
+	if tok := g.Stats().Tokens; tok <= 0 {
+		t.Fatalf("a tiny ratio earns nothing: %v", tok)
+	}
+}
+
+func TestDefaultPolicy(t *testing.T) {
+	t.Parallel()
+	p := policy.Default()
+	if p.Breaker == nil || p.Retry.MaxAttempts != 3 || p.Retry.Backoff.Kind != policy.Exponential || p.Budget != nil || p.Deadline != 0 || p.Hedge.Enabled {
+		t.Fatalf("Default() = %+v", p)
+	}
+	// A template: changing a copy leaves the next Default alone.
+	p.Breaker.ConsecutiveFailures = 9
+	if policy.Default().Breaker.ConsecutiveFailures != 0 {
+		t.Fatal("Default shares its Breaker between calls")
+	}
+	g := mustNew(t, p)
+	if got := g.Policy(); got.Breaker.ConsecutiveFailures != 9 || got.Retry.MaxAttempts != 3 {
+		t.Fatalf("Policy() = %+v", got)
+	}
+}
+
+func TestHookOrder(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var rec recorder
+		g := mustNew(t, policy.Policy{
+			Breaker: &policy.Breaker{ConsecutiveFailures: 10},
+			Retry:   policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
+			Admit:   func(context.Context) error { rec.add("admit"); return nil },
+			BeforeAttempt: func(_ context.Context, attempt int) error {
+				rec.add(fmt.Sprintf("before %d", attempt))
+				return nil
+			},
+			OnEvent: rec.event,
+		})
+		n := 0
+		err := g.Run(context.Background(), func(context.Context) error {
+			n++
+			rec.add(fmt.Sprintf("attempt %d", n))
+			if n < 3 {
+				return errFail
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"admit", "before 1", "attempt 1", "retry-scheduled", "before 2", "attempt 2", "retry-scheduled", "before 3", "attempt 3"}
+		if got := rec.lines(); !equalLines(got, want) {
+			t.Fatalf("order\n got %v\nwant %v", got, want)
+		}
+		evs := rec.events()
+		for i, e := range evs {
+			if e.Attempt != i+1 || e.Delay != time.Millisecond || e.Err != errFail || e.State != policy.Closed {
+				t.Fatalf("event %d = %+v", i, e)
+			}
+		}
+	})
+}
+
+func TestAdmitRefuses(t *testing.T) {
+	t.Parallel()
+	var rec recorder
+	errBusy := errors.New("busy")
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{},
+		Admit:   func(context.Context) error { return errBusy },
+		OnEvent: rec.event,
+	})
+	called := false
+	err := g.Run(context.Background(), func(context.Context) error { called = true; return nil })
+	var ae *policy.AdmitError
+	if called || !errors.Is(err, policy.ErrAdmitRefused) || !errors.Is(err, errBusy) || !errors.As(err, &ae) {
+		t.Fatalf("Run = %v, called=%v", err, called)
+	}
+	if err.Error() != "policy: admission refused: busy" {
+		t.Fatalf("Error() = %q", err.Error())
+	}
+	if _, err := g.Allow(context.Background()); !errors.Is(err, policy.ErrAdmitRefused) {
+		t.Fatalf("Allow = %v", err)
+	}
+	if got := rec.lines(); !equalLines(got, []string{"admit-refused", "admit-refused"}) {
+		t.Fatalf("events %v", got)
+	}
+}
+
+func TestBeforeAttemptRefusalReleasesProbe(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	var refuse atomic.Bool
+	errNo := errors.New("not now")
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1},
+		BeforeAttempt: func(context.Context, int) error {
+			if refuse.Load() {
+				return errNo
+			}
+			return nil
+		},
+		Clock: clk,
+	})
+	_ = g.Run(context.Background(), func(context.Context) error { return errFail })
+	clk.Advance(5 * time.Second)
+	refuse.Store(true)
+	for range 3 { // each refusal gives the probe slot back
+		if err := g.Run(context.Background(), func(context.Context) error { return nil }); err != errNo {
+			t.Fatalf("Run = %v, want BeforeAttempt's error", err)
+		}
+	}
+	refuse.Store(false)
+	if err := g.Run(context.Background(), func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("probe after refusals: %v", err)
+	}
+	if g.State() != policy.Closed {
+		t.Fatalf("state %v", g.State())
+	}
+}
+
+func TestRunPanicRecordedAndRaised(t *testing.T) {
+	t.Parallel()
+	g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1}, Retry: policy.Retry{MaxAttempts: 3}})
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		_ = g.Run(context.Background(), func(context.Context) error { panic("boom") })
+	}()
+	if st := g.Stats(); st.Failures != 1 || st.State != policy.Open {
+		t.Fatalf("panic not recorded as a failure: %+v", st)
+	}
+	// runtime.Goexit (t.FailNow in a handler) is recorded, and goes on.
+	g2 := mustNew(t, policy.Policy{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g2.Run(context.Background(), func(context.Context) error { runtime.Goexit(); return nil })
+	}()
+	<-done
+	if st := g2.Stats(); st.Failures != 1 {
+		t.Fatalf("Goexit not recorded: %+v", st)
+	}
+}
+
+func TestLatencyEstimate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		q      float64
+		lo, hi time.Duration // accepted band around the true quantile
+	}{
+		{0, 85 * time.Millisecond, 95 * time.Millisecond}, // default 0.9 of U(0,100ms)
+		{0.5, 45 * time.Millisecond, 55 * time.Millisecond},
+		{0.99, 96 * time.Millisecond, 100 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.q), func(t *testing.T) {
+			t.Parallel()
+			clk := newFakeClock()
+			g := mustNew(t, policy.Policy{Latency: policy.Latency{Quantile: tt.q}, Clock: clk})
+			if g.Stats().Latency != 0 {
+				t.Fatal("estimate before any sample")
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			var sum time.Duration
+			const n = 20000
+			for i := range n {
+				p, _ := g.Allow(context.Background())
+				clk.Advance(time.Duration(rng.Int64N(int64(100 * time.Millisecond))))
+				p.Done(nil)
+				if i >= n/2 {
+					sum += g.Stats().Latency
+				}
+			}
+			// The mean of the estimate over the second half.
+			if avg := sum / (n / 2); avg < tt.lo || avg > tt.hi {
+				t.Fatalf("estimate %v, want within [%v, %v]", avg, tt.lo, tt.hi)
+			}
+		})
+	}
+}
+
+func TestLatencyEstimateTracksShift(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{Clock: clk})
+	feed := func(d time.Duration, n int) {
+		for range n {
+			p, _ := g.Allow(context.Background())
+			clk.Advance(d)
+			p.Done(nil)
+		}
+	}
+	feed(time.Millisecond, 1000)
+	if l := g.Stats().Latency; l < 900*time.Microsecond || l > 1100*time.Microsecond {
+		t.Fatalf("constant 1ms: estimate %v", l)
+	}
+	feed(time.Second, 1000) // a slow dependency: it must follow within a few hundred samples
+	if l := g.Stats().Latency; l < 900*time.Millisecond || l > 1100*time.Millisecond {
+		t.Fatalf("after the shift to 1s: estimate %v", l)
+	}
+	feed(0, 1) // a zero duration is a valid sample
+}
+
+func TestHedge(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var rec recorder
+		g := mustNew(t, policy.Policy{Hedge: policy.Hedge{Enabled: true, MinDelay: 10 * time.Millisecond}, OnEvent: rec.event})
+		var calls atomic.Int32
+		var firstCanceled atomic.Bool
+		start := time.Now()
+		err := g.Run(context.Background(), func(ctx context.Context) error {
+			if calls.Add(1) == 1 { // the slow one
+				<-ctx.Done()
+				firstCanceled.Store(true)
+				return ctx.Err()
+			}
+			time.Sleep(2 * time.Millisecond)
+			return nil
+		})
+		synctest.Wait()
+		if err != nil || calls.Load() != 2 || !firstCanceled.Load() {
+			t.Fatalf("Run = %v, calls=%d, first canceled=%v", err, calls.Load(), firstCanceled.Load())
+		}
+		if got := time.Since(start); got != 12*time.Millisecond {
+			t.Fatalf("hedged Run took %v, want 12ms (10ms delay + 2ms)", got)
+		}
+		if got := rec.lines(); !equalLines(got, []string{"hedge-started"}) {
+			t.Fatalf("events %v", got)
+		}
+
+		// A fast attempt is not hedged; both failing returns a failure.
+		calls.Store(0)
+		err = g.Run(context.Background(), func(ctx context.Context) error { calls.Add(1); return nil })
+		if err != nil || calls.Load() != 1 {
+			t.Fatalf("fast Run = %v, calls=%d", err, calls.Load())
+		}
+		calls.Store(0)
+		err = g.Run(context.Background(), func(ctx context.Context) error {
+			calls.Add(1)
+			time.Sleep(time.Second)
+			return errFail
+		})
+		if err != errFail || calls.Load() != 2 {
+			t.Fatalf("both failing: %v, calls=%d", err, calls.Load())
+		}
+		// A panic in a hedged attempt is a failure (it cannot be re-raised
+		// on another goroutine).
+		err = g.Run(context.Background(), func(ctx context.Context) error { panic("hedged boom") })
+		if err == nil || !strings.Contains(err.Error(), "hedged boom") {
+			t.Fatalf("hedged panic: %v", err)
+		}
+	})
+}
+
+func TestRunConcurrent(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1, FailureRatio: 0.3, MinRequests: 20, Window: time.Second,
+			OpenTimeout: time.Millisecond, HalfOpenProbes: 2},
+		Retry: policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Nanosecond}},
+		Clock: clk,
+	})
+	var (
+		calls, ok, failed, rejected atomic.Int64
+		wg                          sync.WaitGroup
+		stop                        = make(chan struct{})
+	)
+	wg.Go(func() { // the clock moves while work runs, so the breaker cycles
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				clk.Advance(100 * time.Microsecond)
+				runtime.Gosched()
+			}
+		}
+	})
+	var workers sync.WaitGroup
+	for w := range 8 {
+		workers.Go(func() {
+			for i := range 2000 {
+				fail := (i+w)%3 == 0
+				err := g.Run(context.Background(), func(context.Context) error {
+					calls.Add(1)
+					if fail {
+						return errFail
+					}
+					return nil
+				})
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, policy.ErrOpen):
+					rejected.Add(1)
+				default:
+					failed.Add(1)
+				}
+				if i%50 == 0 {
+					_ = g.Stats()
+					_ = g.State()
+					_ = g.RetryAfter()
+				}
+			}
+		})
+	}
+	workers.Wait()
+	close(stop)
+	wg.Wait()
+	st := g.Stats()
+	if ok.Load()+failed.Load()+rejected.Load() != 8*2000 {
+		t.Fatal("lost results")
+	}
+	if st.Successes+st.Failures != uint64(calls.Load()) {
+		t.Fatalf("outcomes %d+%d != %d attempts", st.Successes, st.Failures, calls.Load())
+	}
+	if st.Successes != uint64(ok.Load()) {
+		t.Fatalf("successes %d, Run returned nil %d times", st.Successes, ok.Load())
+	}
+	if st.Generation == 0 {
+		t.Fatalf("the breaker never moved: %+v", st)
+	}
+	if st.Rejected != uint64(rejected.Load()) {
+		t.Fatalf("Rejected %d, Run returned ErrOpen %d times", st.Rejected, rejected.Load())
+	}
+}
+
+func TestStringers(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ got, want string }{
+		{policy.Closed.String(), "closed"}, {policy.HalfOpen.String(), "half-open"}, {policy.Open.String(), "open"},
+		{policy.State(7).String(), "State(7)"},
+		{policy.Exponential.String(), "exponential"}, {policy.Constant.String(), "constant"},
+		{policy.Linear.String(), "linear"}, {policy.CustomKind.String(), "custom"},
+		{policy.BackoffKind(9).String(), "BackoffKind(9)"},
+		{policy.EventBreakerOpened.String(), "breaker-opened"}, {policy.EventBreakerHalfOpen.String(), "breaker-half-open"},
+		{policy.EventBreakerClosed.String(), "breaker-closed"}, {policy.EventRetryScheduled.String(), "retry-scheduled"},
+		{policy.EventBudgetExhausted.String(), "budget-exhausted"}, {policy.EventHedgeStarted.String(), "hedge-started"},
+		{policy.EventAdmitRefused.String(), "admit-refused"}, {policy.EventRejected.String(), "rejected"},
+		{policy.EventKind(0).String(), "EventKind(0)"},
+		{(&policy.ExhaustedError{Attempts: 2, Err: errFail}).Error(), "policy: retry budget exhausted after 2 attempt(s): test: dependency failed"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
+
+func TestStatsSnapshot(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 3}, Clock: clk})
+	ctx := context.Background()
+	p, _ := g.Allow(ctx)
+	clk.Advance(4 * time.Millisecond)
+	p.Done(nil)
+	for range 2 {
+		p, _ := g.Allow(ctx)
+		p.Done(errFail)
+	}
+	st := g.Stats()
+	// Failures are attempt durations too: two instant ones pull the 4ms
+	// estimate down a little.
+	if st.Latency <= 3*time.Millisecond || st.Latency >= 4*time.Millisecond {
+		t.Fatalf("Latency = %v", st.Latency)
+	}
+	want := policy.Stats{State: policy.Closed, Successes: 1, Failures: 2, ConsecutiveFailures: 2, Tokens: 10, Latency: st.Latency}
+	if st != want {
+		t.Fatalf("Stats = %+v\nwant    %+v", st, want)
+	}
+	p, _ = g.Allow(ctx)
+	p.Done(errFail)
+	_, _ = g.Allow(ctx)
+	st = g.Stats()
+	if st.State != policy.Open || st.RetryAfter != 5*time.Second || st.Rejected != 1 || st.Generation != 1 || st.ConsecutiveFailures != 0 {
+		t.Fatalf("open Stats = %+v", st)
+	}
+}
