@@ -726,6 +726,10 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 	d, rerr := g.NextRetry(m.st.attempts, herr, m.st.prev)
 	switch {
 	case rerr == nil:
+	case errors.Is(rerr, policy.ErrOpen):
+		// Another lane of the tenant tripped the breaker meanwhile.
+		m.st.attempts, m.st.prev = 0, 0
+		return c.park(l, g, nil)
 	case errors.Is(rerr, policy.ErrBudgetExhausted) && m.st.attempts < g.MaxAttempts():
 		// The tenant's budget is spent: retry, but only after the longest
 		// backoff, so that the dependency is not hammered.
@@ -892,18 +896,9 @@ func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *
 		rec.FirstFailure, rec.LastFailure = now, now
 	}
 	if cause != nil {
-		rec.Error = cause.Error()
-		if len(rec.Error) > dlq.MaxErrorLen {
-			rec.Error = rec.Error[:dlq.MaxErrorLen]
-		}
-		rec.ErrorType = fmt.Sprintf("%T", cause)
+		rec.Error, rec.ErrorType = dlq.CapError(cause)
 	}
-	if v, ok := m.Header(dlq.HeaderRedrive); ok {
-		var n int
-		if _, err := fmt.Sscanf(string(v), "%d", &n); err == nil {
-			rec.Redrive = n
-		}
-	}
+	rec.Redrive = dlq.RedriveCount(m.Headers)
 	if m.Stream != "" {
 		rec.Stream, rec.Sequence = m.Stream, uint64(m.Offset)
 		rec.Offset = -1
