@@ -1,0 +1,115 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ringfence/ringfence/policy"
+)
+
+// Default is a template: copy it and change what a tenant needs.
+func ExampleDefault() {
+	p := policy.Default()
+	fmt.Println("breaker:", p.Breaker != nil)
+	fmt.Println("attempts:", p.Retry.MaxAttempts)
+	fmt.Println("backoff:", p.Retry.Backoff.Kind, p.Retry.Backoff.Base, "to", p.Retry.Backoff.Max)
+
+	premium := policy.Default()
+	premium.Deadline = 30 * time.Second
+	premium.Breaker = &policy.Breaker{ConsecutiveFailures: 10}
+	fmt.Println("premium deadline:", premium.Deadline)
+	// Output:
+	// breaker: true
+	// attempts: 3
+	// backoff: exponential 50ms to 5s
+	// premium deadline: 30s
+}
+
+// New validates a Policy and builds one guard: one tenant's own breaker,
+// budget and latency estimate. An invalid field is named in the error.
+func ExampleNew() {
+	g, err := policy.New(policy.Default())
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(g.State(), g.MaxAttempts())
+
+	bad := policy.Default()
+	bad.Breaker = &policy.Breaker{FailureRatio: 1.5}
+	_, err = policy.New(bad)
+	fmt.Println(errors.Is(err, policy.ErrInvalidPolicy))
+	fmt.Println(err)
+	// Output:
+	// closed 3
+	// true
+	// policy: invalid Breaker.FailureRatio: must be in (0, 1] or 0 to disable, got 1.5
+}
+
+// Run retries a failing handler with backoff and returns on the first
+// success.
+func ExampleGuard_Run() {
+	p := policy.Default()
+	p.Retry.Backoff = policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}
+	p.OnEvent = func(e policy.Event) {
+		if e.Kind == policy.EventRetryScheduled {
+			fmt.Printf("attempt %d failed (%v), retrying\n", e.Attempt, e.Err)
+		}
+	}
+	g, err := policy.New(p)
+	if err != nil {
+		panic(err)
+	}
+	calls := 0
+	err = g.Run(context.Background(), func(ctx context.Context) error {
+		calls++
+		if calls < 3 {
+			return errors.New("connection refused")
+		}
+		return nil
+	})
+	fmt.Println("err:", err, "calls:", calls)
+
+	// A permanent error is not retried.
+	err = g.Run(context.Background(), func(ctx context.Context) error {
+		return policy.Permanent(errors.New("malformed message"))
+	})
+	fmt.Println("permanent:", policy.IsPermanent(err), err)
+	// Output:
+	// attempt 1 failed (connection refused), retrying
+	// attempt 2 failed (connection refused), retrying
+	// err: <nil> calls: 3
+	// permanent: true malformed message
+}
+
+// fixedClock stands still, so the example's open period prints exactly.
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time { return c.t }
+
+// Allow and Done are the two-step form for an engine that parks work instead
+// of blocking: ask for a permit, run the work elsewhere, report the outcome.
+func ExampleGuard_Allow() {
+	p := policy.Default()
+	p.Breaker = &policy.Breaker{ConsecutiveFailures: 2, OpenTimeout: 10 * time.Second}
+	p.Clock = fixedClock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	g, _ := policy.New(p)
+
+	for range 2 {
+		permit, err := g.Allow(context.Background())
+		if err != nil {
+			panic(err)
+		}
+		permit.Done(errors.New("timeout")) // the handler failed
+	}
+	_, err := g.Allow(context.Background())
+	var open *policy.OpenError
+	if errors.As(err, &open) {
+		fmt.Println("park for", open.RetryAfter())
+	}
+	fmt.Println(g.State(), g.RetryAfter())
+	// Output:
+	// park for 10s
+	// open 10s
+}
