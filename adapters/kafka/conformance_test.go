@@ -1,0 +1,157 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/kafkatest"
+	"github.com/ringfence/ringfence/scope"
+)
+
+const tenantHeader = "tenant"
+
+// harness runs the conformance suite over a kfake cluster through the real
+// Kafka protocol.
+type harness struct {
+	c     *kafkatest.Cluster
+	topic string
+	group string
+	parts int
+	sink  *Sink
+	insp  *Inspector
+}
+
+func newHarness(t testing.TB, c *kafkatest.Cluster) *harness {
+	t.Helper()
+	h := &harness{c: c, topic: uniq("conf"), group: uniq("g"), parts: 3}
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	if err := createTopic(testCtx(t, 10*time.Second), cl, h.topic, h.parts, -1); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if h.sink, err = NewSink(c.Addrs()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.sink.Close() })
+	if h.insp, err = NewInspector(c.Addrs(), h.topic); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.insp.Close() })
+	return h
+}
+
+func (h *harness) Partitions() int              { return h.parts }
+func (h *harness) Tenant() consumer.TenantFunc { return consumer.FromHeader(tenantHeader) }
+func (h *harness) Sink(testing.TB) dlq.Sink    { return h.sink }
+
+func (h *harness) Produce(t testing.TB, msgs ...consumertest.Msg) {
+	t.Helper()
+	out := make([]kafkago.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = kafkago.Message{Partition: m.Partition, Value: m.Value}
+		if m.Tenant != "" {
+			out[i].Headers = []kafkago.Header{{Key: tenantHeader, Value: []byte(m.Tenant)}}
+		}
+	}
+	produce(t, h.c.Addrs(), h.topic, out...)
+}
+
+func (h *harness) NewSource(t testing.TB) consumer.Source {
+	t.Helper()
+	s, err := NewSource(h.c.Addrs(), h.topic, h.group, fastOpts(TenantFromHeader(tenantHeader))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (h *harness) DeadLetters(t testing.TB, tenant string) []dlq.Record {
+	t.Helper()
+	recs, err := h.insp.Peek(testCtx(t, 10*time.Second), tenant, 0)
+	if err != nil {
+		t.Fatalf("peek %q: %v", tenant, err)
+	}
+	return recs
+}
+
+func (h *harness) NoTenantLetters(t testing.TB) []dlq.Record {
+	return h.DeadLetters(t, "")
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	consumertest.Run(t, func(t testing.TB) consumertest.Harness { return newHarness(t, c) })
+}
+
+// A tenant parked on partition 0 does not stop another tenant on
+// partition 0: parking is per tenant, not per partition.
+func TestParkedTenantDoesNotBlockItsPartition(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	h := newHarness(t, c)
+	var stuck, fine []consumertest.Msg
+	for i := range 30 {
+		stuck = append(stuck, consumertest.Msg{Tenant: "stuck", Partition: 0, Value: []byte(fmt.Sprintf("stuck-%d", i))})
+		fine = append(fine, consumertest.Msg{Tenant: "fine", Partition: 0, Value: []byte(fmt.Sprintf("fine-%d", i))})
+	}
+	h.Produce(t, stuck...)
+
+	var down = make(chan struct{})
+	rec := consumertest.NewRecorder()
+	cons, err := consumer.New(consumer.Config{
+		Scope:  scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+		Tenant: h.Tenant(),
+		DLQ:    h.sink,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			tn, _ := h.Tenant()(m)
+			if tn == "stuck" {
+				select {
+				case <-down:
+				default:
+					return errStuck
+				}
+			}
+			rec.Add(tn, string(m.Value))
+			return nil
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx, h.NewSource(t)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	wait := testCtx(t, 60*time.Second)
+	eventually(t, wait, "the failing tenant parked", func() bool { ts, _ := cons.Tenant("stuck"); return ts.Parked > 0 })
+	// Its messages hold partition 0's commit point, not its consumption.
+	h.Produce(t, fine...)
+	eventually(t, wait, "the healthy tenant on partition 0 handled", func() bool { return rec.Count("fine") == 30 })
+	if n := rec.Count("stuck"); n != 0 {
+		t.Fatalf("stuck tenant handled %d while failing", n)
+	}
+	if ts, _ := cons.Tenant("stuck"); ts.Parked == 0 {
+		t.Fatalf("stuck tenant no longer parked while failing: %+v", ts)
+	}
+	close(down)
+	eventually(t, wait, "the stuck tenant handled after recovery", func() bool { return rec.Count("stuck") >= 30 })
+	if dl := h.DeadLetters(t, "stuck"); len(dl) != 0 {
+		t.Fatalf("a transient failure dead-lettered %d messages", len(dl))
+	}
+}
+
+var errStuck = errors.New("dependency down")
