@@ -48,7 +48,7 @@ func newHarness(t testing.TB, c *kafkatest.Cluster) *harness {
 	return h
 }
 
-func (h *harness) Partitions() int              { return h.parts }
+func (h *harness) Partitions() int             { return h.parts }
 func (h *harness) Tenant() consumer.TenantFunc { return consumer.FromHeader(tenantHeader) }
 func (h *harness) Sink(testing.TB) dlq.Sink    { return h.sink }
 
