@@ -404,6 +404,9 @@ func (c *Consumer) forgetLane(l *lane) {
 // Deliver implements Dispatcher.
 func (c *Consumer) Deliver(m *Message) {
 	tenant, terr := c.cfg.Tenant(m)
+	if terr == nil && tenant == "" {
+		terr = ErrNoTenant
+	}
 	if terr == nil && len(tenant) > c.cfg.MaxTenantLen {
 		terr = fmt.Errorf("consumer: tenant key of %d bytes exceeds MaxTenantLen %d", len(tenant), c.cfg.MaxTenantLen)
 	}
