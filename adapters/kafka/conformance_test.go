@@ -66,11 +66,36 @@ func (h *harness) Produce(t testing.TB, msgs ...consumertest.Msg) {
 
 func (h *harness) NewSource(t testing.TB) consumer.Source {
 	t.Helper()
+	return &rebalancingSource{Source: h.source(t), h: h, t: t}
+}
+
+func (h *harness) source(t testing.TB) *Source {
+	t.Helper()
 	s, err := NewSource(h.c.Addrs(), h.topic, h.group, fastOpts(TenantFromHeader(tenantHeader))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// rebalancingSource lets the suite's Revocation case trigger a real
+// rebalance.
+type rebalancingSource struct {
+	*Source
+	h *harness
+	t testing.TB
+}
+
+// Rebalance has a second member join the group, take its share of the
+// partitions (handling and committing nothing) and leave again. Each join
+// and leave ends the generation, so every partition of the first member is
+// revoked and later assigned back.
+func (r *rebalancingSource) Rebalance() {
+	other := r.h.source(r.t)
+	col := newCollector(false)
+	stop := runSource(r.t, other, col)
+	col.waitFor(r.t, testCtx(r.t, 30*time.Second), "the second member's assignment", func() bool { return len(col.assigned) > 0 })
+	stop()
 }
 
 func (h *harness) DeadLetters(t testing.TB, tenant string) []dlq.Record {
