@@ -20,6 +20,7 @@ const readyTimeout = 10 * time.Second
 type Server struct {
 	t        testing.TB
 	storeDir string
+	core     bool // no JetStream
 
 	mu   sync.Mutex // guards srv and port
 	srv  *server.Server
@@ -38,13 +39,24 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// StartCore runs a server without JetStream (core NATS only).
+func StartCore(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{t: t, storeDir: t.TempDir(), port: -1, core: true}
+	if err := s.start(); err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
 func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	srv, err := server.NewServer(&server.Options{
 		Host:      "127.0.0.1",
 		Port:      s.port,
-		JetStream: true,
+		JetStream: !s.core,
 		StoreDir:  s.storeDir,
 		NoLog:     true,
 		NoSigs:    true,

@@ -1,0 +1,89 @@
+// Package nats is ringfence's NATS JetStream adapter, on nats.go's
+// jetstream package: a Source that feeds the consumer engine from a durable
+// pull consumer, and a DLQ that implements dlq.Sink and dlq.Inspector on a
+// JetStream stream.
+//
+// # Source
+//
+// NewSource takes a durable pull consumer with explicit acks. Messages are
+// fetched with jetstream.Consumer.Consume and handed to the engine on one
+// partition, Partition{Topic: "<stream>/<durable>", ID: 0}; Message.Offset
+// and Message.Stream are the stream sequence and name, Message.Topic the
+// subject, and Handle the jetstream.Msg. The tenant key comes from a
+// consumer.TenantFunc: FromSubjectToken(i) for a subject token, or
+// consumer.FromHeader for a header.
+//
+// Settle acks the message (a plain Ack by default: an ack lost in transit
+// means a redelivery, never a loss; WithDoubleAck waits for the server's
+// confirmation). The engine calls Settle after the handler succeeded or the
+// dead letter's PubAck, so nothing is acked that is not done. Commit does
+// nothing: JetStream has no offsets to commit.
+//
+// While the engine holds a message (queued in a lane, running, or parked),
+// the Source sends InProgress for it every third of the consumer's AckWait
+// (WithExtendEvery), so it is not redelivered under the engine's feet.
+// Anything unsettled when the process dies is redelivered by the server
+// after AckWait. A redelivery can arrive after later messages, so across a
+// crash a tenant's order is as loose as JetStream's own.
+//
+// # Parking without stalling the consumer
+//
+// A message the engine parks is unacknowledged, so it holds one of the
+// consumer's MaxAckPending slots, and so would a NakWithDelay'd one. One
+// parked tenant with a backlog larger than MaxAckPending would take every
+// slot and stop all tenants. The Source prevents that with a per-tenant
+// limit L (WithTenantLimit; default MaxAckPending/16):
+//
+//   - A tenant never holds more than L unsettled messages in the engine.
+//   - Its next messages are spilled: republished to the tenant's subject
+//     "<prefix>.<token>" in a side "park" stream (file storage, created if
+//     missing; WithParkStream), and acked only after the park stream's
+//     PubAck. A spilled message is durable before its slot is freed
+//     (at-least-once: a crash in between leaves a duplicate, not a gap).
+//   - Once a tenant has spilled, all its later messages spill too, so its
+//     order is kept. When it has nothing left in flight from the consumer,
+//     its spilled messages are re-fed, oldest first and at most L at a time,
+//     on a partition of its own, "<stream>/<durable>/park/<token>"; each is
+//     deleted from the park stream when settled. When the park subject is
+//     empty the partition is revoked and the tenant flows directly again.
+//   - Spilled messages survive restarts: a new Source finds the tenants with
+//     messages in the park stream and re-feeds them.
+//
+// The bound: k tenants backed up at once hold at most k*L slots, and the
+// rest of the consumer keeps MaxAckPending - k*L; with the default L, up to
+// 15 tenants can be parked at once and the others still flow. A tenant that
+// is merely slower than its arrival rate also spills once it is L behind;
+// that costs a second write, not order or messages. Keep L at or below the
+// engine's MaxParkedPerTenant so the engine does not pause the whole
+// consumer on one tenant's account (with one partition, a pause stops
+// everyone). Redeliveries of messages the engine still holds are dropped by
+// sequence, so the engine never sees one message twice at the same time.
+//
+// Pause blocks the consume callback (messages nats.go already buffered wait
+// in the client and are not extended; if a pause outlasts AckWait they are
+// redelivered later); Pause on a re-feed partition stops re-feeding that
+// tenant.
+//
+// # Dead letters
+//
+// NewDLQ opens (or creates, with file storage) the DLQ stream, by default
+// DefaultDLQStream with subjects "ringfence.dlq.>". Each tenant's records go
+// to dlq.NATSSubject(prefix, tenant): the token encoding keeps a key with
+// '.', '*', '>' or spaces inside one subject token, so no key can reach
+// another tenant's subject or a wildcard. Records use the dlq header format;
+// the original's "Nats-" headers are stored as "ringfence-nats-h-Nats-..."
+// so the DLQ stream does not act on them. Write returns after the PubAck.
+//
+// The inspector counts per tenant from the stream's per-subject counts
+// (StreamInfo with a subject filter), peeks with GetMsg by subject and
+// sequence, replays by republishing to the record's source subject with the
+// redrive count raised and deleting the record by sequence only after the
+// republish's PubAck, and purges by subject.
+//
+// # Core NATS
+//
+// Core NATS subscriptions are not supported: they have no acknowledgement
+// and no redelivery, so a parked or failing message could not be kept. Open
+// and NewDLQ return an error wrapping ErrCoreNATS when the server has no
+// JetStream.
+package nats

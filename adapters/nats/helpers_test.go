@@ -1,0 +1,218 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/internal/natstest"
+)
+
+var nameSeq atomic.Int64
+
+// fixture is a stream with a durable consumer on an in-process server.
+type fixture struct {
+	srv     *natstest.Server
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	stream  string
+	subject string // prefix; messages go to "<subject>.<tenant-ish>"
+	durable string
+}
+
+func newFixture(t testing.TB, srv *natstest.Server, ackWait time.Duration, maxAckPending int) *fixture {
+	t.Helper()
+	if srv == nil {
+		srv = natstest.Start(t)
+	}
+	nc, js := srv.JetStream(t)
+	n := nameSeq.Add(1)
+	f := &fixture{srv: srv, nc: nc, js: js, stream: fmt.Sprintf("SRC%d", n), subject: fmt.Sprintf("src%d", n), durable: "work"}
+	ctx := testCtx(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{f.subject + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, f.stream, jetstream.ConsumerConfig{
+		Durable:       f.durable,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxAckPending: maxAckPending,
+		MaxDeliver:    -1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) consumer(t testing.TB) jetstream.Consumer {
+	t.Helper()
+	c, err := f.js.Consumer(testCtx(t), f.stream, f.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (f *fixture) source(t testing.TB, tenant consumer.TenantFunc, opts ...SourceOption) *Source {
+	t.Helper()
+	s, err := NewSource(testCtx(t), f.js, f.consumer(t), tenant, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// publishRetry publishes one message, retrying while the client reconnects.
+func (f *fixture) publishRetry(t testing.TB, subject, value string) {
+	t.Helper()
+	ctx := testCtx(t)
+	var err error
+	for range 600 {
+		if _, err = f.js.Publish(ctx, subject, []byte(value)); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("publish %s: %v", subject, err)
+}
+
+// publish appends messages to "<subject>.<tenant>" with the value as data,
+// waiting for every PubAck.
+func (f *fixture) publish(t testing.TB, tenant string, values ...string) {
+	t.Helper()
+	ctx := testCtx(t)
+	for _, v := range values {
+		if _, err := f.js.Publish(ctx, f.subject+"."+tenant, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond every 5ms for at most 30s.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// loop is a minimal engine stand-in: it records deliveries and settles each
+// message unless hold says to keep it, in which case it is kept until
+// release.
+type loop struct {
+	src    consumer.Source
+	tenant consumer.TenantFunc
+	hold   func(tenant string) bool
+
+	mu       sync.Mutex
+	order    map[string][]string // tenant -> values in delivery order
+	seen     map[string]int
+	held     []*consumer.Message
+	assigned map[consumer.Partition]int
+	revoked  map[consumer.Partition]int
+	settled  atomic.Int64
+	paused   atomic.Int64
+}
+
+func newLoop(src consumer.Source, tenant consumer.TenantFunc, hold func(string) bool) *loop {
+	return &loop{src: src, tenant: tenant, hold: hold, order: map[string][]string{}, seen: map[string]int{},
+		assigned: map[consumer.Partition]int{}, revoked: map[consumer.Partition]int{}}
+}
+
+func (l *loop) Assigned(p consumer.Partition) { l.mu.Lock(); l.assigned[p]++; l.mu.Unlock() }
+func (l *loop) Revoked(p consumer.Partition)  { l.mu.Lock(); l.revoked[p]++; l.mu.Unlock() }
+
+func (l *loop) Deliver(m *consumer.Message) {
+	tn, _ := l.tenant(m)
+	l.mu.Lock()
+	l.order[tn] = append(l.order[tn], string(m.Value))
+	l.seen[string(m.Value)]++
+	if l.hold != nil && l.hold(tn) {
+		l.held = append(l.held, m)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	if err := l.src.Settle(context.Background(), m); err == nil {
+		l.settled.Add(1)
+	}
+}
+
+// release settles every held message (in delivery order) and stops holding.
+func (l *loop) release() {
+	l.mu.Lock()
+	held := l.held
+	l.held = nil
+	l.hold = nil
+	l.mu.Unlock()
+	for _, m := range held {
+		if err := l.src.Settle(context.Background(), m); err == nil {
+			l.settled.Add(1)
+		}
+	}
+}
+
+func (l *loop) count(tenant string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.order[tenant])
+}
+
+func (l *loop) heldCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}
+
+func (l *loop) distinct() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.seen)
+}
+
+func (l *loop) values(tenant string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.order[tenant]...)
+}
+
+// run starts src.Run(ctx, l) and returns a stop func that cancels and waits.
+func run(t testing.TB, src consumer.Source, d consumer.Dispatcher) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, d) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("Run did not return after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}

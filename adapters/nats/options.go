@@ -1,0 +1,188 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// ErrInvalidOption: an option was given an unusable value.
+var ErrInvalidOption = errors.New("nats: invalid option")
+
+// ErrCoreNATS: the server has no JetStream. Core NATS subscriptions have no
+// acknowledgement and no redelivery, so a parked or failed message could not
+// be kept or retried: ringfence refuses them rather than lose messages.
+var ErrCoreNATS = errors.New("nats: JetStream is not enabled: core NATS subscriptions cannot be acknowledged or redelivered, so ringfence cannot park or dead-letter without losing messages; consume from a JetStream stream instead")
+
+// ErrConsumerConfig: the JetStream consumer cannot be used by a Source.
+var ErrConsumerConfig = errors.New("nats: unusable consumer configuration")
+
+// SourceOption configures a Source. Options validate themselves; an invalid
+// value makes NewSource fail with an error wrapping ErrInvalidOption.
+type SourceOption func(*sourceOptions) error
+
+type sourceOptions struct {
+	tenantLimit  int
+	parkStream   string
+	parkPrefix   string
+	extendEvery  time.Duration
+	pullMax      int
+	doubleAck    bool
+	logger       *slog.Logger
+	spillBackoff time.Duration
+}
+
+// WithTenantLimit caps how many messages of one tenant the Source hands to
+// the engine and leaves unsettled at once. A tenant at the cap spills its
+// further messages to the park stream (see the package documentation).
+// Default: the consumer's MaxAckPending / 16, at least 1. It must be below
+// MaxAckPending.
+func WithTenantLimit(n int) SourceOption {
+	return func(o *sourceOptions) error {
+		if n < 1 {
+			return fmt.Errorf("%w: tenant limit %d < 1", ErrInvalidOption, n)
+		}
+		o.tenantLimit = n
+		return nil
+	}
+}
+
+// WithParkStream names the side stream that holds spilled messages and the
+// subject prefix of its per-tenant subjects ("<prefix>.<token>"). Default:
+// stream "RINGFENCE_PARK_<stream>_<durable>", prefix
+// "ringfence.park.<stream>.<durable>". The stream is created (file storage)
+// if missing.
+func WithParkStream(name, prefix string) SourceOption {
+	return func(o *sourceOptions) error {
+		if err := validStreamName(name); err != nil {
+			return err
+		}
+		if err := validPrefix(prefix); err != nil {
+			return err
+		}
+		o.parkStream, o.parkPrefix = name, prefix
+		return nil
+	}
+}
+
+// WithExtendEvery sets how often the Source tells the server that messages
+// the engine still holds are in progress (InProgress), which restarts their
+// AckWait. Default: a third of the consumer's AckWait.
+func WithExtendEvery(d time.Duration) SourceOption {
+	return func(o *sourceOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: extend interval %v <= 0", ErrInvalidOption, d)
+		}
+		o.extendEvery = d
+		return nil
+	}
+}
+
+// WithPullMaxMessages sets how many messages the client buffers ahead of the
+// engine (jetstream.PullMaxMessages). Default: 500, nats.go's default.
+func WithPullMaxMessages(n int) SourceOption {
+	return func(o *sourceOptions) error {
+		if n < 1 {
+			return fmt.Errorf("%w: pull max messages %d < 1", ErrInvalidOption, n)
+		}
+		o.pullMax = n
+		return nil
+	}
+}
+
+// WithDoubleAck makes Settle wait for the server to confirm each ack
+// (jetstream.Msg.DoubleAck). Default: off; a plain Ack is sent and an ack
+// lost in transit only means the message is delivered again (at-least-once),
+// at a fraction of the cost of a round trip per message.
+func WithDoubleAck() SourceOption {
+	return func(o *sourceOptions) error {
+		o.doubleAck = true
+		return nil
+	}
+}
+
+// WithLogger sets the logger. Default: slog.Default().
+func WithLogger(l *slog.Logger) SourceOption {
+	return func(o *sourceOptions) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		o.logger = l
+		return nil
+	}
+}
+
+// DLQOption configures a DLQ.
+type DLQOption func(*dlqOptions) error
+
+type dlqOptions struct {
+	stream string
+	prefix string
+}
+
+// Default DLQ names.
+const (
+	DefaultDLQStream = "RINGFENCE_DLQ"
+	DefaultDLQPrefix = "ringfence.dlq"
+)
+
+// WithDLQStream sets the DLQ stream name. Default: DefaultDLQStream.
+func WithDLQStream(name string) DLQOption {
+	return func(o *dlqOptions) error {
+		if err := validStreamName(name); err != nil {
+			return err
+		}
+		o.stream = name
+		return nil
+	}
+}
+
+// WithDLQPrefix sets the DLQ subject prefix; each tenant's records go to
+// dlq.NATSSubject(prefix, tenant). Default: DefaultDLQPrefix.
+func WithDLQPrefix(prefix string) DLQOption {
+	return func(o *dlqOptions) error {
+		if err := validPrefix(prefix); err != nil {
+			return err
+		}
+		o.prefix = prefix
+		return nil
+	}
+}
+
+func validStreamName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty stream name", ErrInvalidOption)
+	}
+	for _, c := range name {
+		switch c {
+		case '.', '*', '>', '/', '\\', ' ', '\t', '\r', '\n':
+			return fmt.Errorf("%w: stream name %q contains %q", ErrInvalidOption, name, c)
+		}
+	}
+	return nil
+}
+
+func validPrefix(prefix string) error {
+	if prefix == "" {
+		return fmt.Errorf("%w: empty subject prefix", ErrInvalidOption)
+	}
+	tok := 0
+	for i := 0; i < len(prefix); i++ {
+		switch c := prefix[i]; c {
+		case '.':
+			if tok == 0 {
+				return fmt.Errorf("%w: subject prefix %q has an empty token", ErrInvalidOption, prefix)
+			}
+			tok = 0
+		case '*', '>', ' ', '\t', '\r', '\n':
+			return fmt.Errorf("%w: subject prefix %q contains %q", ErrInvalidOption, prefix, c)
+		default:
+			tok++
+		}
+	}
+	if tok == 0 {
+		return fmt.Errorf("%w: subject prefix %q ends with '.'", ErrInvalidOption, prefix)
+	}
+	return nil
+}

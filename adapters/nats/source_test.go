@@ -1,0 +1,303 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/internal/natstest"
+)
+
+func vals(prefix string, from, to int) []string {
+	var out []string
+	for i := from; i < to; i++ {
+		out = append(out, fmt.Sprintf("%s-%05d", prefix, i))
+	}
+	return out
+}
+
+func checkInOrder(t *testing.T, tenant string, got []string) {
+	t.Helper()
+	for i := 1; i < len(got); i++ {
+		if got[i] < got[i-1] {
+			t.Fatalf("tenant %s: %s delivered after %s", tenant, got[i], got[i-1])
+		}
+	}
+}
+
+func TestSourceDeliversInOrderAndAcks(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil, 5*time.Second, 1000)
+	for i := range 50 {
+		for _, tn := range []string{"acme", "globex", "initech"} {
+			f.publish(t, tn, fmt.Sprintf("%s-%05d", tn, i))
+		}
+	}
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant)
+	l := newLoop(src, tenant, nil)
+	stop := run(t, src, l)
+	eventually(t, "150 settled", func() bool { return l.settled.Load() == 150 })
+	stop()
+	for _, tn := range []string{"acme", "globex", "initech"} {
+		checkInOrder(t, tn, l.values(tn))
+		if n := l.count(tn); n != 50 {
+			t.Fatalf("tenant %s: %d deliveries, want 50", tn, n)
+		}
+	}
+	eventually(t, "ack floor at 150", func() bool {
+		info, err := f.consumer(t).Info(testCtx(t))
+		return err == nil && info.AckFloor.Stream == 150 && info.NumAckPending == 0
+	})
+	if l.assigned[src.Partition()] != 1 {
+		t.Fatalf("main partition assigned %d times", l.assigned[src.Partition()])
+	}
+}
+
+// TestParkedTenantDoesNotStallOthers is the isolation test: a tenant whose
+// messages are never settled, with a backlog 10x MaxAckPending, holds at
+// most its tenant limit of the consumer's ack-pending slots; every other
+// tenant's message is handled; released, the parked tenant gets all of its
+// backlog back in order and the park stream ends empty.
+func TestParkedTenantDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	const (
+		maxAckPending = 32
+		limit         = 4
+		backlog       = 10 * maxAckPending
+		others        = 3 * maxAckPending
+	)
+	f := newFixture(t, nil, 5*time.Second, maxAckPending)
+	parked, calm := vals("parked", 0, backlog), vals("calm", 0, others)
+	for i := range backlog {
+		f.publish(t, "parked", parked[i])
+		if i < others {
+			f.publish(t, "calm", calm[i])
+		}
+	}
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant, WithTenantLimit(limit))
+	l := newLoop(src, tenant, func(tn string) bool { return tn == "parked" })
+	stop := run(t, src, l)
+
+	eventually(t, "every calm message handled", func() bool { return l.count("calm") == others })
+	eventually(t, "the parked backlog spilled", func() bool {
+		return parkCount(t, f, src) == backlog-limit
+	})
+	if n := l.heldCount(); n != limit {
+		t.Fatalf("parked tenant holds %d messages, want its limit %d", n, limit)
+	}
+	t.Logf("isolation: parked backlog %d (MaxAckPending %d): parked tenant held %d, spilled %d; calm tenant %d/%d handled",
+		backlog, maxAckPending, l.heldCount(), parkCount(t, f, src), l.count("calm"), others)
+
+	l.release()
+	eventually(t, "the parked backlog handled", func() bool { return l.count("parked") == backlog })
+	got := l.values("parked")
+	checkInOrder(t, "parked", got)
+	for i, v := range got {
+		if v != parked[i] {
+			t.Fatalf("parked delivery %d = %s, want %s", i, v, parked[i])
+		}
+	}
+	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
+	eventually(t, "spill mode ended", func() bool {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return len(src.tenants) == 0
+	})
+	stop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var refeedParts int
+	for p, n := range l.assigned {
+		if p != src.Partition() {
+			refeedParts++
+			if l.revoked[p] != n {
+				t.Fatalf("re-feed partition %v assigned %d, revoked %d", p, n, l.revoked[p])
+			}
+		}
+	}
+	if refeedParts == 0 {
+		t.Fatal("no re-feed partition was assigned")
+	}
+}
+
+func parkCount(t testing.TB, f *fixture, src *Source) int {
+	t.Helper()
+	info, err := src.park.Info(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(info.State.Msgs)
+}
+
+// TestSpilledMessagesSurviveANewSource stops a source while a tenant is
+// spilled and parked; a new source on the same durable delivers everything.
+func TestSpilledMessagesSurviveANewSource(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil, time.Second, 32)
+	want := vals("slow", 0, 100)
+	f.publish(t, "slow", want...)
+	f.publish(t, "fast", vals("fast", 0, 20)...)
+	tenant := FromSubjectToken(-1)
+	src1 := f.source(t, tenant, WithTenantLimit(4))
+	l1 := newLoop(src1, tenant, func(tn string) bool { return tn == "slow" })
+	stop1 := run(t, src1, l1)
+	eventually(t, "fast handled and slow spilled", func() bool {
+		return l1.count("fast") == 20 && parkCount(t, f, src1) == 96
+	})
+	stop1()
+
+	src2 := f.source(t, tenant, WithTenantLimit(4))
+	l2 := newLoop(src2, tenant, nil)
+	run(t, src2, l2)
+	eventually(t, "every slow message delivered", func() bool {
+		l2.mu.Lock()
+		defer l2.mu.Unlock()
+		for _, v := range want {
+			if l2.seen[v] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src2) == 0 })
+}
+
+// TestServerRestartLosesNothing restarts the server while a source consumes
+// (including a tenant that spills); every message is delivered at least
+// once and the consumer ends with nothing pending.
+func TestServerRestartLosesNothing(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	f := newFixture(t, srv, time.Second, 64)
+	const n = 300
+	for i := range n {
+		f.publish(t, fmt.Sprintf("t%d", i%5), fmt.Sprintf("m-%05d", i))
+	}
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant, WithTenantLimit(8))
+	// Tenant t0 is held until the restart is over, so it spills.
+	l := newLoop(src, tenant, func(tn string) bool { return tn == "t0" })
+	run(t, src, l)
+	eventually(t, "a part delivered", func() bool { return l.distinct() >= n/3 })
+	srv.Restart()
+	f.publishRetry(t, f.subject+".t1", "after-restart")
+	l.release()
+	eventually(t, "everything delivered", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for i := range n {
+			if l.seen[fmt.Sprintf("m-%05d", i)] == 0 {
+				return false
+			}
+		}
+		return l.seen["after-restart"] > 0
+	})
+	eventually(t, "nothing left pending", func() bool {
+		info, err := f.consumer(t).Info(testCtx(t))
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && parkCount(t, f, src) == 0
+	})
+}
+
+func TestPauseHoldsDeliveriesUntilResume(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil, 5*time.Second, 100)
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant)
+	l := newLoop(src, tenant, nil)
+	src.Pause(src.Partition())
+	run(t, src, l)
+	f.publish(t, "a", vals("a", 0, 10)...)
+	// The messages reach the client (ack pending) but not the engine.
+	eventually(t, "messages pulled by the client", func() bool {
+		info, err := f.consumer(t).Info(testCtx(t))
+		return err == nil && info.NumAckPending > 0
+	})
+	if n := l.count("a"); n != 0 {
+		t.Fatalf("%d messages delivered while paused", n)
+	}
+	src.Resume(src.Partition())
+	eventually(t, "all delivered after resume", func() bool { return l.settled.Load() == 10 })
+	checkInOrder(t, "a", l.values("a"))
+}
+
+func TestCoreNATSIsRefused(t *testing.T) {
+	t.Parallel()
+	srv := natstest.StartCore(t)
+	nc := srv.Connect(t)
+	_, err := Open(testCtx(t), nc, "ORDERS", "work", FromSubjectToken(1))
+	if !errors.Is(err, ErrCoreNATS) {
+		t.Fatalf("Open on a server without JetStream = %v, want ErrCoreNATS", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewDLQ(testCtx(t), js); !errors.Is(err, ErrCoreNATS) {
+		t.Fatalf("NewDLQ on a server without JetStream = %v, want ErrCoreNATS", err)
+	}
+}
+
+func TestNewSourceRejectsUnusableConsumers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil, 5*time.Second, 100)
+	ctx := testCtx(t)
+	ackNone, err := f.js.CreateOrUpdateConsumer(ctx, f.stream, jetstream.ConsumerConfig{Durable: "none", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := FromSubjectToken(-1)
+	if _, err := NewSource(ctx, f.js, ackNone, tenant); !errors.Is(err, ErrConsumerConfig) {
+		t.Fatalf("ack none: %v, want ErrConsumerConfig", err)
+	}
+	for name, opt := range map[string]SourceOption{
+		"limit 0":             WithTenantLimit(0),
+		"limit >= pending":    WithTenantLimit(100),
+		"extend >= ack wait":  WithExtendEvery(5 * time.Second),
+		"park prefix wild":    WithParkStream("P", "a.*"),
+		"park stream dotted":  WithParkStream("P.Q", "a.b"),
+		"pull max 0":          WithPullMaxMessages(0),
+		"nil logger":          WithLogger(nil),
+		"extend non-positive": WithExtendEvery(0),
+	} {
+		if _, err := NewSource(ctx, f.js, f.consumer(t), tenant, opt); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+func TestFromSubjectToken(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		subject string
+		i       int
+		want    string
+		ok      bool
+	}{
+		{"orders.acme.created", 1, "acme", true},
+		{"orders.acme.created", 0, "orders", true},
+		{"orders.acme.created", 2, "created", true},
+		{"orders.acme.created", 3, "", false},
+		{"orders.acme.created", -1, "created", true},
+		{"orders.acme.created", -3, "orders", true},
+		{"orders.acme.created", -4, "", false},
+		{"orders..created", 1, "", false},
+		{"single", 0, "single", true},
+	} {
+		got, err := FromSubjectToken(tc.i)(&consumer.Message{Topic: tc.subject})
+		if tc.ok && (err != nil || got != tc.want) {
+			t.Errorf("%s[%d] = %q, %v; want %q", tc.subject, tc.i, got, err, tc.want)
+		}
+		if !tc.ok && !errors.Is(err, consumer.ErrNoTenant) {
+			t.Errorf("%s[%d] = %q, %v; want ErrNoTenant", tc.subject, tc.i, got, err)
+		}
+	}
+}
+
+var _ = context.Background
