@@ -310,3 +310,50 @@ func TestKcatInterop(t *testing.T) {
 		t.Fatalf("kcat message consumed as tenant %q, want acme", tn)
 	}
 }
+
+// With DeleteDrained, Purge deletes the drained topic, and a topic of the
+// same name made later is read from its start.
+func TestInspectorDeleteDrained(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	source := uniq("orders")
+	sink, err := NewSink(c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	in, err := NewInspector(c.Addrs(), source, DeleteDrained())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	for _, v := range []string{"x1", "x2"} {
+		if err := sink.Write(ctx, record(source, "acme", dlq.ReasonPermanent, v, "e")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := in.Purge(ctx, "acme"); err != nil || n != 2 {
+		t.Fatalf("purge = %d, %v", n, err)
+	}
+	topic := dlq.KafkaTopic(source, "acme")
+	md, err := (&kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}).Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(md.Topics) == 1 && md.Topics[0].Error == nil {
+		t.Fatalf("drained topic %s still exists", topic)
+	}
+	sink2, err := NewSink(c.Addrs()) // a fresh sink creates the topic again
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink2.Close()
+	if err := sink2.Write(ctx, record(source, "acme", dlq.ReasonPermanent, "x3", "e")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := in.Peek(ctx, "acme", 0)
+	if err != nil || len(got) != 1 || string(got[0].Value) != "x3" {
+		t.Fatalf("after recreate peek = %v, %v", values(got), err)
+	}
+}

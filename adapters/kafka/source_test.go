@@ -285,3 +285,35 @@ func TestSourceSurvivesBrokerRestart(t *testing.T) {
 		}
 	}
 }
+
+// What the engine settles after Run returned (it drains after stopping
+// the fetch) is still committed, once the group is empty.
+func TestSourceCommitsAfterRunReturned(t *testing.T) {
+	t.Parallel()
+	topic, group := uniq("late"), uniq("g")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	produce(t, c.Addrs(), topic, msgs("a", 1, 10)...)
+	src, err := NewSource(c.Addrs(), topic, group, fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(false)
+	col.src = src
+	stop := runSource(t, src, col)
+	col.waitFor(t, testCtx(t, 30*time.Second), "all messages", func() bool { return len(col.seen) == 10 })
+	stop()
+	p := consumer.Partition{Topic: topic, ID: 0}
+	if err := src.Commit(testCtx(t, 10*time.Second), p, 6); err != nil {
+		t.Fatalf("late commit: %v", err)
+	}
+	if got := committed(t, c.Addrs(), group, topic, 1)[0]; got != 6 {
+		t.Fatalf("committed %d after a late Commit(6)", got)
+	}
+	// A stale, lower watermark never moves the commit back.
+	if err := src.Commit(testCtx(t, 10*time.Second), p, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := committed(t, c.Addrs(), group, topic, 1)[0]; got != 6 {
+		t.Fatalf("committed %d after a stale Commit(3), want 6", got)
+	}
+}
