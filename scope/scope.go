@@ -97,33 +97,37 @@ type Scope[K comparable] struct {
 	read atomic.Pointer[readMap[K]]
 	_    [56]byte // keep read off the line the slow path writes
 
-	template  policy.Policy
-	opts      Options[K]
-	maxKeys   int
-	ceiling   int
-	bound     int // HardCeiling + MaxKeys: inserts beyond it sweep inline
-	hits      *counter
-	evictions atomic.Uint64
-	pinned    atomic.Int64
-	shapeErrs atomic.Uint64
-	sweeps    atomic.Uint64
-	size      atomic.Int64 // written under mu
-	running   atomic.Bool  // a maintenance goroutine is scheduled or running
+	template   policy.Policy
+	opts       Options[K]
+	maxKeys    int
+	ceiling    int
+	bound      int // HardCeiling + MaxKeys: inserts beyond it sweep inline
+	hits       *counter
+	evictions  atomic.Uint64
+	pinned     atomic.Int64
+	shapeErrs  atomic.Uint64
+	rebuilding atomic.Bool // a rebuild is in progress (written under sweepMu)
+	sweeps     atomic.Uint64
+	size       atomic.Int64 // written under mu
 
-	// sweepMu serialises rebuilds of the read map. Lookups never take it,
-	// except a For at the hard bound.
+	// sweepMu serialises rebuild work. Hits never take it; slow lookups
+	// only try it, except a For at the hard bound.
 	sweepMu sync.Mutex
+	rb      rebuild[K] // (sweepMu)
 
-	mu       sync.Mutex
-	dirty    map[K]*entry[K] // keys not in read.m nor frozen (mu)
-	frozen   map[K]*entry[K] // dirty taken by the running rebuild; read-only (mu to swap)
-	slowHits int             // lookups served from dirty/frozen since the last rebuild (mu)
-	trigger  int             // sweep when size exceeds it (mu)
-	misses   uint64          // (mu)
+	mu        sync.Mutex
+	dirty     map[K]*entry[K] // keys in neither read nor frozen (mu)
+	dirtyList []*entry[K]     // dirty's entries in insertion order (mu)
+	frozen    map[K]*entry[K] // dirty taken by the running rebuild; read-only (mu to swap)
+	slowHits  int             // lookups served from dirty or frozen since the last rebuild (mu)
+	trigger   int             // a sweep is due when size exceeds it (mu)
+	misses    uint64          // (mu)
 }
 
+// readMap is immutable once published: m for lookups, list for rebuilds.
 type readMap[K comparable] struct {
 	m     map[K]*entry[K]
+	list  []*entry[K]
 	epoch uint32
 }
 
@@ -290,11 +294,11 @@ func (s *Scope[K]) slow(key K) (*policy.Guard, *entry[K]) {
 		if e := s.findLocked(key); e != nil {
 			e.seen.Store(s.read.Load().epoch)
 			s.slowHits++
-			promote := s.slowHits >= s.promoteAfterLocked()
+			due := s.promoteDueLocked() || s.sweepDueLocked()
 			s.mu.Unlock()
 			s.hits.add()
-			if promote {
-				s.kick()
+			if due || s.rebuilding.Load() {
+				s.help(false)
 			}
 			g := e.guard.Load()
 			if g == nil {
@@ -311,33 +315,25 @@ func (s *Scope[K]) slow(key K) (*policy.Guard, *entry[K]) {
 		}
 		if int(s.size.Load()) >= s.bound {
 			s.mu.Unlock()
-			s.sweepMu.Lock()
-			evicted := s.rebuild(false)
-			s.sweepMu.Unlock()
-			s.notify(evicted)
+			s.help(true)
 			continue
 		}
 		e := &entry[K]{key: key}
 		e.seen.Store(s.read.Load().epoch)
 		e.build.Lock()
 		s.dirty[key] = e
+		s.dirtyList = append(s.dirtyList, e)
 		s.misses++
-		n := s.size.Add(1)
-		needSweep := int(n) > s.trigger
+		s.size.Add(1)
+		due := s.sweepDueLocked()
 		s.mu.Unlock()
 
 		g := s.build(e)
-		if needSweep {
-			s.kick()
+		if due || s.rebuilding.Load() {
+			s.help(false)
 		}
 		return g, e
 	}
-}
-
-// promoteAfterLocked is how many slow-path hits trigger a promotion of the
-// overflow into the read map: amortises the O(n) copy over n/8 slow lookups.
-func (s *Scope[K]) promoteAfterLocked() int {
-	return max(len(s.dirty), (len(s.read.Load().m)+len(s.dirty))/8, 1)
 }
 
 // build runs Shape and policy.New for a new entry, outside mu. If Shape
@@ -414,15 +410,13 @@ func (s *Scope[K]) Stats() Stats {
 func (s *Scope[K]) Range(fn func(K, *policy.Guard) bool) {
 	s.mu.Lock()
 	r := s.read.Load() // consistent with dirty and frozen: disjoint live keys
-	extra := make([]*entry[K], 0, len(s.dirty)+len(s.frozen))
-	for _, e := range s.dirty {
-		extra = append(extra, e)
-	}
+	extra := make([]*entry[K], 0, len(s.dirtyList)+len(s.frozen))
+	extra = append(extra, s.dirtyList...)
 	for _, e := range s.frozen {
 		extra = append(extra, e)
 	}
 	s.mu.Unlock()
-	for _, e := range r.m {
+	for _, e := range r.list {
 		if g := e.guard.Load(); g != nil && e.state.Load() >= 0 {
 			if !fn(e.key, g) {
 				return

@@ -1,0 +1,255 @@
+package scope_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+const benchKeys = 1000 // fits the default MaxKeys: every lookup is a hit
+
+func benchKeyNames(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("tenant-%d", i)
+	}
+	return keys
+}
+
+// runHit runs lookup over the keys serially and in parallel.
+func runHit(b *testing.B, keys []string, lookup func(string) bool) {
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if !lookup(keys[i]) {
+				b.Fatal("miss")
+			}
+			if i++; i == len(keys) {
+				i = 0
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		var seed sync.Mutex
+		next := 0
+		b.RunParallel(func(pb *testing.PB) {
+			seed.Lock()
+			i := next * 97 % len(keys)
+			next++
+			seed.Unlock()
+			for pb.Next() {
+				if !lookup(keys[i]) {
+					panic("miss")
+				}
+				if i++; i == len(keys) {
+					i = 0
+				}
+			}
+		})
+	})
+}
+
+// BenchmarkHit compares a hit of Scope.For with what a user would write
+// instead: an RWMutex-guarded map of gobreaker breakers, a sync.Map, and an
+// otter cache.
+func BenchmarkHit(b *testing.B) {
+	keys := benchKeyNames(benchKeys)
+
+	b.Run("scope.For", func(b *testing.B) {
+		s := scope.New(policy.Default(), scope.Options[string]{})
+		for _, k := range keys {
+			s.For(k)
+		}
+		s.Promote()
+		s.Quiesce()
+		runHit(b, keys, func(k string) bool { return s.For(k) != nil })
+	})
+
+	b.Run("rwmutex-map-gobreaker", func(b *testing.B) {
+		var mu sync.RWMutex
+		m := make(map[string]*gobreaker.CircuitBreaker[any], len(keys))
+		for _, k := range keys {
+			m[k] = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{Name: k})
+		}
+		runHit(b, keys, func(k string) bool {
+			mu.RLock()
+			cb := m[k]
+			mu.RUnlock()
+			return cb != nil
+		})
+	})
+
+	b.Run("sync.Map", func(b *testing.B) {
+		var m sync.Map
+		for _, k := range keys {
+			g, _ := policy.New(policy.Default())
+			m.Store(k, g)
+		}
+		runHit(b, keys, func(k string) bool {
+			g, ok := m.Load(k)
+			return ok && g.(*policy.Guard) != nil
+		})
+	})
+
+	newOtter := func(b *testing.B) *otter.Cache[string, *policy.Guard] {
+		c := otter.Must(&otter.Options[string, *policy.Guard]{MaximumSize: scope.DefaultMaxKeys})
+		for _, k := range keys {
+			g, _ := policy.New(policy.Default())
+			c.Set(k, g)
+		}
+		c.CleanUp()
+		return c
+	}
+	b.Run("otter.GetIfPresent", func(b *testing.B) {
+		c := newOtter(b)
+		runHit(b, keys, func(k string) bool {
+			g, ok := c.GetIfPresent(k)
+			return ok && g != nil
+		})
+	})
+	b.Run("otter.Get", func(b *testing.B) {
+		c := newOtter(b)
+		ctx := context.Background()
+		loader := otter.LoaderFunc[string, *policy.Guard](func(context.Context, string) (*policy.Guard, error) {
+			return policy.New(policy.Default())
+		})
+		runHit(b, keys, func(k string) bool {
+			g, err := c.Get(ctx, k, loader)
+			return err == nil && g != nil
+		})
+	})
+}
+
+// hist is a log-linear latency histogram: 32 sub-buckets per power of two
+// (relative error under 3%), no allocation per sample.
+type hist struct{ n [64 * 32]uint64 }
+
+func (h *hist) add(d time.Duration) {
+	v := uint64(max(d, 1))
+	e := bits.Len64(v) - 1 // v in [2^e, 2^(e+1))
+	sub := uint64(0)
+	if e >= 5 {
+		sub = (v >> (e - 5)) & 31
+	} else {
+		sub = (v << (5 - e)) & 31
+	}
+	h.n[e*32+int(sub)]++
+}
+
+func (h *hist) merge(o *hist) {
+	for i := range h.n {
+		h.n[i] += o.n[i]
+	}
+}
+
+// quantile returns the lower bound of the bucket holding quantile q.
+func (h *hist) quantile(q float64) float64 {
+	var total uint64
+	for _, c := range h.n {
+		total += c
+	}
+	want := uint64(math.Ceil(q * float64(total)))
+	var run uint64
+	for i, c := range h.n {
+		run += c
+		if run >= want && c > 0 {
+			e, sub := i/32, i%32
+			return math.Ldexp(1+float64(sub)/32, e)
+		}
+	}
+	return 0
+}
+
+// zipfKeys returns n key indexes drawn from a Zipf distribution over
+// universe keys (s=1.01, v=1: the usual cache-benchmark skew).
+func zipfKeys(n, universe int, seed uint64) []int32 {
+	z := rand.NewZipf(rand.New(rand.NewPCG(seed, seed^0x9e37)), 1.01, 1, uint64(universe-1))
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(z.Uint64())
+	}
+	return out
+}
+
+// BenchmarkChurn looks keys up from a Zipf distribution over 1,000,000 keys
+// with MaxKeys 1024, so that sweeps run all the time, and reports the
+// median, 99.9th percentile and their ratio of For latency (each call timed),
+// and the hit ratio.
+func BenchmarkChurn(b *testing.B) {
+	const universe = 1_000_000
+	keys := benchKeyNames(universe)
+	seq := zipfKeys(1<<20, universe, 1)
+	report := func(b *testing.B, h *hist, s *scope.Scope[string]) {
+		p50, p999 := h.quantile(0.5), h.quantile(0.999)
+		st := s.Stats()
+		b.ReportMetric(p50, "p50-ns")
+		b.ReportMetric(p999, "p99.9-ns")
+		b.ReportMetric(p999/p50, "p99.9/p50")
+		b.ReportMetric(float64(st.Hits)/float64(st.Hits+st.Misses), "hit-ratio")
+		b.ReportMetric(float64(st.Sweeps), "sweeps")
+	}
+	b.Run("serial", func(b *testing.B) {
+		s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
+		h := new(hist)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			k := keys[seq[i]]
+			t := time.Now()
+			g := s.For(k)
+			h.add(time.Since(t))
+			if g == nil {
+				b.Fatal("nil guard")
+			}
+			if i++; i == len(seq) {
+				i = 0
+			}
+		}
+		b.StopTimer()
+		report(b, h, s)
+		s.Quiesce()
+	})
+	b.Run("parallel", func(b *testing.B) {
+		s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
+		var mu sync.Mutex
+		total := new(hist)
+		next := 0
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			mu.Lock()
+			i := next * (len(seq) / 8)
+			next++
+			mu.Unlock()
+			h := new(hist)
+			for pb.Next() {
+				k := keys[seq[i%len(seq)]]
+				t := time.Now()
+				g := s.For(k)
+				h.add(time.Since(t))
+				if g == nil {
+					panic("nil guard")
+				}
+				i++
+			}
+			mu.Lock()
+			total.merge(h)
+			mu.Unlock()
+		})
+		b.StopTimer()
+		report(b, total, s)
+		s.Quiesce()
+	})
+}

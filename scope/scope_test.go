@@ -1,0 +1,606 @@
+package scope_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// tripTemplate is a policy whose breaker opens on the first failure and
+// stays open for an hour of the fake clock.
+func tripTemplate(clk policy.Clock) policy.Policy {
+	return policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1, OpenTimeout: time.Hour},
+		Clock:   clk,
+	}
+}
+
+func trip(t *testing.T, g *policy.Guard) {
+	t.Helper()
+	p, err := g.Allow(context.Background())
+	if err != nil {
+		t.Fatalf("Allow: %v", err)
+	}
+	p.Done(errors.New("boom"))
+	if st := g.State(); st != policy.Open {
+		t.Fatalf("breaker state %v after a failure, want open", st)
+	}
+}
+
+// evictions collects OnEvict calls.
+type evictions struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (ev *evictions) hook(k string) {
+	ev.mu.Lock()
+	ev.keys = append(ev.keys, k)
+	ev.mu.Unlock()
+}
+
+func (ev *evictions) take() []string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	k := ev.keys
+	ev.keys = nil
+	slices.Sort(k)
+	return k
+}
+
+func key(i int) string { return fmt.Sprintf("k%04d", i) }
+
+func TestNewRejectsInvalidOptions(t *testing.T) {
+	t.Parallel()
+	bad := policy.Default()
+	bad.Retry.MaxAttempts = -1
+	tests := []struct {
+		name     string
+		template policy.Policy
+		opts     scope.Options[string]
+		wantErr  error // the panic value must match it, if set
+	}{
+		{name: "negative MaxKeys", template: policy.Default(), opts: scope.Options[string]{MaxKeys: -1}},
+		{name: "negative HardCeiling", template: policy.Default(), opts: scope.Options[string]{HardCeiling: -1}},
+		{name: "HardCeiling below MaxKeys", template: policy.Default(), opts: scope.Options[string]{MaxKeys: 10, HardCeiling: 9}},
+		{name: "invalid template", template: bad, wantErr: policy.ErrInvalidPolicy},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				if r == nil {
+					t.Fatal("New did not panic")
+				}
+				if tt.wantErr != nil {
+					if err, ok := r.(error); !ok || !errors.Is(err, tt.wantErr) {
+						t.Fatalf("panic value %v, want an error matching %v", r, tt.wantErr)
+					}
+				}
+			}()
+			scope.New(tt.template, tt.opts)
+		})
+	}
+}
+
+func TestForReturnsOneGuardPerKey(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[string]{})
+	a, b := s.For("a"), s.For("b")
+	if a == nil || b == nil || a == b {
+		t.Fatalf("For returned %p and %p, want two distinct guards", a, b)
+	}
+	if s.For("a") != a {
+		t.Fatal("a second lookup of a returned another guard")
+	}
+	s.Promote()
+	if !s.InRead("a") {
+		t.Fatal("a was not promoted to the read map")
+	}
+	if s.For("a") != a {
+		t.Fatal("lookup after promotion returned another guard")
+	}
+	st := s.Stats()
+	if st.Size != 2 || st.Misses != 2 || st.Hits != 2 {
+		t.Fatalf("stats %+v, want size 2, misses 2, hits 2", st)
+	}
+}
+
+func TestHitAllocatesNothing(t *testing.T) {
+	s := scope.New(policy.Default(), scope.Options[string]{})
+	s.For("tenant")
+	s.Promote()
+	if n := testing.AllocsPerRun(1000, func() { s.For("tenant") }); n != 0 {
+		t.Fatalf("For on a hit allocates %v times", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { s.Pin("tenant"); s.Unpin("tenant") }); n != 0 {
+		t.Fatalf("Pin+Unpin on a hit allocates %v times", n)
+	}
+}
+
+func TestSlowLookupsPromoteKeys(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 100})
+	for i := range 50 {
+		s.For(key(i))
+	}
+	// Repeated lookups of overflow keys make their promotion due, and the
+	// lookups themselves do the work: no goroutine, no sweep needed.
+	for range 10 {
+		for i := range 50 {
+			s.For(key(i))
+		}
+	}
+	for i := range 50 {
+		if !s.InRead(key(i)) {
+			t.Fatalf("%s still in the overflow after 500 lookups", key(i))
+		}
+	}
+	if st := s.Stats(); st.Evictions != 0 || st.Size != 50 {
+		t.Fatalf("stats %+v, want 50 keys, no eviction", st)
+	}
+}
+
+func TestCapRespectedAfterSweeps(t *testing.T) {
+	t.Parallel()
+	const maxKeys = 64
+	ev := new(evictions)
+	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: maxKeys, OnEvict: ev.hook})
+	bound := 4*maxKeys + maxKeys // default HardCeiling + MaxKeys
+	high := 0
+	for i := range 5000 {
+		s.For(key(i))
+		high = max(high, s.Len())
+		if s.Len() > bound {
+			t.Fatalf("Len %d exceeds HardCeiling+MaxKeys %d after %d keys", s.Len(), bound, i+1)
+		}
+	}
+	// The lookups did the sweeping: the scope stayed near its cap.
+	if high > maxKeys+maxKeys/2 {
+		t.Errorf("Len peaked at %d with MaxKeys %d: sweeps did not keep up", high, maxKeys)
+	}
+	s.SweepNow()
+	st := s.Stats()
+	if st.Size > maxKeys {
+		t.Fatalf("Len %d after a sweep, want at most %d", st.Size, maxKeys)
+	}
+	if st.Sweeps == 0 || st.Evictions != 5000-uint64(st.Size) {
+		t.Fatalf("stats %+v: want evictions = 5000 - size", st)
+	}
+	if got := len(ev.take()); uint64(got) != st.Evictions {
+		t.Fatalf("OnEvict called %d times for %d evictions", got, st.Evictions)
+	}
+}
+
+func TestRecentlySeenKeysSurvive(t *testing.T) {
+	t.Parallel()
+	ev := new(evictions)
+	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 100, OnEvict: ev.hook})
+	guards := map[string]*policy.Guard{}
+	for i := range 100 {
+		guards[key(i)] = s.For(key(i))
+	}
+	s.SweepNow() // all were seen since the start
+	if s.Len() != 100 || len(ev.take()) != 0 {
+		t.Fatalf("first sweep evicted keys seen since the previous one (Len %d)", s.Len())
+	}
+	for i := range 10 {
+		s.For(key(i))
+	}
+	s.SweepNow()
+	var want []string
+	for i := 10; i < 100; i++ {
+		want = append(want, key(i))
+	}
+	if got := ev.take(); !slices.Equal(got, want) {
+		t.Fatalf("evicted %v, want keys 10..99", got)
+	}
+	for i := range 10 {
+		if s.For(key(i)) != guards[key(i)] {
+			t.Fatalf("%s was seen and survived, but its guard changed", key(i))
+		}
+	}
+	if s.Len() != 10 {
+		t.Fatalf("Len %d, want 10", s.Len())
+	}
+}
+
+func TestSeenKeysBeyondCapAreTrimmed(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 64, HardCeiling: 1000})
+	// Insert more keys than MaxKeys without letting a lookup sweep: they
+	// are all seen, and a sweep must still bring the scope to its cap.
+	for i := range 200 {
+		s.For(key(i))
+	}
+	s.SweepNow()
+	if n := s.Len(); n > 64 {
+		t.Fatalf("Len %d after a sweep of 200 seen keys, want at most 64", n)
+	}
+}
+
+func TestOpenBreakersSurviveUnderCeiling(t *testing.T) {
+	t.Parallel()
+	clk := new(fakeClock)
+	ev := new(evictions)
+	s := scope.New(tripTemplate(clk), scope.Options[string]{MaxKeys: 8, HardCeiling: 16, OnEvict: ev.hook})
+	open := map[string]*policy.Guard{}
+	for i := range 4 {
+		g := s.For(key(i))
+		trip(t, g)
+		open[key(i)] = g
+	}
+	for i := 4; i < 8; i++ {
+		s.For(key(i))
+	}
+	s.SweepNow()
+	s.SweepNow() // nothing was seen since the first sweep
+	evicted := ev.take()
+	for i := 4; i < 8; i++ {
+		if !slices.Contains(evicted, key(i)) {
+			t.Fatalf("closed unseen key %s was not evicted (evicted %v)", key(i), evicted)
+		}
+	}
+	if s.Len() != 4 {
+		t.Fatalf("Len %d, want the 4 open breakers", s.Len())
+	}
+	for k, g := range open {
+		if s.For(k) != g {
+			t.Fatalf("open breaker %s was evicted: protection reset", k)
+		}
+	}
+	// Half-open breakers are protected too.
+	clk.ns.Add(int64(2 * time.Hour))
+	s.SweepNow()
+	s.SweepNow()
+	for k, g := range open {
+		if g.State() != policy.HalfOpen || s.For(k) != g {
+			t.Fatalf("half-open breaker %s was evicted", k)
+		}
+	}
+}
+
+func TestOpenBreakersEvictedBeyondCeiling(t *testing.T) {
+	t.Parallel()
+	clk := new(fakeClock)
+	s := scope.New(tripTemplate(clk), scope.Options[string]{MaxKeys: 4, HardCeiling: 10})
+	for i := range 40 {
+		trip(t, s.For(key(i)))
+		if n := s.Len(); n > 14 {
+			t.Fatalf("Len %d beyond HardCeiling+MaxKeys", n)
+		}
+	}
+	s.SweepNow()
+	if n := s.Len(); n > 10 {
+		t.Fatalf("Len %d after a sweep, want at most HardCeiling 10", n)
+	}
+}
+
+func TestPinnedKeysSurvive(t *testing.T) {
+	t.Parallel()
+	ev := new(evictions)
+	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 4, HardCeiling: 8, OnEvict: ev.hook})
+	g := s.Pin("parked")
+	s.Pin("parked") // pins are counted
+	if s.For("parked") != g {
+		t.Fatal("Pin and For returned different guards")
+	}
+	if st := s.Stats(); st.Pinned != 1 {
+		t.Fatalf("Pinned %d, want 1 key", st.Pinned)
+	}
+	for i := range 20 {
+		s.For(key(i))
+	}
+	s.SweepNow()
+	s.SweepNow()
+	if s.For("parked") != g {
+		t.Fatal("pinned key was evicted")
+	}
+	s.Unpin("parked")
+	s.SweepNow()
+	s.SweepNow()
+	if s.For("parked") != g {
+		t.Fatal("key with one pin left was evicted")
+	}
+	s.Unpin("parked")
+	s.Unpin("parked") // extra Unpin: no-op
+	if st := s.Stats(); st.Pinned != 0 {
+		t.Fatalf("Pinned %d after unpinning, want 0", st.Pinned)
+	}
+	ev.take()
+	s.SweepNow()
+	s.SweepNow()
+	if got := ev.take(); !slices.Contains(got, "parked") {
+		t.Fatalf("unpinned, unseen key not evicted (evicted %v)", got)
+	}
+	if s.For("parked") == g {
+		t.Fatal("evicted key came back with its old guard")
+	}
+}
+
+func TestPinnedKeysEvictedBeyondCeiling(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 4, HardCeiling: 10})
+	for i := range 30 {
+		s.Pin(key(i))
+	}
+	s.SweepNow()
+	st := s.Stats()
+	if st.Size > 10 || st.Pinned != st.Size {
+		t.Fatalf("stats %+v, want at most 10 keys, all pinned", st)
+	}
+	for i := range 30 {
+		s.Unpin(key(i)) // of evicted keys: no-op
+	}
+	if st := s.Stats(); st.Pinned != 0 {
+		t.Fatalf("Pinned %d after unpinning everything", st.Pinned)
+	}
+}
+
+func TestEvictedKeyComesBackFresh(t *testing.T) {
+	t.Parallel()
+	clk := new(fakeClock)
+	var shapes atomic.Int64
+	s := scope.New(tripTemplate(clk), scope.Options[string]{
+		MaxKeys: 4,
+		Shape: func(string) policy.Policy {
+			shapes.Add(1)
+			return tripTemplate(clk)
+		},
+	})
+	old := s.For("t")
+	// An open breaker survives; close it first by moving past the open
+	// period and succeeding a probe, so eviction is allowed.
+	trip(t, old)
+	clk.ns.Add(int64(2 * time.Hour))
+	p, err := old.Allow(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Done(nil)
+	s.SweepNow()
+	s.SweepNow()
+	fresh := s.For("t")
+	if fresh == old {
+		t.Fatal("evicted key got its old guard back")
+	}
+	if st := fresh.State(); st != policy.Closed {
+		t.Fatalf("fresh guard state %v", st)
+	}
+	if n := shapes.Load(); n != 2 {
+		t.Fatalf("Shape ran %d times over two key lives, want 2", n)
+	}
+}
+
+func TestShapeRunsOncePerKeyLifeUnderRaces(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	calls := map[string]int{}
+	s := scope.New(policy.Default(), scope.Options[string]{
+		MaxKeys: 10_000,
+		Shape: func(k string) policy.Policy {
+			mu.Lock()
+			calls[k]++
+			mu.Unlock()
+			return policy.Default()
+		},
+	})
+	const racers, keys = 8, 200
+	got := make([][keys]*policy.Guard, racers)
+	var start, done sync.WaitGroup
+	start.Add(1)
+	for r := range racers {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			start.Wait()
+			for i := range keys {
+				if r%2 == 0 {
+					got[r][i] = s.For(key(i))
+				} else {
+					got[r][i] = s.Pin(key(i))
+					s.Unpin(key(i))
+				}
+			}
+		}()
+	}
+	start.Done()
+	done.Wait()
+	for i := range keys {
+		if calls[key(i)] != 1 {
+			t.Fatalf("Shape ran %d times for %s", calls[key(i)], key(i))
+		}
+		for r := 1; r < racers; r++ {
+			if got[r][i] != got[0][i] {
+				t.Fatalf("racers got different guards for %s", key(i))
+			}
+		}
+	}
+}
+
+func TestInvalidShapeFallsBackToTemplate(t *testing.T) {
+	t.Parallel()
+	template := policy.Default()
+	template.Deadline = time.Second
+	var gotKey string
+	var gotErr error
+	s := scope.New(template, scope.Options[string]{
+		Shape: func(k string) policy.Policy {
+			p := template
+			p.Deadline = -1
+			return p
+		},
+		OnShapeError: func(k string, err error) { gotKey, gotErr = k, err },
+	})
+	g := s.For("bad")
+	if g.Policy().Deadline != time.Second {
+		t.Fatalf("deadline %v, want the template's 1s", g.Policy().Deadline)
+	}
+	if gotKey != "bad" || !errors.Is(gotErr, policy.ErrInvalidPolicy) {
+		t.Fatalf("OnShapeError(%q, %v), want (bad, ErrInvalidPolicy)", gotKey, gotErr)
+	}
+	if st := s.Stats(); st.ShapeErrors != 1 {
+		t.Fatalf("ShapeErrors %d, want 1", st.ShapeErrors)
+	}
+}
+
+func TestShapePanicLeavesNoEntry(t *testing.T) {
+	t.Parallel()
+	var fail atomic.Bool
+	fail.Store(true)
+	s := scope.New(policy.Default(), scope.Options[string]{
+		Shape: func(string) policy.Policy {
+			if fail.Load() {
+				panic("shape failed")
+			}
+			return policy.Default()
+		},
+	})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("For did not pass Shape's panic on")
+			}
+		}()
+		s.For("k")
+	}()
+	fail.Store(false)
+	g := s.For("k")
+	if g == nil || s.For("k") != g {
+		t.Fatal("key unusable after a Shape panic")
+	}
+	s.Promote()
+	if s.For("k") != g {
+		t.Fatal("promotion lost the guard built after a Shape panic")
+	}
+}
+
+func TestOnEventCarriesKey(t *testing.T) {
+	t.Parallel()
+	clk := new(fakeClock)
+	var mu sync.Mutex
+	var got []string
+	var inner atomic.Int64
+	template := tripTemplate(clk)
+	template.OnEvent = func(policy.Event) { inner.Add(1) }
+	s := scope.New(template, scope.Options[string]{
+		OnEvent: func(k string, e policy.Event) {
+			mu.Lock()
+			got = append(got, k+":"+e.Kind.String())
+			mu.Unlock()
+		},
+	})
+	trip(t, s.For("acme"))
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(got, "acme:breaker-opened") {
+		t.Fatalf("events %v, want acme:breaker-opened", got)
+	}
+	if inner.Load() == 0 {
+		t.Fatal("the template's own OnEvent was not called")
+	}
+}
+
+func TestRangeSeesReadAndOverflowKeys(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[string]{})
+	for i := range 10 {
+		s.For(key(i))
+	}
+	s.Promote()
+	for i := 10; i < 20; i++ {
+		s.For(key(i))
+	}
+	seen := map[string]bool{}
+	s.Range(func(k string, g *policy.Guard) bool {
+		if g != s.For(k) {
+			t.Errorf("Range gave %s a guard For does not", k)
+		}
+		seen[k] = true
+		return true
+	})
+	if len(seen) != 20 {
+		t.Fatalf("Range saw %d keys, want 20", len(seen))
+	}
+	n := 0
+	s.Range(func(string, *policy.Guard) bool { n++; return n < 3 })
+	if n != 3 {
+		t.Fatalf("Range went on after fn returned false (%d calls)", n)
+	}
+}
+
+// TestConcurrentLookupsAndSweeps hammers a small scope from many goroutines
+// (For, Pin/Unpin, Range, Stats) so that sweeps and promotions run all the
+// time; run it with -race.
+func TestConcurrentLookupsAndSweeps(t *testing.T) {
+	t.Parallel()
+	const maxKeys, universe, workers = 32, 400, 6
+	var shapes atomic.Int64
+	s := scope.New(policy.Default(), scope.Options[int]{
+		MaxKeys: maxKeys,
+		Shape:   func(int) policy.Policy { shapes.Add(1); return policy.Default() },
+	})
+	bound := 5 * maxKeys
+	var wg sync.WaitGroup
+	var over atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range 20_000 {
+				k := int(r.Uint32N(universe))
+				switch {
+				case w == 0 && i%100 == 0:
+					s.Range(func(int, *policy.Guard) bool { return true })
+					_ = s.Stats()
+				case i%10 == 0:
+					if s.Pin(k) == nil {
+						panic("nil guard")
+					}
+					s.Unpin(k)
+				default:
+					if s.For(k) == nil {
+						panic("nil guard")
+					}
+				}
+				if s.Len() > bound {
+					over.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if over.Load() != 0 {
+		t.Fatalf("Len exceeded HardCeiling+MaxKeys %d times", over.Load())
+	}
+	s.Quiesce()
+	st := s.Stats()
+	if st.Pinned != 0 {
+		t.Fatalf("Pinned %d after balanced Pin/Unpin", st.Pinned)
+	}
+	if uint64(shapes.Load()) != st.Misses {
+		t.Fatalf("Shape ran %d times for %d misses", shapes.Load(), st.Misses)
+	}
+	if st.Misses-st.Evictions != uint64(st.Size) {
+		t.Fatalf("stats %+v: misses - evictions != size", st)
+	}
+	s.SweepNow()
+	s.SweepNow()
+	if n := s.Len(); n != 0 {
+		t.Fatalf("Len %d after two sweeps with no lookups, want 0", n)
+	}
+}
