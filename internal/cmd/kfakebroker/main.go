@@ -1,0 +1,112 @@
+// Command kfakebroker runs a one-broker Kafka cluster (franz-go kfake) for the
+// container images of the integration tests.
+//
+// It listens on KFAKE_LISTEN (default 0.0.0.0:9092) but advertises
+// KFAKE_ADVERTISE (default 127.0.0.1:9092): Kafka clients dial the address the
+// broker advertises, so inside a container that must be the host-mapped
+// address. State is kept under KFAKE_DATA_DIR (default /data) and reloaded on
+// start, so a container stop and start keeps topics, records and committed
+// offsets. SIGTERM and SIGINT close the cluster, which persists everything.
+//
+// Other settings: KFAKE_PARTITIONS, the partition count of auto-created
+// topics (default 3); KFAKE_LOG, a kfake log level (none, error, warn, info,
+// debug; default warn).
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func main() {
+	if err := run(); err != nil {
+		slog.Error("kfakebroker", "err", err)
+		os.Exit(1)
+	}
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() error {
+	listen := env("KFAKE_LISTEN", "0.0.0.0:9092")
+	advertise := env("KFAKE_ADVERTISE", "127.0.0.1:9092")
+	dataDir := env("KFAKE_DATA_DIR", "/data")
+	parts, err := strconv.Atoi(env("KFAKE_PARTITIONS", "3"))
+	if err != nil || parts < 1 {
+		return fmt.Errorf("KFAKE_PARTITIONS: want a positive integer, got %q", os.Getenv("KFAKE_PARTITIONS"))
+	}
+	adv, err := net.ResolveTCPAddr("tcp", advertise)
+	if err != nil {
+		return fmt.Errorf("KFAKE_ADVERTISE: %w", err)
+	}
+	level, err := parseLevel(env("KFAKE_LOG", "warn"))
+	if err != nil {
+		return err
+	}
+
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.DataDir(dataDir),
+		kfake.AllowAutoTopicCreation(),
+		kfake.DefaultNumPartitions(parts),
+		kfake.WithLogger(kfake.BasicLogger(os.Stderr, level)),
+		// kfake asks for 127.0.0.1:<port>; we bind where the container's
+		// port mapping reaches, and report the advertised address as ours.
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
+			ln, err := net.Listen(network, listen)
+			if err != nil {
+				return nil, err
+			}
+			return advertised{Listener: ln, addr: adv}, nil
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	slog.Info("kfakebroker ready", "listen", listen, "advertise", advertise, "data", dataDir)
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	s := <-sig
+	slog.Info("kfakebroker stopping", "signal", s.String())
+	c.Close() // persists state to dataDir before returning
+	slog.Info("kfakebroker stopped")
+	return nil
+}
+
+// advertised is a listener whose Addr reports the address clients must dial.
+type advertised struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (a advertised) Addr() net.Addr { return a.addr }
+
+func parseLevel(s string) (kfake.LogLevel, error) {
+	switch strings.ToLower(s) {
+	case "none":
+		return kfake.LogLevelNone, nil
+	case "error":
+		return kfake.LogLevelError, nil
+	case "warn":
+		return kfake.LogLevelWarn, nil
+	case "info":
+		return kfake.LogLevelInfo, nil
+	case "debug":
+		return kfake.LogLevelDebug, nil
+	}
+	return 0, fmt.Errorf("KFAKE_LOG: unknown level %q", s)
+}
