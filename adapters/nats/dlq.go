@@ -89,6 +89,14 @@ func (q *DLQ) decode(raw *jetstream.RawStreamMsg, tenant string) dlq.Record {
 	if err != nil {
 		r = dlq.Record{Tenant: tenant, Value: raw.Data, Headers: hs, Offset: -1}
 	}
+	// NATS trims header values and turns CR/LF into spaces, so a key with
+	// such bytes does not survive in the tenant header; the subject's token
+	// holds it exactly unless it was hashed.
+	if tok, ok := dlq.SplitNATSSubject(q.prefix, raw.Subject); ok && tok != dlq.NoTenantToken {
+		if tn, exact, err := dlq.ParseTenantToken(tok); exact && err == nil {
+			r.Tenant = tn
+		}
+	}
 	r.Time = raw.Time
 	r.Position = int64(raw.Sequence)
 	return r
@@ -122,11 +130,11 @@ func (q *DLQ) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
 			return nil, fmt.Errorf("nats: dlq %s: %w", subj, err)
 		}
 		newest := q.decode(last, tenant)
-		if tok != dlq.NoTenantToken && newest.Tenant != "" {
-			tenant = newest.Tenant // the full key, also for hashed tokens
-		}
-		if tok == dlq.NoTenantToken {
+		switch {
+		case tok == dlq.NoTenantToken:
 			tenant = ""
+		case newest.Tenant != "":
+			tenant = newest.Tenant // the full key, also for hashed tokens
 		}
 		out = append(out, dlq.TenantSummary{
 			Tenant:    tenant,

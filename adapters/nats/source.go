@@ -377,9 +377,12 @@ func (s *Source) recoverSpills(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("nats: park stream %s: %w", subj, err)
 		}
-		tenant := first.Header.Get(hdrParkTenant)
-		if first.Header.Values(hdrParkTenant) == nil {
-			tenant, _, _ = dlq.ParseTenantToken(subj[len(s.opt.parkPrefix)+1:])
+		// The token is exact unless hashed; then the header has the key
+		// (NATS trims header values, which only hashed keys depend on).
+		tok, _ := dlq.SplitNATSSubject(s.opt.parkPrefix, subj)
+		tenant, exact, err := dlq.ParseTenantToken(tok)
+		if !exact || err != nil {
+			tenant = first.Header.Get(hdrParkTenant)
 		}
 		s.mu.Lock()
 		st := s.tenantLocked(tenant)
