@@ -43,26 +43,36 @@ const windowBuckets = 10
 // no lock and allocates nothing: it reads the packed state word and updates a
 // few atomics. Failures and state changes take mu.
 type Guard struct {
+	// Read on every attempt, written only when the breaker changes state.
+	// The padding keeps them off the cache lines written per attempt, so
+	// that a reader on another core does not miss on every call.
 	r     resolved
 	epoch time.Time // origin of the nanosecond clock below
+	width int64     // ns per window bucket
 
 	// state packs generation<<2 | State. Changed only under mu; read freely.
 	state     atomic.Uint64
 	openUntil atomic.Int64 // ns since epoch; meaningful while Open
-	consec    atomic.Int64 // consecutive failures while Closed
-	tokens    atomic.Int64 // retry budget, in thousandths of a token
-	latency   atomic.Int64 // latency estimate, ns; 0 until the first sample
-
-	successes atomic.Uint64
-	failures  atomic.Uint64
-	rejected  atomic.Uint64
-	retries   atomic.Uint64
 
 	// openErr is the error returned while Open (one allocation per trip, so
 	// that rejections allocate nothing); fullErr while HalfOpen with every
 	// probe slot taken.
 	openErr atomic.Pointer[OpenError]
 	fullErr *OpenError
+	_       cacheLinePad
+
+	// Written on every attempt (or every rejection).
+	successes atomic.Uint64
+	latency   atomic.Int64  // latency estimate, ns; 0 until the first sample
+	samples   atomic.Uint64 // latency samples taken, counted up to warmSamples
+	rejected  atomic.Uint64
+	failures  atomic.Uint64
+	_         cacheLinePad
+
+	// Read on every success, written on failures and retries.
+	consec  atomic.Int64 // consecutive failures while Closed
+	tokens  atomic.Int64 // retry budget, in thousandths of a token
+	retries atomic.Uint64
 
 	mu        sync.Mutex
 	trips     int // trips since the breaker last closed (mu)
@@ -73,8 +83,11 @@ type Guard struct {
 	// ns after that, up to floorCap ns' worth (mu).
 	floorEmpty int64
 	win        [windowBuckets]bucket
-	width      int64 // ns per window bucket
 }
+
+// cacheLinePad separates fields written by different cores (two 64-byte
+// lines, for the adjacent-line prefetcher).
+type cacheLinePad [128]byte
 
 // bucket is one slice of the rolling window. seq is the index of the time
 // slice it currently counts; a stale bucket is cleared under mu before use.
@@ -140,7 +153,8 @@ func (g *Guard) RetryAfter() time.Duration {
 type Permit struct {
 	g     *Guard
 	gen   uint64
-	start int64
+	start int64 // ns since epoch, when timed
+	timed bool  // the attempt is a latency sample
 	probe bool
 }
 
@@ -174,18 +188,38 @@ func (g *Guard) admit(ctx context.Context) error {
 }
 
 func (g *Guard) acquire() (Permit, error) {
-	now := g.now()
 	if !g.r.breaker {
-		return Permit{g: g, start: now}, nil
+		p := Permit{g: g}
+		p.start, p.timed = g.sample()
+		return p, nil
 	}
-	s := g.state.Load()
-	if st, gen := unpack(s); st == Closed {
-		return Permit{g: g, gen: gen, start: now}, nil
-	} else if st == Open && now < g.openUntil.Load() {
+	st, gen := unpack(g.state.Load())
+	if st == Closed {
+		// The hot path: no clock read unless this attempt is a sample.
+		p := Permit{g: g, gen: gen}
+		p.start, p.timed = g.sample()
+		return p, nil
+	}
+	now := g.now()
+	if st == Open && now < g.openUntil.Load() {
 		g.rejected.Add(1)
 		return Permit{}, g.openErr.Load()
 	}
 	return g.acquireSlow(now)
+}
+
+// warmSamples is how many attempts are all timed before sampling starts,
+// so that a new guard has an estimate at once.
+const warmSamples = 32
+
+// sample decides whether the attempt about to start is a latency sample and,
+// if so, reads the clock. One attempt in Latency.SampleEvery is, chosen at
+// random (a per-thread generator: no shared write).
+func (g *Guard) sample() (int64, bool) {
+	if n := g.r.sampleEvery; n > 1 && g.samples.Load() >= warmSamples && rand.Uint32N(n) != 0 {
+		return 0, false
+	}
+	return g.now(), true
 }
 
 func (g *Guard) acquireSlow(now int64) (Permit, error) {
@@ -203,12 +237,12 @@ func (g *Guard) acquireSlow(now int64) (Permit, error) {
 	switch st {
 	case Closed:
 		g.mu.Unlock()
-		return Permit{g: g, gen: gen, start: now}, nil
+		return Permit{g: g, gen: gen, start: now, timed: true}, nil
 	case HalfOpen:
 		if g.probesOut+g.probesOK < g.r.probes {
 			g.probesOut++
 			g.mu.Unlock()
-			return Permit{g: g, gen: gen, start: now, probe: true}, nil
+			return Permit{g: g, gen: gen, start: now, timed: true, probe: true}, nil
 		}
 		g.mu.Unlock()
 		g.rejected.Add(1)
@@ -234,8 +268,11 @@ func (p Permit) Done(err error) {
 	if g == nil {
 		return
 	}
-	end := g.now()
-	g.observe(end - p.start)
+	var end int64 // read only if needed: the clock is most of the hot path
+	if p.timed {
+		end = g.now()
+		g.observe(end - p.start)
+	}
 	if err == nil {
 		g.successes.Add(1)
 		g.earn()
@@ -256,6 +293,9 @@ func (p Permit) Done(err error) {
 	}
 	g.failures.Add(1)
 	if g.r.breaker {
+		if !p.timed {
+			end = g.now()
+		}
 		g.recordFailure(p, end, err)
 	}
 }
@@ -286,6 +326,9 @@ func (g *Guard) recordSuccess(p Permit, now int64) {
 			g.consec.Store(0)
 		}
 		if g.r.ratio > 0 {
+			if !p.timed {
+				now = g.now()
+			}
 			g.bucketAt(now).succ.Add(1)
 		}
 		return
@@ -466,6 +509,9 @@ func (g *Guard) spend() bool {
 // stochastic gradient descent on the pinball loss with a step proportional
 // to the estimate, so it tracks any scale in O(1) memory.
 func (g *Guard) observe(d int64) {
+	if g.samples.Load() < warmSamples {
+		g.samples.Add(1)
+	}
 	if d <= 0 {
 		d = 1
 	}

@@ -48,6 +48,7 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"Latency.Quantile", policy.Policy{Latency: policy.Latency{Quantile: -0.5}}},
 		{"Deadline", policy.Policy{Deadline: -time.Second}},
 		{"Hedge.MinDelay", policy.Policy{Hedge: policy.Hedge{Enabled: true, MinDelay: -1}}},
+		{"Latency.SampleEvery", policy.Policy{Latency: policy.Latency{SampleEvery: -1}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
@@ -243,7 +244,8 @@ func TestLatencyEstimate(t *testing.T) {
 		t.Run(fmt.Sprint(tt.q), func(t *testing.T) {
 			t.Parallel()
 			clk := newFakeClock()
-			g := mustNew(t, policy.Policy{Latency: policy.Latency{Quantile: tt.q}, Clock: clk})
+			// Every attempt timed: this tests the estimator, deterministically.
+			g := mustNew(t, policy.Policy{Latency: policy.Latency{Quantile: tt.q, SampleEvery: 1}, Clock: clk})
 			if g.Stats().Latency != 0 {
 				t.Fatal("estimate before any sample")
 			}
@@ -269,7 +271,7 @@ func TestLatencyEstimate(t *testing.T) {
 func TestLatencyEstimateTracksShift(t *testing.T) {
 	t.Parallel()
 	clk := newFakeClock()
-	g := mustNew(t, policy.Policy{Clock: clk})
+	g := mustNew(t, policy.Policy{Clock: clk, Latency: policy.Latency{SampleEvery: 1}})
 	feed := func(d time.Duration, n int) {
 		for range n {
 			p, _ := g.Allow(context.Background())
@@ -286,6 +288,48 @@ func TestLatencyEstimateTracksShift(t *testing.T) {
 		t.Fatalf("after the shift to 1s: estimate %v", l)
 	}
 	feed(0, 1) // a zero duration is a valid sample
+}
+
+// countingClock counts reads: the hot path reads the clock only to sample.
+type countingClock struct {
+	fakeClock
+	reads atomic.Int64
+}
+
+func (c *countingClock) Now() time.Time { c.reads.Add(1); return c.fakeClock.Now() }
+
+func TestLatencySampling(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		breaker *policy.Breaker
+		every   int
+		lo, hi  int64 // clock reads for 8000 successes after New
+	}{
+		{"every attempt", &policy.Breaker{}, 1, 16000, 16000},
+		{"one in 8 after 32 warm-up samples", &policy.Breaker{}, 0, 64 + 2*(996-200), 64 + 2*(996+200)},
+		{"no breaker", nil, 0, 64 + 2*(996-200), 64 + 2*(996+200)},
+		{"one in 2", &policy.Breaker{}, 2, 64 + 2*(3984-300), 64 + 2*(3984+300)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clk := &countingClock{fakeClock: *newFakeClock()}
+			g := mustNew(t, policy.Policy{Breaker: tt.breaker, Clock: clk, Latency: policy.Latency{SampleEvery: tt.every}})
+			clk.reads.Store(0)
+			for i := range 8000 {
+				if err := g.Run(context.Background(), func(context.Context) error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+				if i == 31 && clk.reads.Load() != 64 {
+					t.Fatalf("%d reads in the 32 warm-up attempts, want 64", clk.reads.Load())
+				}
+			}
+			if n := clk.reads.Load(); n < tt.lo || n > tt.hi {
+				t.Fatalf("%d clock reads, want within [%d, %d]", n, tt.lo, tt.hi)
+			}
+		})
+	}
 }
 
 func TestHedge(t *testing.T) {
