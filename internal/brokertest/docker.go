@@ -36,13 +36,20 @@ func RequireDocker(t testing.TB) client.APIClient {
 			_, docker.err = docker.cli.Ping(ctx, client.PingOptions{})
 		}
 	})
-	if docker.err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("brokertest: Docker is not reachable and CI is set: %v", docker.err)
-		}
-		t.Skipf("brokertest: Docker is not reachable, skipping container test: %v", docker.err)
-	}
+	noDocker(t, docker.err)
 	return docker.cli
+}
+
+// noDocker ends the test when err (from reaching Docker) is not nil.
+func noDocker(t testing.TB, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("brokertest: Docker is not reachable and CI is set: %v", err)
+	}
+	t.Skipf("brokertest: Docker is not reachable, skipping container test: %v", err)
 }
 
 type imageSlot struct {
