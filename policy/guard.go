@@ -115,8 +115,20 @@ func New(p Policy) (*Guard, error) {
 	return g, nil
 }
 
-// Policy returns the Policy this guard was built from.
-func (g *Guard) Policy() Policy { return g.r.originalCopy }
+// Policy returns the Policy this guard was built from, with copies of its
+// Breaker and Budget taken by New: a template for a sibling guard.
+func (g *Guard) Policy() Policy {
+	p := g.r.originalCopy
+	if p.Breaker != nil {
+		b := *p.Breaker
+		p.Breaker = &b
+	}
+	if p.Budget != nil {
+		b := *p.Budget
+		p.Budget = &b
+	}
+	return p
+}
 
 func (g *Guard) now() int64 {
 	if g.r.systemClock {
@@ -148,8 +160,11 @@ func (g *Guard) RetryAfter() time.Duration {
 }
 
 // Permit is the right to make one attempt, granted by [Guard.Allow]. Report
-// the attempt's outcome exactly once with [Permit.Done]. A Permit is a small
-// value; copying it is fine, but only one copy may call Done.
+// the attempt's outcome exactly once with [Permit.Done], or give it back
+// with [Permit.Release] if the attempt never ran: a half-open probe permit
+// that is neither keeps its probe slot taken. A Permit is a small value;
+// copying it is fine, but only one copy may call Done or Release. The zero
+// Permit does nothing.
 type Permit struct {
 	g     *Guard
 	gen   uint64
@@ -227,7 +242,6 @@ func (g *Guard) acquireSlow(now int64) (Permit, error) {
 	st, gen := unpack(g.state.Load())
 	if st == Open && now >= g.openUntil.Load() {
 		g.setState(HalfOpen)
-		st, gen = unpack(g.state.Load())
 		g.probesOut, g.probesOK = 0, 0
 		g.mu.Unlock()
 		g.emitState(Event{Kind: EventBreakerHalfOpen, State: HalfOpen})
@@ -281,7 +295,7 @@ func (p Permit) Done(err error) {
 		}
 		return
 	}
-	if g.r.breaker && g.r.exclude(err) {
+	if g.r.exclude(err) {
 		if p.probe {
 			g.mu.Lock()
 			if _, gen := unpack(g.state.Load()); gen == p.gen {
@@ -785,7 +799,8 @@ type Stats struct {
 	Generation uint64
 	// RetryAfter is how long until a probe is admitted (zero unless open).
 	RetryAfter time.Duration
-	// Successes, Failures: outcomes reported (excluded errors are neither).
+	// Successes, Failures: outcomes reported. Excluded errors
+	// (context.Canceled by default, or Breaker.Exclude) are neither.
 	Successes, Failures uint64
 	// Rejected: attempts refused by the breaker.
 	Rejected uint64

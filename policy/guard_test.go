@@ -100,9 +100,17 @@ func TestDefaultPolicy(t *testing.T) {
 	if policy.Default().Breaker.ConsecutiveFailures != 0 {
 		t.Fatal("Default shares its Breaker between calls")
 	}
+	p.Budget = &policy.Budget{MaxTokens: 4}
 	g := mustNew(t, p)
-	if got := g.Policy(); got.Breaker.ConsecutiveFailures != 9 || got.Retry.MaxAttempts != 3 {
+	p.Breaker.ConsecutiveFailures = 1 // after New: the guard keeps its copy
+	p.Budget.MaxTokens = 1
+	got := g.Policy()
+	if got.Breaker.ConsecutiveFailures != 9 || got.Budget.MaxTokens != 4 || got.Retry.MaxAttempts != 3 {
 		t.Fatalf("Policy() = %+v", got)
+	}
+	got.Breaker.ConsecutiveFailures = 2
+	if g.Policy().Breaker.ConsecutiveFailures != 9 {
+		t.Fatal("Policy() shares the guard's Breaker")
 	}
 }
 

@@ -251,6 +251,16 @@ func invalid(field, format string, args ...any) error {
 
 func resolve(p Policy) (resolved, error) {
 	r := resolved{originalCopy: p}
+	// The guard keeps its own copies, so a caller changing *p.Breaker after
+	// New changes neither the guard nor what Policy() reports.
+	if p.Breaker != nil {
+		b := *p.Breaker
+		r.originalCopy.Breaker = &b
+	}
+	if p.Budget != nil {
+		b := *p.Budget
+		r.originalCopy.Budget = &b
+	}
 	if b := p.Breaker; b != nil {
 		r.breaker = true
 		switch {
@@ -289,9 +299,9 @@ func resolve(p Policy) (resolved, error) {
 		}
 		r.probes = orInt(b.HalfOpenProbes, 1)
 		r.exclude = b.Exclude
-		if r.exclude == nil {
-			r.exclude = excludeCanceled
-		}
+	}
+	if r.exclude == nil {
+		r.exclude = excludeCanceled
 	}
 
 	switch {
