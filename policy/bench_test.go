@@ -18,8 +18,10 @@ import (
 // run: go test -run '^$' -bench . -benchmem ./policy/
 //
 // Success: a closed breaker and a handler that succeeds. Ours runs the
-// breaker, retry, budget and latency estimate (no deadline); gobreaker is a
-// breaker alone; failsafe-go composes a retry policy with a circuit breaker.
+// breaker, retry, budget and latency estimate (no deadline) from
+// policy.Default(); "ringfence-timed" also times every attempt instead of a
+// random one in 8. gobreaker is a breaker alone; failsafe-go composes a retry
+// policy with a circuit breaker.
 // Rejected: the breaker is open and every call is refused.
 
 var errBench = errors.New("bench: failure")
@@ -32,6 +34,18 @@ func benchGuard(b *testing.B) *policy.Guard {
 	b.Helper()
 	p := policy.Default()
 	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
+	g, err := policy.New(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return g
+}
+
+func benchGuardTimed(b *testing.B) *policy.Guard {
+	b.Helper()
+	p := policy.Default()
+	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
+	p.Latency.SampleEvery = 1
 	g, err := policy.New(p)
 	if err != nil {
 		b.Fatal(err)
@@ -69,6 +83,29 @@ func BenchmarkSuccess(b *testing.B) {
 	})
 	b.Run("ringfence/parallel", func(b *testing.B) {
 		g := benchGuard(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := g.Run(ctx, okFn); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	// The same with every attempt timed for the latency estimate
+	// (Latency.SampleEvery = 1): two clock reads per attempt.
+	b.Run("ringfence-timed/serial", func(b *testing.B) {
+		g := benchGuardTimed(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := g.Run(ctx, okFn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ringfence-timed/parallel", func(b *testing.B) {
+		g := benchGuardTimed(b)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {

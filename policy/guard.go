@@ -677,7 +677,7 @@ func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 			}
 		}
 		if g.r.hedge {
-			err = g.hedged(ctx, p, fn)
+			err = g.hedged(ctx, p, attempt, fn)
 		} else {
 			err = g.attempt(ctx, p, fn)
 		}
@@ -723,7 +723,7 @@ func (g *Guard) attempt(ctx context.Context, p Permit, fn func(context.Context) 
 
 // hedged runs fn and, if it is still running after the latency estimate,
 // a second copy; the first success wins and the other is cancelled.
-func (g *Guard) hedged(ctx context.Context, p Permit, fn func(context.Context) error) error {
+func (g *Guard) hedged(ctx context.Context, p Permit, attempt int, fn func(context.Context) error) error {
 	delay := max(time.Duration(g.latency.Load()), g.r.hedgeMin)
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -753,7 +753,7 @@ func (g *Guard) hedged(ctx context.Context, p Permit, fn func(context.Context) e
 			}
 		case <-timer.C:
 			if running == 1 {
-				g.emit(Event{Kind: EventHedgeStarted})
+				g.emit(Event{Kind: EventHedgeStarted, Attempt: attempt, Delay: delay})
 				running++
 				go run()
 			}

@@ -367,6 +367,9 @@ func TestHedge(t *testing.T) {
 		if got := rec.lines(); !equalLines(got, []string{"hedge-started"}) {
 			t.Fatalf("events %v", got)
 		}
+		if e := rec.events()[0]; e.Attempt != 1 || e.Delay != 10*time.Millisecond {
+			t.Fatalf("hedge event %+v", e)
+		}
 
 		// A fast attempt is not hedged; both failing returns a failure.
 		calls.Store(0)

@@ -202,7 +202,12 @@ type Latency struct {
 	SampleEvery int
 }
 
-// Hedge configures hedged attempts.
+// Hedge configures hedged attempts. A hedged attempt runs fn on a second
+// goroutine once the first has run for the latency estimate (at least
+// MinDelay); the first success wins and the other copy's ctx is cancelled.
+// Both copies share one breaker permit and count as one attempt. A panic in
+// either copy is returned as an error, not re-raised (it happened on another
+// goroutine).
 type Hedge struct {
 	// Enabled turns hedging on. Off by default.
 	Enabled bool
