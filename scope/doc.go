@@ -10,9 +10,10 @@
 //
 // Present keys are found in an immutable map read through an atomic
 // pointer: the lookup takes no lock and allocates nothing. New keys go to an
-// overflow map under a mutex, and a goroutine started on demand rebuilds the
-// read map (promoting new keys, or sweeping) without holding any lock a
-// lookup needs.
+// overflow map under a mutex. The read map is rebuilt (promoting new keys,
+// or sweeping) incrementally by the lookups that miss it, a few dozen
+// entries each, without holding any lock a hit needs; a Scope owns no
+// goroutine.
 //
 // # Eviction
 //
@@ -27,6 +28,7 @@
 // consumer holds parked messages of that tenant), survives sweeps while the
 // scope holds fewer than Options.HardCeiling keys (default 4*MaxKeys).
 // Beyond the ceiling they are evicted too, so Len never exceeds
-// HardCeiling+MaxKeys: a For that would go past that bound runs the sweep
-// itself first, the only case in which a lookup waits for a sweep.
+// HardCeiling+MaxKeys: a For of a new key that would go past that bound
+// finishes the sweep itself first, the only case in which a lookup waits for
+// a sweep.
 package scope

@@ -45,9 +45,9 @@ type Options[K comparable] struct {
 	// caused the event.
 	OnEvent func(key K, e policy.Event)
 
-	// OnEvict, if set, is called with each evicted key after the sweep that
-	// evicted it, by the goroutine that ran the sweep (a background
-	// goroutine, or a For at the hard bound). It may call the scope.
+	// OnEvict, if set, is called with each evicted key once the sweep that
+	// evicted it is complete, by the lookup that completed it (outside any
+	// lock of the scope: it may call the scope).
 	OnEvict func(key K)
 }
 
@@ -73,18 +73,21 @@ type Stats struct {
 // Lookups of a key already present read an immutable map through an atomic
 // pointer: they take no lock and allocate nothing, so no lookup of a present
 // key ever waits for a sweep. New keys go to a small overflow map under a
-// mutex that sweeps hold only for a few pointer swaps. Sweeps and the
-// promotion of new keys into the read map rebuild that map in the
-// background, on a goroutine started on demand (a Scope owns no goroutine
-// while idle and needs no Close).
+// mutex that a sweep holds only for a few pointer swaps. Rebuilding the read
+// map (a sweep, or the promotion of new keys) is incremental: each lookup
+// that misses the read map does a small, fixed amount of that work if no
+// other goroutine is doing some, so no single lookup pays for a whole sweep,
+// sweeping keeps pace with any insert rate, and a Scope owns no goroutine
+// (it needs no Close).
 //
 // Eviction is approximate, after CLOCK: each lookup stamps its entry with the
 // current sweep epoch, and a sweep keeps the keys stamped since the previous
 // sweep started (at most MaxKeys of them), the protected keys (pinned, or
 // breaker open or half-open) while under HardCeiling, and evicts the rest.
-// Between sweeps the scope may exceed MaxKeys; a For that would take it to
-// HardCeiling+MaxKeys runs the sweep itself first (this is the only lookup
-// that waits for a sweep, and only for a new key).
+// Between sweeps the scope may exceed MaxKeys, by about MaxKeys/4. A For
+// that would take it to HardCeiling+MaxKeys finishes the sweep itself first
+// (the only lookup that waits for a sweep; it cannot happen while lookups
+// keep sweeping, and only a lookup of a new key could).
 //
 // A lookup racing with the eviction of its key may return the evicted guard;
 // the next lookup gets a fresh one. Callers should look the guard up for each
@@ -175,7 +178,7 @@ func New[K comparable](template policy.Policy, opts Options[K]) *Scope[K] {
 		ceiling:  ceiling,
 		bound:    ceiling + maxKeys,
 		hits:     new(counter),
-		dirty:    make(map[K]*entry[K]),
+		dirty:    make(map[K]*entry[K], maxKeys*3/8+1),
 		trigger:  maxKeys,
 	}
 	s.read.Store(&readMap[K]{m: map[K]*entry[K]{}, epoch: 1})

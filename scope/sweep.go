@@ -108,8 +108,11 @@ func (s *Scope[K]) start(force bool) {
 	rb.old, rb.frozen = old, s.dirtyList
 	rb.prev, rb.epoch = old.epoch, old.epoch
 	s.frozen = s.dirty
-	s.dirty = make(map[K]*entry[K], s.maxKeys/16+1)
-	s.dirtyList = make([]*entry[K], 0, s.maxKeys/16+1)
+	// Sized for the inserts expected before the next rebuild: growing a map
+	// rehashes it, a latency spike in the lookup that triggers it.
+	hint := s.maxKeys*3/8 + 1
+	s.dirty = make(map[K]*entry[K], hint)
+	s.dirtyList = make([]*entry[K], 0, hint)
 	s.slowHits = 0
 	if sweep {
 		// Lookups from now on stamp the new epoch, so keys seen while this
