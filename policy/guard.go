@@ -59,15 +59,16 @@ type Guard struct {
 	// probe slot taken.
 	openErr atomic.Pointer[OpenError]
 	fullErr *OpenError
+	samples atomic.Uint64 // latency samples taken, counted up to warmSamples
 	_       cacheLinePad
 
-	// Written on every attempt (or every rejection).
-	successes atomic.Uint64
-	latency   atomic.Int64  // latency estimate, ns; 0 until the first sample
-	samples   atomic.Uint64 // latency samples taken, counted up to warmSamples
-	rejected  atomic.Uint64
-	failures  atomic.Uint64
-	_         cacheLinePad
+	// Written on every sampled attempt.
+	latency atomic.Int64 // latency estimate, ns; 0 until the first sample
+	_       cacheLinePad
+
+	// Outcome counters, written on every attempt or rejection: sharded at
+	// random so that cores rarely write the same line.
+	counts [counterShards]counterShard
 
 	// Read on every success, written on failures and retries.
 	consec  atomic.Int64 // consecutive failures while Closed
@@ -83,6 +84,15 @@ type Guard struct {
 	// ns after that, up to floorCap ns' worth (mu).
 	floorEmpty int64
 	win        [windowBuckets]bucket
+}
+
+const counterShards = 4 // a power of two
+
+type counterShard struct {
+	successes atomic.Uint64
+	failures  atomic.Uint64
+	rejected  atomic.Uint64
+	_         [128 - 24]byte
 }
 
 // cacheLinePad separates fields written by different cores (two 64-byte
@@ -171,6 +181,7 @@ type Permit struct {
 	start int64 // ns since epoch, when timed
 	timed bool  // the attempt is a latency sample
 	probe bool
+	shard uint8 // counter shard
 }
 
 // Probe reports whether this permit is a half-open probe.
@@ -203,24 +214,26 @@ func (g *Guard) admit(ctx context.Context) error {
 }
 
 func (g *Guard) acquire() (Permit, error) {
+	r := rand.Uint32() // per-thread generator: no shared write
+	shard := uint8(r & (counterShards - 1))
 	if !g.r.breaker {
-		p := Permit{g: g}
-		p.start, p.timed = g.sample()
+		p := Permit{g: g, shard: shard}
+		p.start, p.timed = g.sample(r)
 		return p, nil
 	}
 	st, gen := unpack(g.state.Load())
 	if st == Closed {
 		// The hot path: no clock read unless this attempt is a sample.
-		p := Permit{g: g, gen: gen}
-		p.start, p.timed = g.sample()
+		p := Permit{g: g, gen: gen, shard: shard}
+		p.start, p.timed = g.sample(r)
 		return p, nil
 	}
 	now := g.now()
 	if st == Open && now < g.openUntil.Load() {
-		g.rejected.Add(1)
+		g.counts[shard].rejected.Add(1)
 		return Permit{}, g.openErr.Load()
 	}
-	return g.acquireSlow(now)
+	return g.acquireSlow(now, shard)
 }
 
 // warmSamples is how many attempts are all timed before sampling starts,
@@ -228,16 +241,16 @@ func (g *Guard) acquire() (Permit, error) {
 const warmSamples = 32
 
 // sample decides whether the attempt about to start is a latency sample and,
-// if so, reads the clock. One attempt in Latency.SampleEvery is, chosen at
-// random (a per-thread generator: no shared write).
-func (g *Guard) sample() (int64, bool) {
-	if n := g.r.sampleEvery; n > 1 && g.samples.Load() >= warmSamples && rand.Uint32N(n) != 0 {
+// if so, reads the clock. One attempt in Latency.SampleEvery is, chosen by
+// the random r (its top 30 bits mapped onto [0, SampleEvery) by a multiply).
+func (g *Guard) sample(r uint32) (int64, bool) {
+	if n := g.r.sampleEvery; n > 1 && g.samples.Load() >= warmSamples && (uint64(r>>2)*uint64(n))>>30 != 0 {
 		return 0, false
 	}
 	return g.now(), true
 }
 
-func (g *Guard) acquireSlow(now int64) (Permit, error) {
+func (g *Guard) acquireSlow(now int64, shard uint8) (Permit, error) {
 	g.mu.Lock()
 	st, gen := unpack(g.state.Load())
 	if st == Open && now >= g.openUntil.Load() {
@@ -251,19 +264,19 @@ func (g *Guard) acquireSlow(now int64) (Permit, error) {
 	switch st {
 	case Closed:
 		g.mu.Unlock()
-		return Permit{g: g, gen: gen, start: now, timed: true}, nil
+		return Permit{g: g, gen: gen, start: now, timed: true, shard: shard}, nil
 	case HalfOpen:
 		if g.probesOut+g.probesOK < g.r.probes {
 			g.probesOut++
 			g.mu.Unlock()
-			return Permit{g: g, gen: gen, start: now, timed: true, probe: true}, nil
+			return Permit{g: g, gen: gen, start: now, timed: true, probe: true, shard: shard}, nil
 		}
 		g.mu.Unlock()
-		g.rejected.Add(1)
+		g.counts[shard].rejected.Add(1)
 		return Permit{}, g.fullErr
 	default:
 		g.mu.Unlock()
-		g.rejected.Add(1)
+		g.counts[shard].rejected.Add(1)
 		return Permit{}, g.openErr.Load()
 	}
 }
@@ -288,7 +301,7 @@ func (p Permit) Done(err error) {
 		g.observe(end - p.start)
 	}
 	if err == nil {
-		g.successes.Add(1)
+		g.counts[p.shard&(counterShards-1)].successes.Add(1)
 		g.earn()
 		if g.r.breaker {
 			g.recordSuccess(p, end)
@@ -305,7 +318,7 @@ func (p Permit) Done(err error) {
 		}
 		return
 	}
-	g.failures.Add(1)
+	g.counts[p.shard&(counterShards-1)].failures.Add(1)
 	if g.r.breaker {
 		if !p.timed {
 			end = g.now()
@@ -577,7 +590,7 @@ func (g *Guard) nextRetry(ctx context.Context, attempt int, err error, prev time
 	d := g.Backoff(attempt, err, prev)
 	if g.r.breaker {
 		if st, _ := unpack(g.state.Load()); st == Open && g.openUntil.Load()-g.now() > int64(d) {
-			g.rejected.Add(1)
+			g.counts[rand.Uint32()&(counterShards-1)].rejected.Add(1)
 			oe := g.openErr.Load()
 			g.emit(Event{Kind: EventRejected, Attempt: attempt + 1, Err: oe})
 			return 0, oe
@@ -818,13 +831,20 @@ type Stats struct {
 // Stats returns a snapshot of the guard's counters and estimates.
 func (g *Guard) Stats() Stats {
 	_, gen := unpack(g.state.Load())
+	var succ, fail, rej uint64
+	for i := range g.counts {
+		c := &g.counts[i]
+		succ += c.successes.Load()
+		fail += c.failures.Load()
+		rej += c.rejected.Load()
+	}
 	return Stats{
 		State:               g.State(),
 		Generation:          gen,
 		RetryAfter:          g.RetryAfter(),
-		Successes:           g.successes.Load(),
-		Failures:            g.failures.Load(),
-		Rejected:            g.rejected.Load(),
+		Successes:           succ,
+		Failures:            fail,
+		Rejected:            rej,
 		Retries:             g.retries.Load(),
 		ConsecutiveFailures: int(g.consec.Load()),
 		Tokens:              float64(g.tokens.Load()) / 1000,
