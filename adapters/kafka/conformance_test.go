@@ -111,8 +111,10 @@ func (h *harness) NoTenantLetters(t testing.TB) []dlq.Record {
 	return h.DeadLetters(t, "")
 }
 
+// TestConformance runs alone (not parallel): its parking and backpressure
+// cases flip a dependency from down to up, and under heavy CPU contention
+// the engine's poison judge can see that flip between two probes.
 func TestConformance(t *testing.T) {
-	t.Parallel()
 	c := startCluster(t)
 	consumertest.Run(t, func(t testing.TB) consumertest.Harness { return newHarness(t, c) })
 }
