@@ -8,6 +8,9 @@
 // start, so a container stop and start keeps topics, records and committed
 // offsets. SIGTERM and SIGINT close the cluster, which persists everything.
 //
+// Consumer groups accept session timeouts down to 500ms and rebalance without
+// an initial delay, so tests notice a killed or joining member in seconds.
+//
 // Other settings: KFAKE_PARTITIONS, the partition count of auto-created
 // topics (default 3); KFAKE_LOG, a kfake log level (none, error, warn, info,
 // debug; default warn).
@@ -22,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -62,6 +66,11 @@ func run() error {
 		kfake.DataDir(dataDir),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(parts),
+		// Test-friendly group settings: short sessions allowed, and no
+		// initial rebalance delay, so a killed or joining consumer is
+		// noticed in seconds.
+		kfake.GroupMinSessionTimeout(500*time.Millisecond),
+		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
 		kfake.WithLogger(kfake.BasicLogger(os.Stderr, level)),
 		// kfake asks for 127.0.0.1:<port>; we bind where the container's
 		// port mapping reaches, and report the advertised address as ours.
