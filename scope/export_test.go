@@ -57,3 +57,10 @@ func (s *Scope[K]) InRead(key K) bool {
 	_, ok := s.read.Load().m[key]
 	return ok
 }
+
+// HoldSweeps keeps every lookup from doing rebuild work until release is
+// called, as if a slow rebuild were running on another goroutine.
+func (s *Scope[K]) HoldSweeps() (release func()) {
+	s.sweepMu.Lock()
+	return s.sweepMu.Unlock
+}

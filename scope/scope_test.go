@@ -604,3 +604,45 @@ func TestConcurrentLookupsAndSweeps(t *testing.T) {
 		t.Fatalf("Len %d after two sweeps with no lookups, want 0", n)
 	}
 }
+
+// waitFor polls cond until it holds, failing the test after 30s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestHardBoundHoldsWhenSweepsCannotRun(t *testing.T) {
+	t.Parallel()
+	const maxKeys, ceiling = 8, 16
+	s := scope.New(policy.Default(), scope.Options[int]{MaxKeys: maxKeys, HardCeiling: ceiling})
+	release := s.HoldSweeps()
+	var high, inserted atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 1000 {
+			s.For(i)
+			inserted.Add(1)
+			if n := int64(s.Len()); n > high.Load() {
+				high.Store(n)
+			}
+		}
+	}()
+	// With no sweep work possible, new keys pile up to the bound, and the
+	// lookup of the next one waits for the sweep.
+	waitFor(t, "the scope to reach HardCeiling+MaxKeys", func() bool { return s.Len() == ceiling+maxKeys })
+	if n := inserted.Load(); n != ceiling+maxKeys-1 && n != ceiling+maxKeys {
+		t.Fatalf("%d lookups done with the scope at its bound", n)
+	}
+	release()
+	<-done
+	if h := high.Load(); h > ceiling+maxKeys {
+		t.Fatalf("Len reached %d, beyond HardCeiling+MaxKeys %d", h, ceiling+maxKeys)
+	}
+}
