@@ -371,3 +371,20 @@ func TestNoBreaker(t *testing.T) {
 	zero.Done(nil) // must not panic
 	zero.Release()
 }
+
+func TestClockSetBack(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{FailureRatio: 0.5, MinRequests: 2}, Clock: clk})
+	clk.Advance(-time.Hour)
+	for range 2 {
+		p, err := g.Allow(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Done(errFail)
+	}
+	if g.State() != policy.Open {
+		t.Fatalf("state %v", g.State())
+	}
+}

@@ -144,7 +144,9 @@ func (g *Guard) now() int64 {
 	if g.r.systemClock {
 		return int64(time.Since(g.epoch))
 	}
-	return int64(g.r.clock.Now().Sub(g.epoch))
+	// An injected clock may be set back before the guard's birth; the
+	// window index below must not go negative.
+	return max(int64(g.r.clock.Now().Sub(g.epoch)), 0)
 }
 
 func unpack(s uint64) (State, uint64) { return State(s & 3), s >> 2 }
