@@ -111,9 +111,10 @@ func (h *harness) NoTenantLetters(t testing.TB) []dlq.Record {
 	return h.DeadLetters(t, "")
 }
 
-// TestConformance runs alone (not parallel): its parking and backpressure
-// cases flip a dependency from down to up, and under heavy CPU contention
-// the engine's poison judge can see that flip between two probes.
+// TestConformance runs alone (not parallel) to keep CPU contention down:
+// under three concurrent -race runs its Backpressure case once timed out
+// with every message delivered by the source (per a fetch trace) but not
+// all of them handled by the engine; the cause is not yet known.
 func TestConformance(t *testing.T) {
 	c := startCluster(t)
 	consumertest.Run(t, func(t testing.TB) consumertest.Harness { return newHarness(t, c) })
