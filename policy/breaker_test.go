@@ -388,3 +388,20 @@ func TestClockSetBack(t *testing.T) {
 		t.Fatalf("state %v", g.State())
 	}
 }
+
+func TestAllowRejectedEvent(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	var rec recorder
+	g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1}, Clock: clk, OnEvent: rec.event})
+	p, _ := g.Allow(context.Background())
+	p.Done(errFail)
+	_, err := g.Allow(context.Background())
+	evs := rec.events()
+	if len(evs) != 2 || evs[1].Kind != policy.EventRejected || evs[1].Err != err || evs[1].State != policy.Open {
+		t.Fatalf("events %+v", evs)
+	}
+	if evs[0].Kind != policy.EventBreakerOpened || evs[0].Delay != 5*time.Second || evs[0].Err != errFail {
+		t.Fatalf("opened event %+v", evs[0])
+	}
+}
