@@ -1,0 +1,42 @@
+package kafka_test
+
+import (
+	"context"
+	"log"
+	"os/signal"
+	"syscall"
+
+	"github.com/ringfence/ringfence/adapters/kafka"
+	"github.com/ringfence/ringfence/consumer"
+)
+
+// Wiring a Kafka consumer group through the engine, with a DLQ topic per
+// tenant. (Compiled, not run: it needs a broker.)
+func Example() {
+	brokers := []string{"127.0.0.1:9092"}
+	src, err := kafka.NewSource(brokers, "orders", "billing", kafka.TenantFromHeader("tenant"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	sink, err := kafka.NewSink(brokers) // orders.dlq.<tenant>, created on first use
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sink.Close()
+	c, err := consumer.New(consumer.Config{
+		Tenant: src.Tenant(),
+		DLQ:    sink,
+		Group:  src.Group(),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			return nil // handle the order
+		}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := c.Run(ctx, src); err != nil {
+		log.Fatal(err)
+	}
+}
