@@ -1,0 +1,43 @@
+// Command ringfence runs the demo (the main job) and manages dead letters.
+//
+//	ringfence demo [flags]                     noisy-neighbour demo on in-process brokers
+//	ringfence dlq ls|peek|replay|purge [flags] list, inspect, replay and purge a tenant's dead letters
+//
+// Exit codes: 0 success, 1 runtime failure, 2 usage error.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+const usage = `ringfence: per-tenant resilience for Kafka and NATS consumers
+
+Usage:
+  ringfence demo [flags]      run the noisy-neighbour demo (in-process Kafka and NATS by default)
+  ringfence dlq <command>     list, peek, replay and purge a tenant's dead letters
+
+Run 'ringfence <command> --help' for a command's flags.
+`
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "demo":
+		return runDemo(args[1:])
+	case "dlq":
+		return runDLQ(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "ringfence: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}
