@@ -29,8 +29,11 @@ type Topic interface {
 	// Produce writes msgs and returns once the broker has them; messages of
 	// one tenant keep their order.
 	Produce(ctx context.Context, msgs []Msg) error
-	// Source returns a new consumer.Source reading the topic as group.
-	Source(group string) (consumer.Source, error)
+	// Source returns a new consumer.Source reading the topic as group;
+	// tenant is the engine's tenant function (sources that track tenants
+	// themselves need it), and oneTenant says that it maps every message to
+	// one key (the Shared mode).
+	Source(group string, tenant consumer.TenantFunc, oneTenant bool) (consumer.Source, error)
 	// Tenant is the broker's natural tenant function (Kafka: the message
 	// key; NATS: a subject token).
 	Tenant() consumer.TenantFunc
@@ -101,10 +104,12 @@ func (t *memTopic) Produce(_ context.Context, msgs []Msg) error {
 	return nil
 }
 
-func (t *memTopic) Source(group string) (consumer.Source, error) { return t.b.Source(group), nil }
-func (t *memTopic) Tenant() consumer.TenantFunc                  { return consumer.FromKey() }
-func (t *memTopic) Sink() dlq.Sink                               { return t.s }
-func (t *memTopic) Close() error                                 { return nil }
+func (t *memTopic) Source(group string, _ consumer.TenantFunc, _ bool) (consumer.Source, error) {
+	return t.b.Source(group), nil
+}
+func (t *memTopic) Tenant() consumer.TenantFunc { return consumer.FromKey() }
+func (t *memTopic) Sink() dlq.Sink              { return t.s }
+func (t *memTopic) Close() error                { return nil }
 
 func (t *memTopic) DeadLetters(_ context.Context, tenants []string) ([]dlq.Record, error) {
 	var out []dlq.Record

@@ -275,3 +275,20 @@ func TestView(t *testing.T) {
 		t.Fatalf("second draw does not move back over the first: %q", b.String()[:10])
 	}
 }
+
+func TestRunRealBrokers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts in-process Kafka and NATS")
+	}
+	for _, name := range []string{"kafka", "nats"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var out bytes.Buffer
+			res, err := Run(context.Background(), Options{Brokers: []string{name}, Scenario: shortScenario(), Stdout: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRuns(t, res[0])
+		})
+	}
+}

@@ -99,7 +99,7 @@ func (t *kafkaTopic) Produce(ctx context.Context, msgs []Msg) error {
 	return t.w.WriteMessages(ctx, km...)
 }
 
-func (t *kafkaTopic) Source(group string) (consumer.Source, error) {
+func (t *kafkaTopic) Source(group string, _ consumer.TenantFunc, _ bool) (consumer.Source, error) {
 	return kafka.NewSource(t.b.addrs, t.name, group,
 		kafka.TenantFromKey(),
 		kafka.WithLogger(t.b.log),

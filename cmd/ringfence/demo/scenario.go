@@ -477,7 +477,7 @@ func runMode(ctx context.Context, p *plan, mode Mode, rc runConfig) (RunResult, 
 	if rc.consumer != nil {
 		defer rc.consumer(c, mode)()
 	}
-	raw, err := topic.Source(name)
+	raw, err := topic.Source(name, tenantFn, mode == Shared)
 	if err != nil {
 		return RunResult{}, fmt.Errorf("demo: %s: source: %w", rc.broker.Name(), err)
 	}

@@ -1,0 +1,185 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	rfnats "github.com/ringfence/ringfence/adapters/nats"
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/dlq"
+)
+
+func init() { factories["nats"] = newNATSBroker }
+
+// natsMaxAckPending is the demo consumer's MaxAckPending; the Source's
+// per-tenant limit defaults to a 16th of it.
+const natsMaxAckPending = 4096
+
+// natsBroker is an in-process nats-server with JetStream (file store in a
+// temporary directory), or a real server at a URL.
+type natsBroker struct {
+	srv      *server.Server // nil for a real server
+	storeDir string
+	nc       *natsgo.Conn
+	js       jetstream.JetStream
+	log      *slog.Logger
+}
+
+func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, error) {
+	b := &natsBroker{log: log}
+	if url == "" {
+		dir, err := os.MkdirTemp("", "ringfence-demo-nats-")
+		if err != nil {
+			return nil, err
+		}
+		b.storeDir = dir
+		srv, err := server.NewServer(&server.Options{
+			Host: "127.0.0.1", Port: server.RANDOM_PORT,
+			JetStream: true, StoreDir: dir,
+			NoLog: true, NoSigs: true,
+			JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 1 << 30,
+		})
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("nats-server: %w", err)
+		}
+		srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			srv.Shutdown()
+			os.RemoveAll(dir)
+			return nil, errors.New("nats-server: not ready after 10s")
+		}
+		b.srv = srv
+		url = fmt.Sprintf("nats://%s", srv.Addr().(*net.TCPAddr).String())
+	} else if !strings.Contains(url, "://") && !strings.Contains(url, ":") {
+		return nil, fmt.Errorf("%w: --nats %q is not a URL", errUsage, url)
+	}
+	nc, err := natsgo.Connect(url, natsgo.Name("ringfence-demo"), natsgo.Timeout(5*time.Second))
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("connect %s: %w", url, err)
+	}
+	b.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.js = js
+	return b, nil
+}
+
+func (b *natsBroker) Name() string { return "nats" }
+
+func (b *natsBroker) Close() error {
+	if b.nc != nil {
+		b.nc.Close()
+	}
+	if b.srv != nil {
+		b.srv.Shutdown()
+		b.srv.WaitForShutdown()
+	}
+	if b.storeDir != "" {
+		return os.RemoveAll(b.storeDir)
+	}
+	return nil
+}
+
+// Open creates a stream taking "<run>.orders.<tenant>" (one engine
+// partition: JetStream has none), a durable pull consumer and a DLQ stream
+// of the run's own.
+func (b *natsBroker) Open(ctx context.Context, run string, _ int) (Topic, error) {
+	stream := strings.ToUpper(strings.ReplaceAll(run, "-", "_"))
+	subj := strings.ReplaceAll(run, "-", "_")
+	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: stream, Subjects: []string{subj + ".orders.>"}, Storage: jetstream.FileStorage,
+	}); err != nil {
+		return nil, fmt.Errorf("create stream %s: %w", stream, err)
+	}
+	if _, err := b.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable:       "demo",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: natsMaxAckPending,
+		MaxDeliver:    -1,
+	}); err != nil {
+		return nil, fmt.Errorf("create consumer on %s: %w", stream, err)
+	}
+	q, err := rfnats.NewDLQ(ctx, b.js, rfnats.WithDLQStream(stream+"_DLQ"), rfnats.WithDLQPrefix(subj+".dlq"))
+	if err != nil {
+		return nil, err
+	}
+	return &natsTopic{b: b, stream: stream, subj: subj, q: q}, nil
+}
+
+type natsTopic struct {
+	b      *natsBroker
+	stream string
+	subj   string
+	q      *rfnats.DLQ
+}
+
+func (t *natsTopic) Produce(ctx context.Context, msgs []Msg) error {
+	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for _, m := range msgs {
+		// Tenant ids of the demo are valid subject tokens.
+		f, err := t.b.js.PublishAsync(t.subj+".orders."+m.Tenant, m.Value)
+		if err != nil {
+			return err
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (t *natsTopic) Source(_ string, tenant consumer.TenantFunc, oneTenant bool) (consumer.Source, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	opts := []rfnats.SourceOption{rfnats.WithLogger(t.b.log)}
+	if oneTenant {
+		// With one key for everything, spilling a "tenant" to the park
+		// stream would only add a second write per message: a plain
+		// consumer has no such thing.
+		opts = append(opts, rfnats.WithTenantLimit(natsMaxAckPending/2))
+	}
+	return rfnats.Open(ctx, t.b.nc, t.stream, "demo", tenant, opts...)
+}
+
+// Tenant takes the tenant from the last subject token.
+func (t *natsTopic) Tenant() consumer.TenantFunc { return rfnats.FromSubjectToken(-1) }
+func (t *natsTopic) Sink() dlq.Sink              { return t.q }
+
+func (t *natsTopic) DeadLetters(ctx context.Context, tenants []string) ([]dlq.Record, error) {
+	var out []dlq.Record
+	for _, k := range tenants {
+		recs, err := t.q.Peek(ctx, k, 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, recs...)
+	}
+	return out, nil
+}
+
+// Close keeps the streams: the in-process server's store is removed with
+// it, and on a real server they can be inspected with `ringfence dlq`.
+func (t *natsTopic) Close() error { return nil }
