@@ -30,7 +30,10 @@ type Options[K comparable] struct {
 
 	// Shape returns the policy of a key. It runs once per key life, when the
 	// key is first seen or first seen again after its eviction, and its
-	// result is cached in the guard. Nil means every key uses the template.
+	// result is cached in the guard: concurrent first lookups of a key share
+	// one Shape call and one guard (the others wait for that build). Shape
+	// may panic; the panic reaches the lookup that called it and the key
+	// stays absent. Nil means every key uses the template.
 	// If the result is invalid, the key gets the template instead and the
 	// error is passed to OnShapeError.
 	Shape func(K) policy.Policy
@@ -78,7 +81,8 @@ type Stats struct {
 // that misses the read map does a small, fixed amount of that work if no
 // other goroutine is doing some, so no single lookup pays for a whole sweep,
 // sweeping keeps pace with any insert rate, and a Scope owns no goroutine
-// (it needs no Close).
+// (it needs no Close). A rebuild only progresses with such lookups: while
+// every lookup hits, a started sweep stays pending (memory stays bounded).
 //
 // Eviction is approximate, after CLOCK: each lookup stamps its entry with the
 // current sweep epoch, and a sweep keeps the keys stamped since the previous
