@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -403,5 +404,25 @@ func TestAllowRejectedEvent(t *testing.T) {
 	}
 	if evs[0].Kind != policy.EventBreakerOpened || evs[0].Delay != 5*time.Second || evs[0].Err != errFail {
 		t.Fatalf("opened event %+v", evs[0])
+	}
+}
+
+func TestHugeSettings(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1, OpenTimeout: math.MaxInt64},
+		Budget:  &policy.Budget{MaxTokens: 1e300},
+		Clock:   clk,
+	})
+	clk.Advance(time.Hour)
+	p, _ := g.Allow(context.Background())
+	p.Done(errFail)
+	clk.Advance(100 * 365 * 24 * time.Hour)
+	if g.State() != policy.Open || g.RetryAfter() <= 0 {
+		t.Fatalf("an overflowing open period let the breaker out: %v %v", g.State(), g.RetryAfter())
+	}
+	if tok := g.Stats().Tokens; tok < 1e12 {
+		t.Fatalf("huge MaxTokens: %v tokens", tok)
 	}
 }

@@ -424,7 +424,11 @@ func (g *Guard) recordFailure(p Permit, now int64, err error) {
 		d *= 2
 	}
 	d = min(d, g.r.maxOpen)
-	g.openUntil.Store(now + int64(d))
+	until := now + int64(d)
+	if until < now { // an open period of centuries
+		until = math.MaxInt64
+	}
+	g.openUntil.Store(until)
 	g.openErr.Store(&OpenError{State: Open, Until: g.epoch.Add(time.Duration(now) + d), clock: g.r.clock, g: g})
 	g.setState(Open)
 	g.consec.Store(0)

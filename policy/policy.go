@@ -346,7 +346,7 @@ func resolve(p Policy) (resolved, error) {
 	}
 	r.budget = !b.Disabled
 	r.earnMilli = max(int64(math.Round(orFloat(b.Ratio, 0.2)*1000)), 1)
-	r.maxMilli = int64(math.Round(orFloat(b.MaxTokens, 10) * 1000))
+	r.maxMilli = int64(min(math.Round(orFloat(b.MaxTokens, 10)*1000), 1<<62))
 	r.floorPerSec = orFloat(b.MinPerSecond, 1)
 	if r.floorPerSec < 0 {
 		r.floorPerSec = 0
