@@ -655,60 +655,17 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 		c.mu.Unlock()
 		c.emit(Event{Kind: EventResumed, Tenant: l.key.tenant, Partition: l.key.part})
 	}
-	target, idx := m, 0
-	if alt != nil {
-		target, idx = alt, 1
+	if alt != nil && (judge != dlq.ReasonPoison || permit.Probe()) {
+		return c.judge(l, g, permit, m, alt, judge)
 	}
-	herr, panicked := c.call(g, target)
+	herr, panicked := c.call(g, m)
 	permit.Done(herr)
 	if herr == nil {
-		c.handled.Add(1)
-		c.settle(l.ps, target)
-		c.mu.Lock()
-		l.t.handled++
-		c.popAt(l, idx)
-		if idx == 1 {
-			l.judge = ""
-		}
-		c.mu.Unlock()
-		if idx == 1 {
-			// The next message succeeded where the head kept failing: the
-			// head alone is at fault.
-			return c.deadLetter(l, m, judge, m.st.lastErr)
-		}
+		c.handledAt(l, m, 0)
 		m.st.probeFails = 0
 		return stepResult{}
 	}
-
-	now := time.Now()
-	c.failed.Add(1)
-	c.mu.Lock()
-	l.t.failed++
-	c.mu.Unlock()
-	target.st.attempts++
-	target.st.total++
-	if target.st.first.IsZero() {
-		target.st.first = now
-	}
-	target.st.last = now
-	target.st.lastErr = herr
-	target.st.panicked = panicked
-	if panicked {
-		c.panics.Add(1)
-		c.emit(Event{Kind: EventPanicked, Tenant: l.key.tenant, Partition: l.key.part, Offset: target.Offset, Err: herr})
-	}
-	if idx == 1 {
-		// The next message failed too: the tenant is failing broadly (an
-		// outage), not the head alone. Keep the head; start it over.
-		c.mu.Lock()
-		l.judge = ""
-		c.mu.Unlock()
-		m.st.attempts, m.st.prev, m.st.probeFails = 0, 0, 0
-		if g.State() != policy.Closed {
-			return c.park(l, g, nil)
-		}
-		return stepResult{wait: max(g.Backoff(g.MaxAttempts(), herr, 1<<62), time.Millisecond)}
-	}
+	c.noteFailure(l, m, herr, panicked)
 	if policy.IsPermanent(herr) {
 		return c.deadLetter(l, m, dlq.ReasonPermanent, herr)
 	}
@@ -742,18 +699,16 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 		if panicked {
 			reason = dlq.ReasonPanic
 		}
-		if reason == dlq.ReasonExhausted || reason == dlq.ReasonPanic {
-			c.mu.Lock()
-			more := l.len() > 1
-			if more {
-				l.judge = reason
-			}
-			c.mu.Unlock()
-			if more {
-				// Let the tenant's next message judge: if it succeeds, the
-				// head is dead-lettered; if it fails too, it is an outage.
-				return stepResult{}
-			}
+		c.mu.Lock()
+		more := l.len() > 1
+		if more {
+			l.judge = reason
+		}
+		c.mu.Unlock()
+		if more {
+			// Let the tenant's next message judge: if it succeeds, the head
+			// is dead-lettered; if it fails too, it is an outage.
+			return stepResult{}
 		}
 		return c.deadLetter(l, m, reason, herr)
 	}
@@ -761,6 +716,93 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 	c.retried.Add(1)
 	c.emit(Event{Kind: EventRetried, Tenant: l.key.tenant, Partition: l.key.part, Offset: m.Offset, Err: herr, Delay: d})
 	return stepResult{wait: max(d, time.Microsecond)}
+}
+
+// handledAt settles the lane's message at idx (0: head) after its handler
+// succeeded.
+func (c *Consumer) handledAt(l *lane, m *Message, idx int) {
+	c.handled.Add(1)
+	c.settle(l.ps, m)
+	c.mu.Lock()
+	l.t.handled++
+	c.popAt(l, idx)
+	c.mu.Unlock()
+}
+
+// noteFailure records a failed attempt of m.
+func (c *Consumer) noteFailure(l *lane, m *Message, err error, panicked bool) {
+	now := time.Now()
+	c.failed.Add(1)
+	c.mu.Lock()
+	l.t.failed++
+	c.mu.Unlock()
+	m.st.attempts++
+	m.st.total++
+	if m.st.first.IsZero() {
+		m.st.first = now
+	}
+	m.st.last = now
+	m.st.lastErr = err
+	m.st.panicked = panicked
+	if panicked {
+		c.panics.Add(1)
+		c.emit(Event{Kind: EventPanicked, Tenant: l.key.tenant, Partition: l.key.part, Offset: m.Offset, Err: err})
+	}
+}
+
+// judge decides whether the suspect head m fails on its own or because
+// the tenant's dependency is out, using the next message alt as evidence,
+// under one permit. For poison (permit is a probe) the head is tried first
+// and alt right after, so both outcomes describe the same moment. If alt
+// fails too, it is an outage: the head is kept and starts over. If alt
+// succeeds, the head gets one last attempt: success means the outage just
+// ended (alt was handled before it, the one reordering this allows);
+// failure dead-letters it with the judge's reason.
+func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m, alt *Message, reason dlq.Reason) stepResult {
+	c.mu.Lock()
+	l.judge = ""
+	c.mu.Unlock()
+	if reason == dlq.ReasonPoison {
+		herr, panicked := c.call(g, m)
+		if herr == nil {
+			permit.Done(nil)
+			c.handledAt(l, m, 0)
+			m.st.probeFails = 0
+			return stepResult{}
+		}
+		c.noteFailure(l, m, herr, panicked)
+		if policy.IsPermanent(herr) {
+			permit.Done(herr)
+			return c.deadLetter(l, m, dlq.ReasonPermanent, herr)
+		}
+	}
+	aerr, panicked := c.call(g, alt)
+	permit.Done(aerr)
+	if aerr != nil {
+		c.noteFailure(l, alt, aerr, panicked)
+		m.st.attempts, m.st.prev, m.st.probeFails = 0, 0, 0
+		if g.State() != policy.Closed {
+			return c.park(l, g, nil)
+		}
+		return stepResult{wait: max(g.Backoff(g.MaxAttempts(), aerr, 1<<62), time.Millisecond)}
+	}
+	c.handledAt(l, alt, 1)
+	last, err := g.Allow(c.hctx)
+	if err != nil {
+		// Refused again (other lanes of the tenant failing): not evidence
+		// against the head. Keep it.
+		m.st.attempts, m.st.prev, m.st.probeFails = 0, 0, 0
+		return c.park(l, g, err)
+	}
+	herr, panicked := c.call(g, m)
+	last.Done(herr)
+	if herr == nil {
+		c.handledAt(l, m, 0)
+		m.st.probeFails = 0
+		return stepResult{}
+	}
+	c.noteFailure(l, m, herr, panicked)
+	return c.deadLetter(l, m, reason, herr)
 }
 
 // park stops the lane until the breaker admits a probe.

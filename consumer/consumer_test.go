@@ -193,8 +193,38 @@ func TestExhaustedWhileClosed(t *testing.T) {
 	})})
 	consumertest.Eventually(t, "4 handled, 1 dead letter", func() bool { return rec.Distinct() == 4 && h.S.Total() == 1 })
 	got := h.S.Records("A", false)[0]
-	if got.Reason != dlq.ReasonExhausted || got.Attempts != 3 || calls.Load() != 3 {
+	// 3 attempts, then one last attempt after the next message succeeded.
+	if got.Reason != dlq.ReasonExhausted || got.Attempts != 4 || calls.Load() != 4 {
 		t.Fatalf("reason %q attempts %d calls %d", got.Reason, got.Attempts, calls.Load())
+	}
+}
+
+// TestJudgeGivesTheHeadALastChance: the head exhausts its attempts, the
+// next message succeeds, and the head's last attempt succeeds too (the
+// failure ended just then): nothing is dead-lettered.
+func TestJudgeGivesTheHeadALastChance(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	for i := range 3 {
+		produce(h, "A", 0, i)
+	}
+	p := fastPolicy()
+	p.Breaker.ConsecutiveFailures = 10
+	var calls atomic.Int64
+	rec := consumertest.NewRecorder()
+	run(t, h, p, consumer.Config{Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+		if string(m.Value) == "A/0/000000" && calls.Add(1) <= 3 {
+			return errors.New("flaky")
+		}
+		rec.Add("A", string(m.Value))
+		return nil
+	})})
+	consumertest.Eventually(t, "all three handled", func() bool { return rec.Distinct() == 3 })
+	if h.S.Total() != 0 {
+		t.Fatalf("dead-lettered %d", h.S.Total())
+	}
+	if got := rec.Order("A"); got[0] != "A/0/000001" || got[1] != "A/0/000000" {
+		t.Fatalf("order %v: want the judge (000001) first, then the head", got)
 	}
 }
 

@@ -31,8 +31,12 @@
 // failure is the message's own). If the next message fails too, the
 // tenant's dependency is failing: nothing is dead-lettered, the failures
 // trip the breaker and the tenant parks. A head message that keeps failing
-// as a probe is judged the same way after PoisonProbes probes: if the next
-// message succeeds as a probe, the head is dead-lettered as poison. A lone
+// as a probe is judged the same way after PoisonProbes probes: the head and
+// then the next message are tried under one probe, and if only the next one
+// succeeds the head is dead-lettered as poison. Before it is dead-lettered,
+// a judged head gets one last attempt; if that succeeds (the outage ended
+// at that moment) it is handled just after the message that judged it,
+// the only reordering the engine ever makes. A lone
 // message that exhausts its attempts with no other message to compare
 // against is dead-lettered as exhausted; a lone message that keeps the
 // breaker open waits (probing at the capped open period) until another
