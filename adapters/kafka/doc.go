@@ -33,8 +33,12 @@
 // cursor. Replay republishes a record to its source topic (with its redrive
 // count raised) and advances the cursor only after the republish was
 // acknowledged, so a crash mid-replay may duplicate a message, never lose
-// one. Purge advances the cursor and deletes a per-tenant topic once it is
-// fully drained.
+// one. Purge advances the cursor; with DeleteDrained it also deletes a
+// drained per-tenant topic.
+//
+// On a shared DLQ topic (SinkSharedTopic) each tenant has its own cursor
+// group, "ringfence-dlq.<token>", so replaying or purging one tenant never
+// hides another's records.
 //
 // # Scaling out
 //
