@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -245,15 +243,4 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// serveMetrics is replaced by metrics.go; listening here keeps the flag
-// honest about the address before any collector exists.
-var serveMetrics = func(addr string, log *slog.Logger) (*http.Server, func(*consumer.Consumer, string, Mode) func(), error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	ln.Close()
-	return nil, nil, fmt.Errorf("%w: --metrics-addr is not available in this build", errUsage)
 }

@@ -5,10 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/policy"
 )
 
@@ -290,5 +294,36 @@ func TestRunRealBrokers(t *testing.T) {
 			}
 			checkRuns(t, res[0])
 		})
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	t.Parallel()
+	srv, register, err := serveMetrics("127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	topic, _ := memBroker{}.Open(context.Background(), "m", 1)
+	c, err := consumer.New(consumer.Config{Tenant: topic.Tenant(), DLQ: topic.Sink(), Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() string {
+		resp, err := http.Get("http://" + srv.Addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	unregister := register(c, "memory", PerTenant)
+	if body := get(); !strings.Contains(body, `ringfence_handled_total{broker="memory",run="ringfence"} 0`) {
+		t.Fatalf("metrics while registered:\n%s", body)
+	}
+	unregister()
+	if body := get(); strings.Contains(body, "ringfence_handled_total") {
+		t.Fatal("collector still exported after the run")
 	}
 }
