@@ -1,0 +1,174 @@
+// Command kafka-key consumes a Kafka topic whose message key is the tenant,
+// on an in-process broker (franz-go kfake). One tenant's payment provider is
+// down for a second: its breaker opens and its messages park, in order,
+// while the other tenants keep flowing; when the provider is back they are
+// all handled and none is dead-lettered. One malformed order fails for good
+// and goes to its tenant's own DLQ topic.
+//
+//	go run ./examples/kafka-key
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/ringfence/ringfence/adapters/kafka"
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "kafka-key:", err)
+		os.Exit(1)
+	}
+}
+
+var errProviderDown = errors.New("payment provider unavailable")
+
+func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	// An in-process Kafka with a 3-partition topic.
+	cluster, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(3, "orders"),
+		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
+	)
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	// Ten orders per tenant, keyed by tenant: Kafka keeps each tenant on
+	// one partition, in order.
+	tenants := []string{"acme", "globex", "initech"}
+	var msgs []kafkago.Message
+	for i := 1; i <= 10; i++ {
+		for _, t := range tenants {
+			v := fmt.Sprintf("order-%d", i)
+			if t == "initech" && i == 4 {
+				v = "malformed"
+			}
+			msgs = append(msgs, kafkago.Message{Key: []byte(t), Value: []byte(v)})
+		}
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "orders", Balancer: &kafkago.Hash{}, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		return err
+	}
+
+	// globex's payment provider is down for the first second.
+	start := time.Now()
+	handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+		switch {
+		case string(m.Value) == "malformed":
+			return policy.Permanent(errors.New("cannot parse order"))
+		case string(m.Key) == "globex" && time.Since(start) < time.Second:
+			return errProviderDown
+		}
+		return nil // charge the order
+	})
+
+	// Every tenant gets its own breaker: 3 failures in a row open it for
+	// 200ms; each message gets 2 attempts.
+	template := policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 3, OpenTimeout: 200 * time.Millisecond, MaxOpenTimeout: 400 * time.Millisecond},
+		Retry:   policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: 10 * time.Millisecond}},
+	}
+	var parked atomic.Int64
+	src, err := kafka.NewSource(brokers, "orders", "billing",
+		kafka.TenantFromKey(), kafka.WithMaxWait(100*time.Millisecond), kafka.WithHeartbeatInterval(200*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	sink, err := kafka.NewSink(brokers) // orders.dlq.<tenant>, created on first use
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	c, err := consumer.New(consumer.Config{
+		Scope:   scope.New(template, scope.Options[string]{}),
+		Handler: handler,
+		Tenant:  src.Tenant(),
+		DLQ:     sink,
+		Group:   src.Group(),
+		OnEvent: func(e consumer.Event) {
+			if e.Kind == consumer.EventParked {
+				parked.Add(1)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, src) }()
+	err = waitSettled(ctx, c, len(msgs))
+	stop()
+	if rerr := <-done; err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+
+	for _, t := range tenants {
+		ts, _ := c.Tenant(t)
+		fmt.Fprintf(out, "%-8s handled %2d  dead-lettered %d\n", t, ts.Handled, ts.DeadLettered)
+	}
+	fmt.Fprintf(out, "globex parked while its provider was down: %v\n", parked.Load() > 0)
+
+	// Read the dead letters back from Kafka.
+	insp, err := kafka.NewInspector(brokers, "orders")
+	if err != nil {
+		return err
+	}
+	defer insp.Close()
+	sums, err := insp.Tenants(ctx)
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(sums, func(a, b dlq.TenantSummary) int { return strings.Compare(a.Tenant, b.Tenant) })
+	for _, s := range sums {
+		fmt.Fprintf(out, "DLQ %s: %d record(s), reason %s: %s\n", dlq.KafkaTopic("orders", s.Tenant), s.Count, s.Reason, s.LastError)
+	}
+	return nil
+}
+
+// waitSettled polls until n messages were handled or dead-lettered.
+func waitSettled(ctx context.Context, c *consumer.Consumer, n int) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		st := c.Stats()
+		if int(st.Handled+st.DeadLettered) >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d messages settled: %w", st.Handled+st.DeadLettered, n, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
