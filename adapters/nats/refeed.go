@@ -129,6 +129,7 @@ func (s *Source) refeed(ctx context.Context, d consumer.Dispatcher, st *tenantSt
 		st.refed++
 		st.heldPark++
 		s.mu.Unlock()
+		s.refedTotal.Add(1)
 		d.Deliver(m)
 	}
 	return ok

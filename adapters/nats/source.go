@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -54,6 +55,37 @@ type Source struct {
 	paused   bool
 	resumed  chan struct{} // closed by Resume while paused
 	ran      bool
+	sweepAt  int // tenants count that triggers a sweep of idle ones
+
+	spilledTotal, refedTotal, dupDropped atomic.Uint64
+}
+
+// SourceStats are a Source's counters.
+type SourceStats struct {
+	// Held is how many of the consumer's messages the engine holds now.
+	Held int
+	// Spilling is how many tenants are spilling to the park stream now.
+	Spilling int
+	// Spilled and Refed count messages moved to and back from the park
+	// stream since the Source was made.
+	Spilled, Refed uint64
+	// Duplicates counts redeliveries dropped because the engine still held
+	// the message.
+	Duplicates uint64
+}
+
+// Stats returns the Source's counters.
+func (s *Source) Stats() SourceStats {
+	s.mu.Lock()
+	st := SourceStats{Held: len(s.held)}
+	for _, t := range s.tenants {
+		if t.spilling {
+			st.Spilling++
+		}
+	}
+	s.mu.Unlock()
+	st.Spilled, st.Refed, st.Duplicates = s.spilledTotal.Load(), s.refedTotal.Load(), s.dupDropped.Load()
+	return st
 }
 
 type heldMsg struct {
@@ -146,6 +178,7 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 		held:     make(map[uint64]heldMsg),
 		tenants:  make(map[string]*tenantState),
 		parkPart: make(map[consumer.Partition]*tenantState),
+		sweepAt:  minTenantSweep,
 	}
 	return s, nil
 }
@@ -286,6 +319,7 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		// A redelivery of a message the engine still holds (e.g. AckWait
 		// expired while the consume callback was blocked by Pause).
 		s.mu.Unlock()
+		s.dupDropped.Add(1)
 		return
 	}
 	st := s.tenantLocked(tenant)
@@ -298,6 +332,7 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		st.spillBusy = false
 		if ok {
 			st.spilled++
+			s.spilledTotal.Add(1)
 		}
 		s.mu.Unlock()
 		s.nudge()
@@ -312,11 +347,21 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 func (s *Source) tenantLocked(tenant string) *tenantState {
 	st := s.tenants[tenant]
 	if st == nil {
+		if len(s.tenants) >= s.sweepAt {
+			for _, t := range s.tenants {
+				s.dropIfIdleLocked(t)
+			}
+			s.sweepAt = max(minTenantSweep, 2*len(s.tenants))
+		}
 		st = &tenantState{key: tenant}
 		s.tenants[tenant] = st
 	}
 	return st
 }
+
+// minTenantSweep is how many tenants the Source tracks before it forgets
+// idle ones.
+const minTenantSweep = 1024
 
 // dropIfIdleLocked forgets a tenant that holds and parks nothing.
 func (s *Source) dropIfIdleLocked(st *tenantState) {
@@ -408,7 +453,8 @@ func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
 			if st.spilling && st.heldMain == 0 {
 				defer s.nudge()
 			}
-			s.dropIfIdleLocked(st)
+			// Idle tenants stay until a sweep (see tenantLocked): dropping
+			// and re-making one per message would cost an allocation each.
 		}
 		s.mu.Unlock()
 		if s.opt.doubleAck {

@@ -105,11 +105,10 @@ func TestParkedTenantDoesNotStallOthers(t *testing.T) {
 		}
 	}
 	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
-	eventually(t, "spill mode ended", func() bool {
-		src.mu.Lock()
-		defer src.mu.Unlock()
-		return len(src.tenants) == 0
-	})
+	eventually(t, "spill mode ended", func() bool { return src.Stats().Spilling == 0 })
+	if st := src.Stats(); st.Spilled != backlog-limit || st.Refed != backlog-limit || st.Held != 0 {
+		t.Fatalf("stats %+v", st)
+	}
 	stop()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -1,0 +1,188 @@
+package nats
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/natstest"
+)
+
+// benchStream is one stream of messages for 16 tenants, shared by every
+// sub-benchmark of BenchmarkConsume: each run reads the same data from the
+// start through a durable consumer of its own.
+type benchStream struct {
+	f *fixture
+	n int // messages in the stream
+}
+
+const benchTenants = 16
+
+func (bs *benchStream) ensure(b *testing.B, n int) *fixture {
+	b.Helper()
+	if bs.n >= n {
+		return bs.f
+	}
+	b.StopTimer()
+	defer b.StartTimer()
+	payload := make([]byte, 128)
+	var last jetstream.PubAckFuture
+	for i := bs.n; i < n; i++ {
+		fut, err := bs.f.js.PublishAsync(fmt.Sprintf("%s.t%02d", bs.f.subject, i%benchTenants), payload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		last = fut
+	}
+	select {
+	case <-last.Ok():
+	case err := <-last.Err():
+		b.Fatal(err)
+	case <-time.After(60 * time.Second):
+		b.Fatal("no PubAck")
+	}
+	<-bs.f.js.PublishAsyncComplete()
+	bs.n = n
+	return bs.f
+}
+
+var benchConsumerSeq atomic.Int64
+
+// freshConsumer makes a durable consumer that starts at the stream's first
+// message.
+func freshConsumer(b *testing.B, f *fixture) jetstream.Consumer {
+	b.Helper()
+	name := fmt.Sprintf("bench%d", benchConsumerSeq.Add(1))
+	ctx := context.Background()
+	c, err := f.js.CreateOrUpdateConsumer(ctx, f.stream, jetstream.ConsumerConfig{
+		Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 1000,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = f.js.DeleteConsumer(context.Background(), f.stream, name) })
+	return c
+}
+
+// countingSource counts settled messages and closes done at want.
+type countingSource struct {
+	*Source
+	n    atomic.Int64
+	want int64
+	done chan struct{}
+}
+
+func (c *countingSource) Settle(ctx context.Context, m *consumer.Message) error {
+	err := c.Source.Settle(ctx, m)
+	if c.n.Add(1) == c.want {
+		close(c.done)
+	}
+	return err
+}
+
+// settleLoop is the thinnest possible engine: it settles each message as
+// it is delivered.
+type settleLoop struct{ src consumer.Source }
+
+func (settleLoop) Assigned(consumer.Partition) {}
+func (settleLoop) Revoked(consumer.Partition)  {}
+func (l settleLoop) Deliver(m *consumer.Message) {
+	_ = l.src.Settle(context.Background(), m)
+}
+
+func waitDone(b *testing.B, done <-chan struct{}) {
+	b.Helper()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute):
+		b.Fatal("benchmark did not finish")
+	}
+}
+
+// BenchmarkConsume reads the same stream (128-byte messages, 16 tenants
+// round robin) with a no-op handler: nats.go's own Consume with Ack, the
+// Source driven by a loop that settles at once, and the Source under the
+// ringfence engine. Run it alone, e.g.
+//
+//	go test -run '^$' -bench BenchmarkConsume -benchtime 50000x ./adapters/nats
+func BenchmarkConsume(b *testing.B) {
+	// The server outlives the sub-benchmarks: it stops when this one ends.
+	bs := benchStream{f: newFixture(b, natstest.Start(b), 30*time.Second, 1000)}
+	tenant := FromSubjectToken(-1)
+
+	b.Run("nats.go-Consume-Ack", func(b *testing.B) {
+		f := bs.ensure(b, b.N)
+		cons := freshConsumer(b, f)
+		b.ReportAllocs()
+		b.ResetTimer()
+		var n atomic.Int64
+		done := make(chan struct{})
+		want := int64(b.N)
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			_ = m.Ack()
+			if n.Add(1) == want {
+				close(done)
+			}
+		}, jetstream.PullMaxMessages(500))
+		if err != nil {
+			b.Fatal(err)
+		}
+		waitDone(b, done)
+		b.StopTimer()
+		cc.Stop()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	})
+
+	b.Run("ringfence-Source-loop", func(b *testing.B) {
+		f := bs.ensure(b, b.N)
+		src, err := NewSource(context.Background(), f.js, freshConsumer(b, f), tenant)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs := &countingSource{Source: src, want: int64(b.N), done: make(chan struct{})}
+		b.ReportAllocs()
+		b.ResetTimer()
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() { ran <- src.Run(ctx, settleLoop{src: cs}) }()
+		waitDone(b, cs.done)
+		b.StopTimer()
+		cancel()
+		<-ran
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	})
+
+	b.Run("ringfence-Source-engine", func(b *testing.B) {
+		f := bs.ensure(b, b.N)
+		src, err := NewSource(context.Background(), f.js, freshConsumer(b, f), tenant)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs := &countingSource{Source: src, want: int64(b.N), done: make(chan struct{})}
+		c, err := consumer.New(consumer.Config{
+			Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
+			Tenant:  tenant,
+			DLQ:     dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		ctx, cancel := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() { ran <- c.Run(ctx, cs) }()
+		waitDone(b, cs.done)
+		b.StopTimer()
+		cancel()
+		<-ran
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(src.Stats().Spilled), "spilled")
+	})
+}
