@@ -1,0 +1,175 @@
+// Command nats-subject consumes a JetStream stream whose subjects carry the
+// tenant, "orders.<tenant>.created", on an in-process NATS server. globex's
+// dependency stays down until every other tenant's orders are handled (or
+// 5s pass): with per-tenant breakers, acme and initech never wait for it.
+// When globex's dependency is back, its parked orders are handled in order
+// and nothing is dead-lettered.
+//
+//	go run ./examples/nats-subject
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	rfnats "github.com/ringfence/ringfence/adapters/nats"
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "nats-subject:", err)
+		os.Exit(1)
+	}
+}
+
+const perTenant = 20
+
+func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	// An in-process NATS server with JetStream.
+	dir, err := os.MkdirTemp("", "nats-subject-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	srv.Start()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(5 * time.Second) {
+		return errors.New("nats server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+
+	// A stream of orders and a durable pull consumer with explicit acks.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*.created"}}); err != nil {
+		return err
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 1000,
+	}); err != nil {
+		return err
+	}
+	tenants := []string{"acme", "globex", "initech"}
+	for i := 1; i <= perTenant; i++ {
+		for _, t := range tenants {
+			if _, err := js.Publish(ctx, "orders."+t+".created", fmt.Appendf(nil, "order-%d", i)); err != nil {
+				return err
+			}
+		}
+	}
+
+	// globex's dependency is down until the others are done (at most 5s).
+	var othersDone atomic.Int64
+	var othersFirst atomic.Bool // others were all done when globex's API came back
+	var mu sync.Mutex
+	order := map[string][]string{}
+	giveUp := time.Now().Add(5 * time.Second)
+	handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+		tenant, _ := rfnats.FromSubjectToken(1)(m)
+		if tenant == "globex" && othersDone.Load() < 2*perTenant && time.Now().Before(giveUp) {
+			return errors.New("globex's warehouse API is down")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		order[tenant] = append(order[tenant], string(m.Value))
+		if tenant != "globex" {
+			othersDone.Add(1)
+		} else if len(order[tenant]) == 1 {
+			othersFirst.Store(othersDone.Load() == 2*perTenant)
+		}
+		return nil
+	})
+
+	// The tenant is token 1 of the subject: orders.<tenant>.created.
+	tenantOf := rfnats.FromSubjectToken(1)
+	src, err := rfnats.Open(ctx, nc, "ORDERS", "billing", tenantOf)
+	if err != nil {
+		return err
+	}
+	q, err := rfnats.NewDLQ(ctx, js) // stream RINGFENCE_DLQ, subjects ringfence.dlq.<tenant>
+	if err != nil {
+		return err
+	}
+	template := policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 3, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 200 * time.Millisecond},
+		Retry:   policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: 5 * time.Millisecond}},
+	}
+	c, err := consumer.New(consumer.Config{
+		Scope:   scope.New(template, scope.Options[string]{}),
+		Handler: handler,
+		Tenant:  tenantOf,
+		DLQ:     q,
+		Group:   "billing",
+	})
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx, src) }()
+	err = waitSettled(ctx, c, len(tenants)*perTenant)
+	stop()
+	if rerr := <-done; err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+
+	for _, t := range tenants {
+		ts, _ := c.Tenant(t)
+		inOrder := true
+		for i, v := range order[t] {
+			inOrder = inOrder && v == fmt.Sprintf("order-%d", i+1)
+		}
+		fmt.Fprintf(out, "%-8s handled %2d in order: %-5v dead-lettered %d\n", t, ts.Handled, inOrder, ts.DeadLettered)
+	}
+	fmt.Fprintf(out, "acme and initech finished while globex's API was down: %v\n", othersFirst.Load())
+	return nil
+}
+
+// waitSettled polls until n messages were handled or dead-lettered.
+func waitSettled(ctx context.Context, c *consumer.Consumer, n int) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		st := c.Stats()
+		if int(st.Handled+st.DeadLettered) >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d messages settled: %w", st.Handled+st.DeadLettered, n, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
