@@ -520,3 +520,32 @@ func TestStatsSnapshot(t *testing.T) {
 		t.Fatalf("open Stats = %+v", st)
 	}
 }
+
+func TestHotPathsAllocateNothing(t *testing.T) {
+	ctx := context.Background()
+	g := mustNew(t, policy.Default())
+	ok := func(context.Context) error { return nil }
+	if n := testing.AllocsPerRun(1000, func() { _ = g.Run(ctx, ok) }); n != 0 {
+		t.Errorf("Run success path: %v allocs", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		p, _ := g.Allow(ctx)
+		p.Done(nil)
+	}); n != 0 {
+		t.Errorf("Allow+Done: %v allocs", n)
+	}
+	p := policy.Default()
+	p.Breaker = &policy.Breaker{ConsecutiveFailures: 1, OpenTimeout: time.Hour}
+	open := mustNew(t, p)
+	_ = open.Run(ctx, func(context.Context) error { return policy.Permanent(errFail) })
+	if n := testing.AllocsPerRun(1000, func() {
+		if err := open.Run(ctx, ok); err == nil {
+			t.Fatal("open breaker ran the handler")
+		}
+	}); n != 0 {
+		t.Errorf("Run rejection path: %v allocs", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { _, _ = open.Allow(ctx) }); n != 0 {
+		t.Errorf("Allow rejection: %v allocs", n)
+	}
+}
