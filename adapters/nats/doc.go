@@ -34,30 +34,38 @@
 // slot and stop all tenants. The Source prevents that with a per-tenant
 // limit L (WithTenantLimit; default MaxAckPending/16):
 //
-//   - A tenant never holds more than L unsettled messages in the engine.
-//   - Its next messages are spilled: republished to the tenant's subject
-//     "<prefix>.<token>" in a side "park" stream (file storage, created if
-//     missing; WithParkStream), and acked only after the park stream's
-//     PubAck. A spilled message is durable before its slot is freed
-//     (at-least-once: a crash in between leaves a duplicate, not a gap).
+//   - A tenant that holds L unsettled messages and has settled none of them
+//     for WithSpillAfter (default 250ms), that is, a parked or stuck tenant,
+//     is not handed more. A busy tenant that keeps settling may go past L,
+//     up to 4L, so that a slow-but-healthy tenant does not pay for spilling.
+//   - The tenant's next messages are spilled: republished to the tenant's
+//     subject "<prefix>.<token>" in a side "park" stream (file storage,
+//     created if missing; WithParkStream), and acked only after the park
+//     stream's PubAck. A spilled message is durable before its slot is
+//     freed (at-least-once: a crash in between leaves a duplicate, not a
+//     gap).
 //   - Once a tenant has spilled, all its later messages spill too, so its
 //     order is kept. When it has nothing left in flight from the consumer,
 //     its spilled messages are re-fed, oldest first and at most L at a time,
-//     on a partition of its own, "<stream>/<durable>/park/<token>"; each is
+//     on a partition of its own, "<stream>/<durable>/park/<token>", with
+//     their original subject, headers and stream sequence (Offset); each is
 //     deleted from the park stream when settled. When the park subject is
 //     empty the partition is revoked and the tenant flows directly again.
 //   - Spilled messages survive restarts: a new Source finds the tenants with
 //     messages in the park stream and re-feeds them.
 //
-// The bound: k tenants backed up at once hold at most k*L slots, and the
-// rest of the consumer keeps MaxAckPending - k*L; with the default L, up to
-// 15 tenants can be parked at once and the others still flow. A tenant that
-// is merely slower than its arrival rate also spills once it is L behind;
-// that costs a second write, not order or messages. Keep L at or below the
-// engine's MaxParkedPerTenant so the engine does not pause the whole
-// consumer on one tenant's account (with one partition, a pause stops
-// everyone). Redeliveries of messages the engine still holds are dropped by
-// sequence, so the engine never sees one message twice at the same time.
+// The bound: a parked tenant holds at most L slots once it has been stuck
+// for SpillAfter, and never more than 4L; with WithSpillAfter(0), exactly
+// L. k tenants parked at once hold at most k*4L (k*L) slots and the rest of
+// the consumer keeps the remainder of MaxAckPending: with the defaults, 3
+// (15) parked tenants still leave the others a quarter (a sixteenth) of the
+// slots. Re-feeding costs a read per message and a delete per settle, so a
+// spilled tenant drains at a few thousand messages a second; one whose
+// arrival rate is higher stays in spill mode until its rate drops. Keep L
+// at or below the engine's MaxParkedPerTenant so the engine does not pause
+// the whole consumer on one tenant's account (with one partition, a pause
+// stops everyone). Redeliveries of messages the engine still holds are
+// dropped by sequence, so the engine never sees one message twice at once.
 //
 // Pause blocks the consume callback (messages nats.go already buffered wait
 // in the client and are not extended; if a pause outlasts AckWait they are

@@ -31,6 +31,22 @@ type sourceOptions struct {
 	doubleAck    bool
 	logger       *slog.Logger
 	spillBackoff time.Duration
+	spillAfter   time.Duration
+}
+
+// WithSpillAfter sets how long a tenant at its limit must go without
+// settling a message before its further messages spill to the park stream.
+// Until then (a busy tenant, not a stuck one) they are handed to the engine
+// beyond the limit, up to 4 times the limit. Default: 250ms. Zero spills as soon as the limit is
+// reached, which makes the limit exact.
+func WithSpillAfter(d time.Duration) SourceOption {
+	return func(o *sourceOptions) error {
+		if d < 0 {
+			return fmt.Errorf("%w: spill-after %v < 0", ErrInvalidOption, d)
+		}
+		o.spillAfter = d
+		return nil
+	}
 }
 
 // WithTenantLimit caps how many messages of one tenant the Source hands to

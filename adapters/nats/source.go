@@ -97,7 +97,10 @@ type heldMsg struct {
 type tenantState struct {
 	key      string
 	heldMain int // delivered from the consumer, not yet settled
-	heldPark int // re-fed from the park stream, not yet settled
+	// overSince is when the tenant last reached its limit or, at or over
+	// it, last settled a message; zero when it never reached the limit.
+	overSince time.Time
+	heldPark  int // re-fed from the park stream, not yet settled
 
 	spilling   bool   // new messages go to the park stream until it is drained
 	spillBusy  bool   // a spill publish is in flight
@@ -145,6 +148,7 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 		pullMax:      500,
 		logger:       slog.Default(),
 		spillBackoff: 50 * time.Millisecond,
+		spillAfter:   250 * time.Millisecond,
 	}
 	if o.extendEvery <= 0 {
 		o.extendEvery = 10 * time.Second
@@ -323,8 +327,19 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		return
 	}
 	st := s.tenantLocked(tenant)
-	if st.spilling || st.heldMain+st.heldPark >= s.opt.tenantLimit {
-		st.spilling = true
+	if n := st.heldMain + st.heldPark; n >= s.opt.tenantLimit && !st.spilling {
+		// At the limit: spill only a tenant that has made no progress for
+		// spillAfter (parked, or stuck retrying). A busy tenant that keeps
+		// settling goes over the limit instead of paying a second write.
+		now := time.Now()
+		if n == s.opt.tenantLimit && st.overSince.IsZero() {
+			st.overSince = now
+		}
+		if now.Sub(st.overSince) >= s.opt.spillAfter || n >= hardLimitFactor*s.opt.tenantLimit {
+			st.spilling = true
+		}
+	}
+	if st.spilling {
 		st.spillBusy = true
 		s.mu.Unlock()
 		ok := s.spill(ctx, msg, md, tenant)
@@ -339,6 +354,9 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		return
 	}
 	st.heldMain++
+	if st.heldMain+st.heldPark == s.opt.tenantLimit {
+		st.overSince = time.Now()
+	}
 	s.held[seq] = heldMsg{msg: msg, tenant: tenant}
 	s.mu.Unlock()
 	d.Deliver(m)
@@ -358,6 +376,10 @@ func (s *Source) tenantLocked(tenant string) *tenantState {
 	}
 	return st
 }
+
+// hardLimitFactor caps a busy tenant: past hardLimitFactor times the tenant
+// limit it spills even while it keeps settling.
+const hardLimitFactor = 4
 
 // minTenantSweep is how many tenants the Source tracks before it forgets
 // idle ones.
@@ -449,6 +471,9 @@ func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
 		if hm, ok := s.held[seq]; ok {
 			delete(s.held, seq)
 			st := s.tenants[hm.tenant]
+			if st.heldMain+st.heldPark >= s.opt.tenantLimit {
+				st.overSince = time.Now() // progress
+			}
 			st.heldMain--
 			if st.spilling && st.heldMain == 0 {
 				defer s.nudge()

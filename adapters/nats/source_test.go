@@ -61,11 +61,28 @@ func TestSourceDeliversInOrderAndAcks(t *testing.T) {
 
 // TestParkedTenantDoesNotStallOthers is the isolation test: a tenant whose
 // messages are never settled, with a backlog 10x MaxAckPending, holds at
-// most its tenant limit of the consumer's ack-pending slots; every other
-// tenant's message is handled; released, the parked tenant gets all of its
-// backlog back in order and the park stream ends empty.
+// most its bound of the consumer's ack-pending slots (the tenant limit when
+// spilling at once, 4x the limit when it would wait for progress); every
+// other tenant's message is handled; released, the parked tenant gets all
+// of its backlog back in order and the park stream ends empty.
 func TestParkedTenantDoesNotStallOthers(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		spillAfter time.Duration
+		bound      int
+	}{
+		{"spill-at-limit", 0, 4},
+		{"hard-cap", time.Hour, 4 * hardLimitFactor},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testParkedTenant(t, tc.spillAfter, tc.bound)
+		})
+	}
+}
+
+func testParkedTenant(t *testing.T, spillAfter time.Duration, bound int) {
 	const (
 		maxAckPending = 32
 		limit         = 4
@@ -81,19 +98,19 @@ func TestParkedTenantDoesNotStallOthers(t *testing.T) {
 		}
 	}
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant, WithTenantLimit(limit))
+	src := f.source(t, tenant, WithTenantLimit(limit), WithSpillAfter(spillAfter))
 	l := newLoop(src, tenant, func(tn string) bool { return tn == "parked" })
 	stop := run(t, src, l)
 
 	eventually(t, "every calm message handled", func() bool { return l.count("calm") == others })
 	eventually(t, "the parked backlog spilled", func() bool {
-		return parkCount(t, f, src) == backlog-limit
+		return parkCount(t, f, src) == backlog-bound
 	})
-	if n := l.heldCount(); n != limit {
-		t.Fatalf("parked tenant holds %d messages, want its limit %d", n, limit)
+	if n := l.heldCount(); n != bound {
+		t.Fatalf("parked tenant holds %d messages, want its bound %d", n, bound)
 	}
-	t.Logf("isolation: parked backlog %d (MaxAckPending %d): parked tenant held %d, spilled %d; calm tenant %d/%d handled",
-		backlog, maxAckPending, l.heldCount(), parkCount(t, f, src), l.count("calm"), others)
+	t.Logf("isolation: parked backlog %d (MaxAckPending %d, tenant limit %d): parked tenant held %d, spilled %d; calm tenant %d/%d handled",
+		backlog, maxAckPending, limit, l.heldCount(), parkCount(t, f, src), l.count("calm"), others)
 
 	l.release()
 	eventually(t, "the parked backlog handled", func() bool { return l.count("parked") == backlog })
@@ -106,7 +123,7 @@ func TestParkedTenantDoesNotStallOthers(t *testing.T) {
 	}
 	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
 	eventually(t, "spill mode ended", func() bool { return src.Stats().Spilling == 0 })
-	if st := src.Stats(); st.Spilled != backlog-limit || st.Refed != backlog-limit || st.Held != 0 {
+	if st := src.Stats(); st.Spilled != uint64(backlog-bound) || st.Refed != uint64(backlog-bound) || st.Held != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 	stop()
@@ -144,7 +161,7 @@ func TestSpilledMessagesSurviveANewSource(t *testing.T) {
 	f.publish(t, "slow", want...)
 	f.publish(t, "fast", vals("fast", 0, 20)...)
 	tenant := FromSubjectToken(-1)
-	src1 := f.source(t, tenant, WithTenantLimit(4))
+	src1 := f.source(t, tenant, WithTenantLimit(4), WithSpillAfter(0))
 	l1 := newLoop(src1, tenant, func(tn string) bool { return tn == "slow" })
 	stop1 := run(t, src1, l1)
 	eventually(t, "fast handled and slow spilled", func() bool {
@@ -152,7 +169,7 @@ func TestSpilledMessagesSurviveANewSource(t *testing.T) {
 	})
 	stop1()
 
-	src2 := f.source(t, tenant, WithTenantLimit(4))
+	src2 := f.source(t, tenant, WithTenantLimit(4), WithSpillAfter(0))
 	l2 := newLoop(src2, tenant, nil)
 	run(t, src2, l2)
 	eventually(t, "every slow message delivered", func() bool {
@@ -180,7 +197,7 @@ func TestServerRestartLosesNothing(t *testing.T) {
 		f.publish(t, fmt.Sprintf("t%d", i%5), fmt.Sprintf("m-%05d", i))
 	}
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant, WithTenantLimit(8))
+	src := f.source(t, tenant, WithTenantLimit(8), WithSpillAfter(0))
 	// Tenant t0 is held until the restart is over, so it spills.
 	l := newLoop(src, tenant, func(tn string) bool { return tn == "t0" })
 	run(t, src, l)
