@@ -42,6 +42,8 @@ type childConfig struct {
 	FaultTenant   string // this tenant's dependency is down...
 	FaultWindowMs int    // ...for this long after its first attempt
 	WorkMs        int    // simulated handler work per message
+	// NATSTenantLimit, if set, is the NATS source's WithTenantLimit.
+	NATSTenantLimit int
 }
 
 // testPolicy trips fast and probes fast, so scenarios finish in seconds.
@@ -207,7 +209,11 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		ccfg.Tenant = natsad.FromSubjectToken(-1)
-		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, ccfg.Tenant, natsad.WithLogger(log))
+		opts := []natsad.SourceOption{natsad.WithLogger(log)}
+		if cfg.NATSTenantLimit > 0 {
+			opts = append(opts, natsad.WithTenantLimit(cfg.NATSTenantLimit))
+		}
+		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, ccfg.Tenant, opts...)
 		if err != nil {
 			return err
 		}

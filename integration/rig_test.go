@@ -437,6 +437,40 @@ func (r *rig) waitSettled() {
 	}
 }
 
+// reconcileOutEnv names a file that reconcile lines are appended to, so a CI
+// script can show them even though go test hides a passing test's output.
+const reconcileOutEnv = "RINGFENCE_RECONCILE_OUT"
+
+func appendReconcileOut(t *testing.T, line string) {
+	path := os.Getenv(reconcileOutEnv)
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Errorf("%s: %v", reconcileOutEnv, err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		t.Errorf("%s: %v", reconcileOutEnv, err)
+	}
+}
+
+// waitFor polls (bounded) until cond holds on the handled lines.
+func (r *rig) waitFor(what string, timeout time.Duration, cond func([]handledLine) bool) {
+	r.t.Helper()
+	err := brokertest.PollUntil(context.Background(), timeout, 100*time.Millisecond, func(context.Context) error {
+		if !cond(r.handled()) {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err != nil {
+		r.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
 // result is a scenario's reconciliation.
 type result struct {
 	produced, handled, deadlettered, lost, duplicates int
@@ -480,6 +514,7 @@ func (r *rig) reconcile(scenario string) result {
 		scenario, r.kind, res.produced, res.handled, res.deadlettered, res.lost, res.duplicates)
 	fmt.Println(line)
 	r.t.Log(line)
+	appendReconcileOut(r.t, line)
 	if res.lost != 0 {
 		r.t.Errorf("%s on %s lost %d messages", scenario, r.kind, res.lost)
 	}
