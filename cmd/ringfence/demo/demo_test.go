@@ -210,7 +210,7 @@ func TestRunMemory(t *testing.T) {
 		t.Fatalf("%d results", len(res))
 	}
 	checkRuns(t, res[0])
-	for _, want := range []string{"tenant-03", "outage", "poison", "ratio to baseline", "shared breaker"} {
+	for _, want := range []string{"tenant-03", "outage", "poison", "ratio to baseline", "shared breaker", "goodput during the outage"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, out.String())
 		}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -103,31 +102,26 @@ func (b *BrokerResult) WriteSummary(w io.Writer) {
 	fmt.Fprintf(w, "\n%s — %d tenants × %d msg/s for %v; %s's dependency down %.1fs–%.1fs; %s sends %d poison messages\n\n",
 		b.Broker, len(b.Tenants), sc.Rate, sc.Duration, b.Outage, sc.FaultStart.Seconds(), sc.FaultEnd.Seconds(), b.Poison, b.Sent)
 
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "tenant\t\tgoodput in outage window\t\t\t\tdead-lettered\t\t\tringfence\t\t\n")
-	fmt.Fprintf(tw, "\t\tbaseline\tringfence\tshared\t\tringfence\tshared\t\tmax parked\tbreaker trips\t\n")
+	fmt.Fprintf(w, "%-12s %-7s %-28s %-19s %s\n", "", "", "goodput during the outage", "dead-lettered", "ringfence")
+	fmt.Fprintf(w, "%-12s %-7s %8s %10s %8s %10s %8s %11s %6s\n", "tenant", "role", "baseline", "ringfence", "shared", "ringfence", "shared", "max parked", "trips")
 	for i, name := range b.Tenants {
-		role := b.Runs[PerTenant].Tenants[i].Role
 		bl, pt, sh := b.Runs[Baseline].Tenants[i], b.Runs[PerTenant].Tenants[i], b.Runs[Shared].Tenants[i]
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t\t%d\t%d\t\t%d\t%d\t\n", name, role, bl.InWindow, pt.InWindow, sh.InWindow, pt.DeadLettered, sh.DeadLettered, pt.MaxParked, pt.Trips)
+		fmt.Fprintf(w, "%-12s %-7s %8d %10d %8d %10d %8d %11d %6d\n", name, pt.Role, bl.InWindow, pt.InWindow, sh.InWindow, pt.DeadLettered, sh.DeadLettered, pt.MaxParked, pt.Trips)
 	}
-	tw.Flush()
 	fmt.Fprintln(w)
-
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, f func(r RunResult) string) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", label, f(b.Runs[Baseline]), f(b.Runs[PerTenant]), f(b.Runs[Shared]))
+		fmt.Fprintf(w, "%-30s %10s %12s %16s\n", label, f(b.Runs[Baseline]), f(b.Runs[PerTenant]), f(b.Runs[Shared]))
 	}
-	fmt.Fprintf(tw, "\tbaseline\tringfence (per tenant)\tshared breaker\t\n")
-	row("healthy goodput in window", func(r RunResult) string { return fmt.Sprint(r.HealthyInWindow) })
+	fmt.Fprintf(w, "%-30s %10s %12s %16s\n", "", "baseline", "ringfence", "shared breaker")
+	row("healthy goodput during outage", func(r RunResult) string { return fmt.Sprint(r.HealthyInWindow) })
 	row("  ratio to baseline", func(r RunResult) string { return fmt.Sprintf("%.2f", b.Ratio(r.Mode)) })
 	row("outage tenant dead-lettered", func(r RunResult) string { return fmt.Sprint(r.OutageDead) })
 	row("poison dead-lettered", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.PoisonDead, b.Sent) })
-	row("other dead-lettered", func(r RunResult) string { return fmt.Sprint(r.OtherDead) })
+	row("healthy tenants dead-lettered", func(r RunResult) string { return fmt.Sprint(r.OtherDead) })
 	row("max parked", func(r RunResult) string { return fmt.Sprint(r.MaxParked) })
 	row("lost", func(r RunResult) string { return fmt.Sprint(r.Lost) })
 	row("run time", func(r RunResult) string { return fmt.Sprintf("%.1fs", r.Elapsed.Seconds()) })
-	tw.Flush()
+	fmt.Fprintln(w, "\nringfence: a guard per tenant. shared breaker: one key for every message, so one guard and one ordered lane per partition.")
 }
 
 // Verdict says in one line whether the run shows what it should.
