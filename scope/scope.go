@@ -33,7 +33,8 @@ type Options[K comparable] struct {
 	// result is cached in the guard: concurrent first lookups of a key share
 	// one Shape call and one guard (the others wait for that build). Shape
 	// may panic; the panic reaches the lookup that called it and the key
-	// stays absent. Nil means every key uses the template.
+	// stays absent. Shape must not look up its own key (that lookup would
+	// wait for this build). Nil means every key uses the template.
 	// If the result is invalid, the key gets the template instead and the
 	// error is passed to OnShapeError.
 	Shape func(K) policy.Policy
