@@ -1,0 +1,107 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/scope"
+)
+
+// TestEngineParkedTenantIsolation runs the real engine on the Source: a
+// tenant whose dependency is down, with a backlog 10x MaxAckPending, parks
+// in the engine and spills in the Source, and the other tenants are all
+// handled meanwhile. When the dependency is back, every parked message
+// reaches the handler (or, by the engine's poison rule, the DLQ).
+func TestEngineParkedTenantIsolation(t *testing.T) {
+	t.Parallel()
+	const (
+		maxAckPending = 32
+		limit         = 4
+		backlog       = 10 * maxAckPending
+		others        = 3 * maxAckPending
+	)
+	f := newFixture(t, nil, 5*time.Second, maxAckPending)
+	q, err := NewDLQ(testCtx(t), f.js, WithDLQStream("ISODLQ"), WithDLQPrefix("isodlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noisy, calm := vals("noisy", 0, backlog), vals("calm", 0, others)
+	for i := range backlog {
+		f.publish(t, "noisy", noisy[i])
+		if i < others {
+			f.publish(t, "calm", calm[i])
+		}
+	}
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant, WithTenantLimit(limit), WithSpillAfter(0))
+	var down atomic.Bool
+	down.Store(true)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var calmDone atomic.Int64
+	c, err := consumer.New(consumer.Config{
+		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+			tn, _ := tenant(m)
+			if tn == "noisy" && down.Load() {
+				return errors.New("dependency down")
+			}
+			mu.Lock()
+			if !seen[string(m.Value)] && tn == "calm" {
+				calmDone.Add(1)
+			}
+			seen[string(m.Value)] = true
+			mu.Unlock()
+			return nil
+		}),
+		Tenant: tenant,
+		DLQ:    q,
+		Group:  f.durable,
+		Scope:  scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, src) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	eventually(t, "calm handled while noisy is down", func() bool { return calmDone.Load() == others })
+	eventually(t, "noisy spilled", func() bool { return src.Stats().Spilled >= backlog-limit })
+	if st := src.Stats(); st.Held > limit {
+		t.Fatalf("noisy holds %d of %d ack-pending slots, bound %d", st.Held, maxAckPending, limit)
+	}
+	t.Logf("engine isolation: noisy backlog %d > MaxAckPending %d; calm %d/%d handled; source stats %+v",
+		backlog, maxAckPending, calmDone.Load(), others, src.Stats())
+
+	down.Store(false)
+	eventually(t, "every noisy message handled or dead-lettered", func() bool {
+		dead, err := q.Peek(testCtx(t), "noisy", 0)
+		if err != nil {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range dead {
+			seen[string(r.Value)] = true
+		}
+		for _, v := range noisy {
+			if !seen[v] {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
+}
