@@ -57,7 +57,7 @@ type Source struct {
 	ran      bool
 	sweepAt  int // tenants count that triggers a sweep of idle ones
 
-	spilledTotal, refedTotal, dupDropped atomic.Uint64
+	spilledTotal, refedTotal, dupDropped, extends atomic.Uint64
 }
 
 // SourceStats are a Source's counters.
@@ -72,6 +72,8 @@ type SourceStats struct {
 	// Duplicates counts redeliveries dropped because the engine still held
 	// the message.
 	Duplicates uint64
+	// Extends counts rounds of InProgress sent for held messages.
+	Extends uint64
 }
 
 // Stats returns the Source's counters.
@@ -85,6 +87,7 @@ func (s *Source) Stats() SourceStats {
 	}
 	s.mu.Unlock()
 	st.Spilled, st.Refed, st.Duplicates = s.spilledTotal.Load(), s.refedTotal.Load(), s.dupDropped.Load()
+	st.Extends = s.extends.Load()
 	return st
 }
 
@@ -571,6 +574,7 @@ func (s *Source) extendLoop(ctx context.Context) {
 			_ = m.InProgress() // best effort; a miss means a redelivery, never a loss
 		}
 		clear(batch)
+		s.extends.Add(1)
 	}
 }
 

@@ -221,6 +221,35 @@ func TestServerRestartLosesNothing(t *testing.T) {
 	})
 }
 
+// TestHeldMessagesOutliveAckWait holds messages for several AckWaits: the
+// Source's InProgress keeps the server from redelivering them.
+func TestHeldMessagesOutliveAckWait(t *testing.T) {
+	t.Parallel()
+	const ackWait = 500 * time.Millisecond
+	f := newFixture(t, nil, ackWait, 100)
+	f.publish(t, "a", vals("a", 0, 5)...)
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant, WithExtendEvery(ackWait/5))
+	l := newLoop(src, tenant, func(string) bool { return true })
+	run(t, src, l)
+	eventually(t, "5 held", func() bool { return l.heldCount() == 5 })
+	start := src.Stats().Extends
+	// 20 rounds at AckWait/5 span about 4 AckWaits.
+	eventually(t, "20 extension rounds", func() bool { return src.Stats().Extends >= start+20 })
+	info, err := f.consumer(t).Info(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 || l.distinct() != 5 || l.count("a") != 5 {
+		t.Fatalf("held messages redelivered: server redelivered %d, engine saw %d deliveries", info.NumRedelivered, l.count("a"))
+	}
+	l.release()
+	eventually(t, "acked", func() bool {
+		info, err := f.consumer(t).Info(testCtx(t))
+		return err == nil && info.NumAckPending == 0 && info.AckFloor.Stream == 5
+	})
+}
+
 func TestPauseHoldsDeliveriesUntilResume(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, 5*time.Second, 100)
