@@ -102,10 +102,15 @@ func (q *DLQ) decode(raw *jetstream.RawStreamMsg, tenant string) dlq.Record {
 	return r
 }
 
+// maxReasonScan caps how many of a tenant's records Tenants reads to find
+// the most common reason.
+const maxReasonScan = 10000
+
 // Tenants lists every tenant with dead letters, from the stream's
 // per-subject counts. Oldest and Newest are when the first and last records
-// were written; Reason and LastError are the newest record's (reading every
-// record to find the most common reason would cost a read per record).
+// were written; LastError is the newest record's; Reason is the most common
+// among the tenant's oldest 10000 records (read with an ordered consumer,
+// headers only matter).
 func (q *DLQ) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
 	info, err := q.stream.Info(ctx, jetstream.WithSubjectFilter(q.prefix+".>"))
 	if err != nil {
@@ -142,7 +147,7 @@ func (q *DLQ) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
 			Count:     int(n),
 			Oldest:    first.Time,
 			Newest:    last.Time,
-			Reason:    newest.Reason,
+			Reason:    q.commonReason(ctx, subj, min(int(n), maxReasonScan), newest.Reason),
 			LastError: newest.Error,
 		})
 	}
@@ -244,4 +249,49 @@ func (q *DLQ) Purge(ctx context.Context, tenant string) (int, error) {
 		return 0, fmt.Errorf("nats: dlq purge: %w", resp.Error)
 	}
 	return int(resp.Purged), nil
+}
+
+// commonReason reads up to n records of subj and returns their most common
+// reason (ties: the first seen), or fallback when they cannot be read.
+func (q *DLQ) commonReason(ctx context.Context, subj string, n int, fallback dlq.Reason) dlq.Reason {
+	if n <= 1 {
+		return fallback
+	}
+	cons, err := q.js.OrderedConsumer(ctx, q.name, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return fallback
+	}
+	counts := map[dlq.Reason]int{}
+	var order []dlq.Reason
+	for read := 0; read < n; {
+		batch, err := cons.FetchNoWait(min(n-read, 500))
+		if err != nil {
+			return fallback
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			var r dlq.Reason
+			for k, v := range m.Headers() {
+				if len(v) > 0 && strings.EqualFold(k, dlq.HeaderReason) {
+					r = dlq.Reason(v[0])
+				}
+			}
+			if counts[r] == 0 {
+				order = append(order, r)
+			}
+			counts[r]++
+		}
+		if batch.Error() != nil || got == 0 {
+			break
+		}
+		read += got
+	}
+	best := fallback
+	for _, r := range order {
+		if counts[r] > counts[best] {
+			best = r
+		}
+	}
+	return best
 }

@@ -201,6 +201,27 @@ func TestReplayMovesRecordsAndPurgeCounts(t *testing.T) {
 		}
 	}
 
+	// Reason: the most common among the records, not the newest's.
+	for _, reason := range []dlq.Reason{dlq.ReasonPoison, dlq.ReasonPoison, dlq.ReasonPermanent} {
+		r := record("initech", f.subject+".initech", "i")
+		r.Reason = reason
+		if err := q.Write(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sums, err := q.Tenants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sums {
+		if s.Tenant == "initech" && (s.Reason != dlq.ReasonPoison || s.Count != 3) {
+			t.Fatalf("initech summary %+v, want 3 records, most common reason poison", s)
+		}
+	}
+	if _, err := q.Purge(ctx, "initech"); err != nil {
+		t.Fatal(err)
+	}
+
 	n, err := q.Purge(ctx, "globex")
 	if err != nil || n != 4 {
 		t.Fatalf("purge globex = %d, %v; want 4", n, err)
@@ -208,7 +229,7 @@ func TestReplayMovesRecordsAndPurgeCounts(t *testing.T) {
 	if n, err := q.Purge(ctx, "nobody"); err != nil || n != 0 {
 		t.Fatalf("purge nobody = %d, %v", n, err)
 	}
-	sums, err := q.Tenants(ctx)
+	sums, err = q.Tenants(ctx)
 	if err != nil || len(sums) != 1 || sums[0].Tenant != "acme" || sums[0].Count != 1 {
 		t.Fatalf("after purge: %+v, %v", sums, err)
 	}
