@@ -32,22 +32,28 @@ func (bs *benchStream) ensure(b *testing.B, n int) *fixture {
 	b.StopTimer()
 	defer b.StartTimer()
 	payload := make([]byte, 128)
-	var last jetstream.PubAckFuture
-	for i := bs.n; i < n; i++ {
-		fut, err := bs.f.js.PublishAsync(fmt.Sprintf("%s.t%02d", bs.f.subject, i%benchTenants), payload)
-		if err != nil {
-			b.Fatal(err)
+	// Chunks of 1000 async publishes, each waited for: a loaded machine
+	// would otherwise stall the async publisher.
+	for i := bs.n; i < n; {
+		end := min(n, i+1000)
+		futs := make([]jetstream.PubAckFuture, 0, end-i)
+		for ; i < end; i++ {
+			fut, err := bs.f.js.PublishAsync(fmt.Sprintf("%s.t%02d", bs.f.subject, i%benchTenants), payload)
+			if err != nil {
+				b.Fatal(err)
+			}
+			futs = append(futs, fut)
 		}
-		last = fut
+		for _, fut := range futs {
+			select {
+			case <-fut.Ok():
+			case err := <-fut.Err():
+				b.Fatal(err)
+			case <-time.After(60 * time.Second):
+				b.Fatal("no PubAck")
+			}
+		}
 	}
-	select {
-	case <-last.Ok():
-	case err := <-last.Err():
-		b.Fatal(err)
-	case <-time.After(60 * time.Second):
-		b.Fatal("no PubAck")
-	}
-	<-bs.f.js.PublishAsyncComplete()
 	bs.n = n
 	return bs.f
 }
