@@ -261,12 +261,13 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	}
 	d.Assigned(s.part)
 
+	var wg sync.WaitGroup
+	defer wg.Wait() // runs after cancel
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
 	wg.Go(func() { s.extendLoop(ctx) })
 	wg.Go(func() { s.refeedLoop(ctx, d) })
-	defer wg.Wait()
+	s.nudge() // re-feed tenants recovered from the park stream at once
 
 	cc, err := s.cons.Consume(func(msg jetstream.Msg) { s.onMsg(ctx, d, msg) },
 		jetstream.PullMaxMessages(s.opt.pullMax),
