@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/internal/natstest"
 	"github.com/ringfence/ringfence/scope"
 )
 
@@ -104,4 +106,60 @@ func TestEngineParkedTenantIsolation(t *testing.T) {
 		return true
 	})
 	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
+}
+
+// TestEngineServerRestartLosesNothing restarts the server under the engine:
+// every message is handled at least once and nothing is dead-lettered.
+func TestEngineServerRestartLosesNothing(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	f := newFixture(t, srv, time.Second, 64)
+	q, err := NewDLQ(testCtx(t), f.js, WithDLQStream("RSDLQ"), WithDLQPrefix("rsdlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	for i := range n {
+		f.publish(t, fmt.Sprintf("t%d", i%5), fmt.Sprintf("m-%05d", i))
+	}
+	tenant := FromSubjectToken(-1)
+	src := f.source(t, tenant)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	c, err := consumer.New(consumer.Config{
+		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+			mu.Lock()
+			seen[string(m.Value)] = true
+			mu.Unlock()
+			return nil
+		}),
+		Tenant:   tenant,
+		DLQ:      q,
+		Scope:    scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+		DLQRetry: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, src) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }
+	eventually(t, "a part handled", func() bool { return count() >= 20 })
+	srv.Restart()
+	f.publishRetry(t, f.subject+".t1", "after-restart")
+	eventually(t, "everything handled", func() bool { return count() == n+1 })
+	eventually(t, "nothing left pending", func() bool {
+		info, err := f.consumer(t).Info(testCtx(t))
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	if s := c.Stats(); s.DeadLettered != 0 {
+		t.Fatalf("a restart dead-lettered %d messages", s.DeadLettered)
+	}
 }

@@ -242,6 +242,10 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, name, prefix stri
 	return st, nil
 }
 
+// JetStream returns the JetStream context the Source uses, e.g. to open a
+// DLQ on the same connection.
+func (s *Source) JetStream() jetstream.JetStream { return s.js }
+
 // Partition is the engine partition of the consumer's own messages.
 func (s *Source) Partition() consumer.Partition { return s.part }
 
