@@ -32,6 +32,7 @@ func benchKeyNames(n int) []string {
 func runHit(b *testing.B, keys []string, lookup func(string) bool) {
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
+		cpu := cpuTime()
 		i := 0
 		for b.Loop() {
 			if !lookup(keys[i]) {
@@ -41,9 +42,12 @@ func runHit(b *testing.B, keys []string, lookup func(string) bool) {
 				i = 0
 			}
 		}
+		reportCPU(b, cpu)
 	})
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
+		cpu := cpuTime()
+		defer reportCPU(b, cpu)
 		var seed sync.Mutex
 		next := 0
 		b.RunParallel(func(pb *testing.PB) {
@@ -61,6 +65,15 @@ func runHit(b *testing.B, keys []string, lookup func(string) bool) {
 			}
 		})
 	})
+}
+
+// reportCPU reports the process CPU time per op since cpu (summed over
+// goroutines for parallel runs), a figure less sensitive than ns/op to other
+// processes on the machine.
+func reportCPU(b *testing.B, cpu time.Duration) {
+	if c := cpuTime(); c > 0 && b.N > 0 {
+		b.ReportMetric(float64(c-cpu)/float64(b.N), "cpu-ns/op")
+	}
 }
 
 // BenchmarkHit compares a hit of Scope.For with what a user would write
