@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -66,6 +67,30 @@ var images struct {
 // specs build concurrently.
 func image(t testing.TB, cli client.APIClient, s brokerimage.Spec) brokerimage.Image {
 	t.Helper()
+	img, fresh, err := ensureImage(cli, s)
+	if err != nil {
+		t.Fatalf("brokertest: image %s: %v", s.Name, err)
+	}
+	if fresh {
+		logImage(t.Logf, s, img)
+	}
+	return img
+}
+
+func logImage(logf func(string, ...any), s brokerimage.Spec, img brokerimage.Image) {
+	switch {
+	case img.Override:
+		logf("brokertest: using %s from %s", img.Ref, s.EnvOverride)
+	case img.Built:
+		logf("brokertest: built %s (compile %v, image %v)", img.Ref, img.BinaryTime.Round(time.Millisecond), img.ImageTime.Round(time.Millisecond))
+	default:
+		logf("brokertest: reusing %s (compile %v)", img.Ref, img.BinaryTime.Round(time.Millisecond))
+	}
+}
+
+// ensureImage returns the image for s, building it on the first call; fresh
+// is true for the call that produced it.
+func ensureImage(cli client.APIClient, s brokerimage.Spec) (img brokerimage.Image, fresh bool, err error) {
 	images.mu.Lock()
 	if images.slots == nil {
 		images.slots = map[string]*imageSlot{}
@@ -80,24 +105,48 @@ func image(t testing.TB, cli client.APIClient, s brokerimage.Spec) brokerimage.I
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
 	if slot.img != nil {
-		return *slot.img
+		return *slot.img, false, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	img, err := brokerimage.Ensure(ctx, cli, s, moduleDir())
+	img, err = brokerimage.Ensure(ctx, cli, s, moduleDir())
 	if err != nil {
-		t.Fatalf("brokertest: image %s: %v", s.Name, err)
-	}
-	switch {
-	case img.Override:
-		t.Logf("brokertest: using %s from %s", img.Ref, s.EnvOverride)
-	case img.Built:
-		t.Logf("brokertest: built %s (compile %v, image %v)", img.Ref, img.BinaryTime.Round(time.Millisecond), img.ImageTime.Round(time.Millisecond))
-	default:
-		t.Logf("brokertest: reusing %s (compile %v)", img.Ref, img.BinaryTime.Round(time.Millisecond))
+		return brokerimage.Image{}, false, err
 	}
 	slot.img = &img
-	return img
+	return img, true, nil
+}
+
+// Prebuild builds (or finds) the Kafka and NATS images at once, for a
+// TestMain to call before m.Run so that a first, cold build does not count
+// against the test timeout. Without Docker it does nothing and returns nil:
+// the tests then skip or fail through RequireDocker. Build errors are
+// returned (and met again by the tests).
+func Prebuild(logf func(string, ...any)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		return nil
+	}
+	defer cli.Close()
+	if _, err := cli.Ping(ctx, client.PingOptions{}); err != nil {
+		return nil
+	}
+	specs := []brokerimage.Spec{brokerimage.Kafka, brokerimage.NATS}
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, s := range specs {
+		wg.Go(func() {
+			img, fresh, err := ensureImage(cli, s)
+			if err == nil && fresh {
+				logImage(logf, s, img)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // moduleDir is this package's source directory: inside the ringfence module,
