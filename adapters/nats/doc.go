@@ -48,8 +48,9 @@
 //     order is kept. When it has nothing left in flight from the consumer,
 //     its spilled messages are re-fed, oldest first and at most L at a time,
 //     on a partition of its own, "<stream>/<durable>/park/<token>", with
-//     their original subject, headers and stream sequence (Offset); each is
-//     deleted from the park stream when settled. When the park subject is
+//     their original subject, headers and stream sequence (Offset); settled
+//     ones are purged from the park stream in batches (by subject, below the
+//     oldest unsettled one). When the park subject is
 //     empty the partition is revoked and the tenant flows directly again.
 //   - Spilled messages survive restarts: a new Source finds the tenants with
 //     messages in the park stream and re-feeds them.
@@ -59,8 +60,8 @@
 // L. k tenants parked at once hold at most k*4L (k*L) slots and the rest of
 // the consumer keeps the remainder of MaxAckPending: with the defaults, 3
 // (15) parked tenants still leave the others a quarter (a sixteenth) of the
-// slots. Re-feeding costs a read per message and a delete per settle, so a
-// spilled tenant drains at a few thousand messages a second; one whose
+// slots. Re-feeding costs a read per message, so a spilled tenant drains at
+// a few thousand messages a second; one whose
 // arrival rate is higher stays in spill mode until its rate drops. Keep L
 // at or below the engine's MaxParkedPerTenant so the engine does not pause
 // the whole consumer on one tenant's account (with one partition, a pause

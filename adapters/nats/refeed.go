@@ -51,22 +51,32 @@ func (s *Source) refeedLoop(ctx context.Context, d consumer.Dispatcher) {
 	}
 }
 
-// refeed advances one spilling tenant: retries failed deletes, re-feeds up
+// refeed advances one spilling tenant: purges what was settled, re-feeds up
 // to the tenant limit, or ends spill mode when the park subject is drained.
 // It reports false when a park-stream request failed.
 func (s *Source) refeed(ctx context.Context, d consumer.Dispatcher, st *tenantState) bool {
 	s.mu.Lock()
-	undeleted := st.undeleted
-	st.undeleted = nil
+	// Everything re-fed below the oldest unsettled re-fed message is
+	// settled: one purge removes it all, off the engine's settle path.
+	below := st.cursor
+	if len(st.inflightPark) > 0 {
+		below = st.inflightPark[0]
+	}
+	purge := below > st.purgedBelow
+	tenant := st.key
 	s.mu.Unlock()
 	ok := true
-	for i, seq := range undeleted {
-		if err := s.park.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			s.mu.Lock()
-			st.undeleted = append(st.undeleted, undeleted[i:]...)
-			s.mu.Unlock()
+	if purge {
+		err := s.park.Purge(ctx, jetstream.WithPurgeSubject(dlq.NATSSubject(s.opt.parkPrefix, tenant)), jetstream.WithPurgeSequence(below))
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("ringfence nats: purge settled park messages", "tenant", tenant, "err", err)
+			}
 			return false
 		}
+		s.mu.Lock()
+		st.purgedBelow = max(st.purgedBelow, below)
+		s.mu.Unlock()
 	}
 
 	for ctx.Err() == nil {
@@ -76,13 +86,13 @@ func (s *Source) refeed(ctx context.Context, d consumer.Dispatcher, st *tenantSt
 			return ok
 		}
 		if st.refed >= st.spilled {
-			if st.spillBusy || st.heldPark > 0 || len(st.undeleted) > 0 {
+			if st.spillBusy || st.heldPark > 0 || st.purgedBelow < st.cursor {
 				s.mu.Unlock()
 				return ok
 			}
 			// Drained: the tenant's messages flow directly again.
 			st.spilling = false
-			st.spilled, st.refed = 0, 0
+			st.spilled, st.refed, st.purgedBelow = 0, 0, 0
 			assigned, part := st.assigned, st.part
 			st.assigned = false
 			delete(s.parkPart, part)
@@ -128,6 +138,7 @@ func (s *Source) refeed(ctx context.Context, d consumer.Dispatcher, st *tenantSt
 		st.cursor = raw.Sequence + 1
 		st.refed++
 		st.heldPark++
+		st.inflightPark = append(st.inflightPark, raw.Sequence)
 		s.mu.Unlock()
 		s.refedTotal.Add(1)
 		d.Deliver(m)

@@ -113,7 +113,11 @@ type tenantState struct {
 	part       consumer.Partition
 	assigned   bool
 	parkPaused bool
-	undeleted  []uint64 // settled park messages whose DeleteMsg failed
+	// inflightPark holds the park sequences re-fed and not yet settled, in
+	// order; purgedBelow is the park sequence below which the tenant's
+	// subject has been purged.
+	inflightPark []uint64
+	purgedBelow  uint64
 }
 
 // parkedMsg is the Handle of a message re-fed from the park stream.
@@ -495,15 +499,13 @@ func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
 		}
 		return h.Ack()
 	case *parkedMsg:
-		err := s.park.DeleteMsg(ctx, h.seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			err = nil
-		}
+		// The re-feeder purges it from the park stream (at-least-once: a
+		// crash before that re-feeds it once more).
 		s.mu.Lock()
 		if st := s.tenants[h.tenant]; st != nil {
-			st.heldPark--
-			if err != nil {
-				st.undeleted = append(st.undeleted, h.seq) // retried by the re-feeder
+			if i := slices.Index(st.inflightPark, h.seq); i >= 0 {
+				st.inflightPark = slices.Delete(st.inflightPark, i, i+1)
+				st.heldPark--
 			}
 		}
 		s.mu.Unlock()
