@@ -255,6 +255,7 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 		s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
 		h := new(hist)
 		b.ReportAllocs()
+		cpu := cpuTime()
 		i := 0
 		for b.Loop() {
 			k := keys.at(seq[i])
@@ -269,6 +270,7 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 			}
 		}
 		b.StopTimer()
+		reportCPU(b, cpu)
 		report(b, h, s)
 	})
 	b.Run("parallel", func(b *testing.B) {
@@ -277,6 +279,7 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 		total := new(hist)
 		next := 0
 		b.ReportAllocs()
+		cpu := cpuTime()
 		b.RunParallel(func(pb *testing.PB) {
 			mu.Lock()
 			i := next * (len(seq) / 8)
@@ -298,6 +301,7 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 			mu.Unlock()
 		})
 		b.StopTimer()
+		reportCPU(b, cpu)
 		report(b, total, s)
 	})
 }
