@@ -26,13 +26,38 @@
 //	RINGFENCE_KAFKA_IMAGE  e.g. apache/kafka:4.1.0 (configured as a one-node KRaft broker)
 //	RINGFENCE_NATS_IMAGE   e.g. nats:2.12 (run with -js -sd /data -p 4222)
 //
+// # Scenarios
+//
+// Each runs on Kafka and on NATS JetStream unless noted:
+//
+//   - noisy-neighbour: one tenant's dependency is down for a window; the other
+//     tenants keep at least 0.9 of their throughput in the same workload
+//     without the fault (both run at once, on two brokers), and the noisy
+//     tenant's messages are all handled afterwards, none dead-lettered.
+//   - broker-restart: the broker container is stopped and started while a
+//     producer and a consumer run; it keeps its data.
+//   - consumer-kill: the consumer process is killed with SIGKILL mid-run and
+//     a new one started.
+//   - dlq-outage: the DLQ lives on a second broker container, paused while
+//     poison messages arrive; other tenants keep flowing, and the poison
+//     messages land in the DLQ once it is back.
+//   - rebalance (Kafka): a second consumer process joins the group mid-run
+//     and later leaves it.
+//
+// Consumers are real child processes: the test binary started again with
+// RINGFENCE_IT_CHILD set (see TestMain), running the engine with an adapter
+// and a handler that records each handled message id in an append-only file.
+//
 // # Reconciliation
 //
 // Each scenario ends by reconciling every produced message id: handled
-// (recorded by an idempotent sink) or present in a dead-letter queue, and
-// prints exactly one line
+// (recorded by that idempotent sink) or present in a dead-letter queue (read
+// through the adapter's inspector), and prints exactly one line
 //
 //	reconcile: scenario=NAME broker=kafka|nats produced=N handled=H deadlettered=D lost=L duplicates=X
 //
-// failing unless lost=0.
+// failing unless lost=0. duplicates counts deliveries of an id past its first
+// (at-least-once redeliveries after a kill or a rebalance). go test hides the
+// output of passing tests, so the lines are also appended to the file named
+// by RINGFENCE_RECONCILE_OUT, when set.
 package integration

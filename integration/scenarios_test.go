@@ -223,7 +223,7 @@ func TestDLQOutage(t *testing.T) {
 func TestRebalance(t *testing.T) {
 	r := newRig(t, "kafka", false)
 	c1 := r.startConsumer("c1", func(c *childConfig) { c.WorkMs = 3 })
-	prod := r.produceInBackground(tenantNames(6), 40, 5, 100*time.Millisecond) // 1200 messages
+	prod := r.produceInBackground(tenantNames(6), 60, 5, 100*time.Millisecond) // 1800 messages
 	r.waitHandled(200, 60*time.Second)
 	c2 := r.startConsumer("c2", func(c *childConfig) { c.WorkMs = 3 })
 	r.waitFor("the joining consumer to handle messages", 60*time.Second, func(hs []handledLine) bool {
