@@ -90,6 +90,25 @@ func (s *Source) refeed(ctx context.Context, d consumer.Dispatcher, st *tenantSt
 				s.mu.Unlock()
 				return ok
 			}
+			// The counts say drained; make sure the subject agrees (a spill
+			// whose PubAck was lost may have been stored anyway).
+			spilled, cursor, tenant := st.spilled, st.cursor, st.key
+			s.mu.Unlock()
+			_, err := s.park.GetMsg(ctx, cursor, jetstream.WithGetMsgSubject(dlq.NATSSubject(s.opt.parkPrefix, tenant)))
+			switch {
+			case err == nil:
+				s.mu.Lock()
+				st.spilled++ // one more to re-feed than counted
+				s.mu.Unlock()
+				continue
+			case !errors.Is(err, jetstream.ErrMsgNotFound):
+				return false
+			}
+			s.mu.Lock()
+			if st.spilled != spilled || st.spillBusy || st.heldMain > 0 || st.heldPark > 0 {
+				s.mu.Unlock()
+				continue // a spill landed meanwhile
+			}
 			// Drained: the tenant's messages flow directly again.
 			st.spilling = false
 			st.spilled, st.refed, st.purgedBelow = 0, 0, 0

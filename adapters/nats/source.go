@@ -419,6 +419,9 @@ func (s *Source) spill(ctx context.Context, msg jetstream.Msg, md *jetstream.Msg
 	h[hdrParkSubject] = []string{msg.Subject()}
 	h[hdrParkSeq] = []string{strconv.FormatUint(md.Sequence.Stream, 10)}
 	h[hdrParkTime] = []string{md.Timestamp.UTC().Format(time.RFC3339Nano)}
+	// The park stream drops a second copy (a retried publish, or a
+	// redelivery after a lost ack) within its duplicate window.
+	h["Nats-Msg-Id"] = []string{s.stream + "/" + s.durable + "/" + strconv.FormatUint(md.Sequence.Stream, 10)}
 	out := &nats.Msg{Subject: dlq.NATSSubject(s.opt.parkPrefix, tenant), Header: h, Data: msg.Data()}
 	for {
 		_, err := s.js.PublishMsg(ctx, out)
