@@ -293,12 +293,15 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 
 // onMsg runs on the consume goroutine, one message at a time.
 func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream.Msg) {
-	md, err := msg.Metadata()
-	if err != nil {
-		s.log.Warn("ringfence nats: message without JetStream metadata", "subject", msg.Subject(), "err", err)
-		return
+	seq, ts, ok := ackSeqTime(msg.Reply())
+	if !ok { // not the ack subject layout we know: let nats.go parse it
+		md, err := msg.Metadata()
+		if err != nil {
+			s.log.Warn("ringfence nats: message without JetStream metadata", "subject", msg.Subject(), "err", err)
+			return
+		}
+		seq, ts = md.Sequence.Stream, md.Timestamp.UnixNano()
 	}
-	seq := md.Sequence.Stream
 	m := &consumer.Message{
 		Value:     msg.Data(),
 		Headers:   fromNATSHeader(msg.Headers()),
@@ -306,7 +309,7 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		Partition: s.part,
 		Offset:    int64(seq),
 		Stream:    s.stream,
-		Time:      md.Timestamp,
+		Time:      time.Unix(0, ts),
 		Handle:    msg,
 	}
 	tenant, err := s.tenant(m)
@@ -354,7 +357,7 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 	if st.spilling {
 		st.spillBusy = true
 		s.mu.Unlock()
-		ok := s.spill(ctx, msg, md, tenant)
+		ok := s.spill(ctx, msg, seq, m.Time, tenant)
 		s.mu.Lock()
 		st.spillBusy = false
 		if ok {
@@ -407,7 +410,7 @@ func (s *Source) dropIfIdleLocked(st *tenantState) {
 // spill stores msg in its tenant's park subject and, once the server
 // acknowledged that, acks the original. It retries until ctx ends; false
 // means the message was not stored and stays unacked (redelivered later).
-func (s *Source) spill(ctx context.Context, msg jetstream.Msg, md *jetstream.MsgMetadata, tenant string) bool {
+func (s *Source) spill(ctx context.Context, msg jetstream.Msg, seq uint64, ts time.Time, tenant string) bool {
 	h := make(nats.Header, len(msg.Headers())+4)
 	for k, v := range msg.Headers() {
 		if strings.HasPrefix(k, "Nats-") {
@@ -417,11 +420,11 @@ func (s *Source) spill(ctx context.Context, msg jetstream.Msg, md *jetstream.Msg
 	}
 	h[hdrParkTenant] = []string{tenant}
 	h[hdrParkSubject] = []string{msg.Subject()}
-	h[hdrParkSeq] = []string{strconv.FormatUint(md.Sequence.Stream, 10)}
-	h[hdrParkTime] = []string{md.Timestamp.UTC().Format(time.RFC3339Nano)}
+	h[hdrParkSeq] = []string{strconv.FormatUint(seq, 10)}
+	h[hdrParkTime] = []string{ts.UTC().Format(time.RFC3339Nano)}
 	// The park stream drops a second copy (a retried publish, or a
 	// redelivery after a lost ack) within its duplicate window.
-	h["Nats-Msg-Id"] = []string{s.stream + "/" + s.durable + "/" + strconv.FormatUint(md.Sequence.Stream, 10)}
+	h["Nats-Msg-Id"] = []string{s.stream + "/" + s.durable + "/" + strconv.FormatUint(seq, 10)}
 	out := &nats.Msg{Subject: dlq.NATSSubject(s.opt.parkPrefix, tenant), Header: h, Data: msg.Data()}
 	for {
 		_, err := s.js.PublishMsg(ctx, out)
@@ -586,6 +589,41 @@ func (s *Source) extendLoop(ctx context.Context) {
 		clear(batch)
 		s.extends.Add(1)
 	}
+}
+
+// ackSeqTime reads the stream sequence and timestamp from a JetStream ack
+// subject without allocating (jetstream.Msg.Metadata costs about a
+// microsecond). Layouts, as in nats.go's parser:
+//
+//	v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+//	v2: $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<token>]
+func ackSeqTime(reply string) (seq uint64, ts int64, ok bool) {
+	if !strings.HasPrefix(reply, "$JS.ACK.") {
+		return 0, 0, false
+	}
+	var seqTok, tmTok int
+	switch n := strings.Count(reply, ".") + 1; {
+	case n == 9:
+		seqTok, tmTok = 5, 7
+	case n >= 11:
+		seqTok, tmTok = 7, 9
+	default:
+		return 0, 0, false
+	}
+	var seqStr, tmStr string
+	for i, rest := 0, reply; i <= tmTok; i++ {
+		var tok string
+		tok, rest, _ = strings.Cut(rest, ".")
+		switch i {
+		case seqTok:
+			seqStr = tok
+		case tmTok:
+			tmStr = tok
+		}
+	}
+	seq, err1 := strconv.ParseUint(seqStr, 10, 64)
+	tm, err2 := strconv.ParseUint(tmStr, 10, 64)
+	return seq, int64(tm), err1 == nil && err2 == nil && seq > 0
 }
 
 func fromNATSHeader(h nats.Header) []consumer.Header {
