@@ -136,11 +136,12 @@ type lane struct {
 	dead     bool // partition revoked
 	seen     bool // touched since the last idle sweep
 	noTenant bool
-	// judge, when set, means the head is suspect: the next step runs
-	// q[head+1] instead, and its outcome judges the head. Success: the head
-	// is dead-lettered with this reason. Failure: the tenant is failing
-	// broadly, the head is kept and its attempts start over.
-	judge dlq.Reason
+	// judge, when set, means the head is suspect and says why (exhausted,
+	// panic or poison); see (*Consumer).judge. judgeSpan is how many of the
+	// following messages the next judge may try (1 at first, doubling after
+	// each judge in which they all failed too, up to maxJudgeSpan).
+	judge     dlq.Reason
+	judgeSpan int
 }
 
 func (l *lane) len() int { return len(l.q) - l.head }
@@ -172,7 +173,13 @@ func (l *lane) remove(i int) {
 }
 
 type tenantState struct {
-	name                  string
+	name string
+	// tick orders attempt starts and failures of the tenant's messages;
+	// okTick is the tick at which the latest successful attempt started.
+	// A success that started after a message's failure, followed by that
+	// message failing again, is evidence that the message is at fault.
+	tick                  atomic.Uint64
+	okTick                uint64 // c.mu
 	lanes                 int
 	parked                int // parked messages of this tenant
 	queued                int
@@ -366,6 +373,11 @@ func (c *Consumer) Revoked(p Partition) {
 	delete(c.parts, p)
 	for l := range ps.laneSet {
 		c.dropLane(l)
+	}
+	if ps.paused && !c.draining {
+		// The pause was the engine's, for state it just dropped.
+		ps.paused = false
+		c.src.Resume(p)
 	}
 	c.mu.Unlock()
 	ps.mu.Lock()
@@ -584,14 +596,11 @@ func (c *Consumer) runLane(l *lane, n int) {
 			return
 		}
 		m := l.front()
-		var alt *Message
 		judge := l.judge
-		if judge != "" && l.len() > 1 {
-			alt = l.q[l.head+1]
-		}
+		evidence := judge != "" && (m.st.evidence || m.st.failTick != 0 && l.t.okTick > m.st.failTick)
 		c.mu.Unlock()
 
-		next := c.step(l, m, alt, judge)
+		next := c.step(l, m, judge, evidence)
 		if next.wait > 0 {
 			c.mu.Lock()
 			if l.dead || c.draining {
@@ -631,9 +640,10 @@ type stepResult struct {
 	wait time.Duration // lane waits this long before its next step
 }
 
-// step makes one move on the lane's head message m, or on alt (the next
-// message) when the head is suspect and judge says why.
-func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
+// step makes one move on the lane's head message m. When the head is
+// suspect (judge set), evidence says whether the tenant already succeeded
+// since the head last failed.
+func (c *Consumer) step(l *lane, m *Message, judge dlq.Reason, evidence bool) stepResult {
 	if l.noTenant {
 		reason := dlq.ReasonNoTenant
 		if !errors.Is(m.st.tenantErr, ErrNoTenant) {
@@ -655,10 +665,10 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 		c.mu.Unlock()
 		c.emit(Event{Kind: EventResumed, Tenant: l.key.tenant, Partition: l.key.part})
 	}
-	if alt != nil && (judge != dlq.ReasonPoison || permit.Probe()) {
-		return c.judge(l, g, permit, m, alt, judge)
+	if judge != "" && (judge != dlq.ReasonPoison || permit.Probe() || evidence) {
+		return c.judge(l, g, permit, m, judge, evidence)
 	}
-	herr, panicked := c.call(g, m)
+	herr, panicked := c.call(l, g, m)
 	permit.Done(herr)
 	if herr == nil {
 		c.handledAt(l, m, 0)
@@ -675,9 +685,7 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 		if permit.Probe() {
 			m.st.probeFails++
 			if m.st.probeFails >= c.cfg.PoisonProbes {
-				c.mu.Lock()
-				l.judge = dlq.ReasonPoison
-				c.mu.Unlock()
+				c.suspect(l, dlq.ReasonPoison)
 			}
 		}
 		m.st.attempts, m.st.prev = 0, 0
@@ -699,18 +707,10 @@ func (c *Consumer) step(l *lane, m, alt *Message, judge dlq.Reason) stepResult {
 		if panicked {
 			reason = dlq.ReasonPanic
 		}
-		c.mu.Lock()
-		more := l.len() > 1
-		if more {
-			l.judge = reason
-		}
-		c.mu.Unlock()
-		if more {
-			// Let the tenant's next message judge: if it succeeds, the head
-			// is dead-lettered; if it fails too, it is an outage.
-			return stepResult{}
-		}
-		return c.deadLetter(l, m, reason, herr)
+		// Suspect: the judge decides at once whether there is evidence
+		// that the message, not the tenant's dependency, is at fault.
+		c.suspect(l, reason)
+		return stepResult{}
 	}
 	m.st.prev = d
 	c.retried.Add(1)
@@ -725,8 +725,12 @@ func (c *Consumer) handledAt(l *lane, m *Message, idx int) {
 	c.settle(l.ps, m)
 	c.mu.Lock()
 	l.t.handled++
+	l.t.okTick = max(l.t.okTick, m.st.startTick)
 	c.popAt(l, idx)
 	c.mu.Unlock()
+	if idx == 0 {
+		m.st.probeFails = 0
+	}
 }
 
 // noteFailure records a failed attempt of m.
@@ -735,6 +739,11 @@ func (c *Consumer) noteFailure(l *lane, m *Message, err error, panicked bool) {
 	c.failed.Add(1)
 	c.mu.Lock()
 	l.t.failed++
+	if m.st.failTick != 0 && l.t.okTick > m.st.failTick {
+		// The tenant succeeded between this message's last failure and
+		// this one.
+		m.st.evidence = true
+	}
 	c.mu.Unlock()
 	m.st.attempts++
 	m.st.total++
@@ -744,30 +753,56 @@ func (c *Consumer) noteFailure(l *lane, m *Message, err error, panicked bool) {
 	m.st.last = now
 	m.st.lastErr = err
 	m.st.panicked = panicked
+	m.st.failTick = l.t.tick.Add(1)
 	if panicked {
 		c.panics.Add(1)
 		c.emit(Event{Kind: EventPanicked, Tenant: l.key.tenant, Partition: l.key.part, Offset: m.Offset, Err: err})
 	}
 }
 
-// judge decides whether the suspect head m fails on its own or because
-// the tenant's dependency is out, using the next message alt as evidence,
-// under one permit. For poison (permit is a probe) the head is tried first
-// and alt right after, so both outcomes describe the same moment. If alt
-// fails too, it is an outage: the head is kept and starts over. If alt
-// succeeds, the head gets one last attempt: success means the outage just
-// ended (alt was handled before it, the one reordering this allows);
-// failure dead-letters it with the judge's reason.
-func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m, alt *Message, reason dlq.Reason) stepResult {
+// suspect marks the lane's head as suspect for reason.
+func (c *Consumer) suspect(l *lane, reason dlq.Reason) {
 	c.mu.Lock()
-	l.judge = ""
+	l.judge = reason
+	if l.judgeSpan == 0 {
+		l.judgeSpan = 1
+	}
 	c.mu.Unlock()
-	if reason == dlq.ReasonPoison {
-		herr, panicked := c.call(g, m)
+}
+
+// maxJudgeSpan caps how many following messages one judge tries.
+const maxJudgeSpan = 64
+
+// judge decides whether the suspect head m fails on its own or because the
+// tenant's dependency is out. A message is dead-lettered only on evidence:
+// it failed again after an attempt of another message of its tenant, begun
+// after its own failure, succeeded. Without evidence it waits.
+//
+// Under one permit, the head is tried first (unless it has just failed its
+// last attempt). If it fails and there is evidence already, it is
+// dead-lettered. Otherwise the following messages are tried in order, up
+// to judgeSpan of them, stopping at the first success. If they all fail,
+// the tenant is failing broadly (an outage): nothing moves, the head starts
+// over, and the next judge may try twice as many (so a run of bad messages
+// cannot stall the lane). If one succeeds, that is evidence, and the head
+// gets one last attempt: failing, it is dead-lettered; succeeding, the
+// outage just ended and the messages that were tried were handled before
+// it, the only reordering the engine makes. The following messages that
+// failed carry that evidence too and are judged next, as heads.
+func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m *Message, reason dlq.Reason, evidence bool) stepResult {
+	c.mu.Lock()
+	span := min(l.judgeSpan, l.len()-1)
+	var next []*Message
+	if span > 0 {
+		next = append(next, l.q[l.head+1:l.head+1+span]...)
+	}
+	c.mu.Unlock()
+
+	if reason == dlq.ReasonPoison || evidence || len(next) == 0 {
+		herr, panicked := c.call(l, g, m)
 		if herr == nil {
 			permit.Done(nil)
 			c.handledAt(l, m, 0)
-			m.st.probeFails = 0
 			return stepResult{}
 		}
 		c.noteFailure(l, m, herr, panicked)
@@ -775,34 +810,60 @@ func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m, alt 
 			permit.Done(herr)
 			return c.deadLetter(l, m, dlq.ReasonPermanent, herr)
 		}
-	}
-	aerr, panicked := c.call(g, alt)
-	permit.Done(aerr)
-	if aerr != nil {
-		c.noteFailure(l, alt, aerr, panicked)
-		m.st.attempts, m.st.prev, m.st.probeFails = 0, 0, 0
-		if g.State() != policy.Closed {
-			return c.park(l, g, nil)
+		if evidence {
+			permit.Done(herr)
+			return c.deadLetter(l, m, reason, herr)
 		}
-		return stepResult{wait: max(g.Backoff(g.MaxAttempts(), aerr, 1<<62), time.Millisecond)}
+		if len(next) == 0 {
+			// No evidence either way: keep the message and wait. Its
+			// failures count toward the breaker, which parks the tenant if
+			// its dependency is out.
+			permit.Done(herr)
+			return c.wait(l, g, m, herr)
+		}
 	}
-	c.handledAt(l, alt, 1)
-	last, err := g.Allow(c.hctx)
-	if err != nil {
-		// Refused again (other lanes of the tenant failing): not evidence
-		// against the head. Keep it.
-		m.st.attempts, m.st.prev, m.st.probeFails = 0, 0, 0
-		return c.park(l, g, err)
+	var lastErr error
+	for i, alt := range next {
+		aerr, panicked := c.call(l, g, alt)
+		if aerr != nil {
+			c.noteFailure(l, alt, aerr, panicked)
+			lastErr = aerr
+			continue
+		}
+		permit.Done(nil)
+		c.handledAt(l, alt, i+1)
+		c.emit(Event{Kind: EventReordered, Tenant: l.key.tenant, Partition: l.key.part, Offset: alt.Offset, Reason: reason})
+		last, err := g.Allow(c.hctx)
+		if err != nil {
+			// Refused (other lanes of the tenant are failing): the evidence
+			// stays, and the next judge uses it.
+			return c.park(l, g, err)
+		}
+		herr, panicked := c.call(l, g, m)
+		last.Done(herr)
+		if herr == nil {
+			c.handledAt(l, m, 0)
+			return stepResult{}
+		}
+		c.noteFailure(l, m, herr, panicked)
+		return c.deadLetter(l, m, reason, herr)
 	}
-	herr, panicked := c.call(g, m)
-	last.Done(herr)
-	if herr == nil {
-		c.handledAt(l, m, 0)
-		m.st.probeFails = 0
-		return stepResult{}
+	permit.Done(lastErr)
+	m.st.evidence = false // the tenant is failing broadly now
+	c.mu.Lock()
+	l.judgeSpan = min(2*l.judgeSpan, maxJudgeSpan)
+	c.mu.Unlock()
+	return c.wait(l, g, m, lastErr)
+}
+
+// wait keeps a suspect head without evidence: its round of attempts starts
+// over after the longest backoff, or after the breaker's open period.
+func (c *Consumer) wait(l *lane, g *policy.Guard, m *Message, err error) stepResult {
+	m.st.attempts, m.st.prev = 0, 0
+	if g.State() != policy.Closed {
+		return c.park(l, g, nil)
 	}
-	c.noteFailure(l, m, herr, panicked)
-	return c.deadLetter(l, m, reason, herr)
+	return stepResult{wait: max(g.Backoff(g.MaxAttempts(), err, 1<<62), time.Millisecond)}
 }
 
 // park stops the lane until the breaker admits a probe.
@@ -856,6 +917,9 @@ func (c *Consumer) popAt(l *lane, idx int) {
 		return
 	}
 	l.remove(idx)
+	if idx == 0 {
+		l.judge, l.judgeSpan = "", 0
+	}
 	l.t.queued--
 	l.ps.queued--
 	if l.parked {
@@ -868,7 +932,8 @@ func (c *Consumer) popAt(l *lane, idx int) {
 }
 
 // call runs the handler, turning a panic into an error.
-func (c *Consumer) call(g *policy.Guard, m *Message) (err error, panicked bool) {
+func (c *Consumer) call(l *lane, g *policy.Guard, m *Message) (err error, panicked bool) {
+	m.st.startTick = l.t.tick.Add(1)
 	c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	ctx := c.hctx
@@ -980,6 +1045,9 @@ type msgState struct {
 	lastErr    error
 	panicked   bool
 	probeFails int
+	startTick  uint64 // tenant tick when the latest attempt started
+	failTick   uint64 // tenant tick of the latest failure; 0 before any
+	evidence   bool   // the tenant succeeded between two failures of it
 	dlqReason  dlq.Reason
 	dlqFails   int
 }

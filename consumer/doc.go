@@ -26,22 +26,27 @@
 // # Dead letters
 //
 // A message goes to its tenant's DLQ when its error is permanent
-// (policy.Permanent), or when it used all its attempts while the tenant's
-// breaker stayed closed and the tenant's next message then succeeded (the
-// failure is the message's own). If the next message fails too, the
-// tenant's dependency is failing: nothing is dead-lettered, the failures
-// trip the breaker and the tenant parks. A head message that keeps failing
-// as a probe is judged the same way after PoisonProbes probes: the head and
-// then the next message are tried under one probe, and if only the next one
-// succeeds the head is dead-lettered as poison. Before it is dead-lettered,
-// a judged head gets one last attempt; if that succeeds (the outage ended
-// at that moment) it is handled just after the message that judged it,
-// the only reordering the engine ever makes. A lone
-// message that exhausts its attempts with no other message to compare
-// against is dead-lettered as exhausted; a lone message that keeps the
-// breaker open waits (probing at the capped open period) until another
-// message of its tenant arrives to judge it. Messages without a usable
-// tenant key go to the reserved no-tenant bucket with a reason.
+// (policy.Permanent), or when there is evidence that it fails on its own:
+// it failed again after another message of its tenant, tried after its own
+// failure, succeeded. A transient outage of a tenant's dependency produces
+// no such evidence (every message fails), so it dead-letters nothing: the
+// failures trip the breaker and the tenant parks.
+//
+// The evidence is gathered by judging. A head message that used all its
+// attempts while the breaker stayed closed, or that failed PoisonProbes
+// probes in a row, becomes suspect. The next step tries the messages
+// behind it, in order and under one permit, up to a span that starts at
+// one and doubles each time they all fail (so a run of bad messages cannot
+// stall a lane), stopping at the first success. If they all fail, it is an
+// outage: nothing moves and the head starts over. If one succeeds, the
+// head gets one last attempt and is dead-lettered if it fails again (reason
+// exhausted, panic or poison). Messages handled this way run ahead of the
+// head and of the messages tried before them: the only reordering the
+// engine makes, reported as EventReordered. A lone message with nothing
+// behind it is never dead-lettered without evidence: it keeps retrying
+// after the longest backoff (or parks behind the breaker) until another
+// message of its tenant arrives. Messages without a usable tenant key go to
+// the reserved no-tenant bucket with a reason.
 //
 // # Commits
 //

@@ -21,6 +21,7 @@ const (
 	EventPaused                                // a partition was paused (a bound was reached)
 	EventResumedPartition                      // a paused partition was resumed
 	EventRevoked                               // a partition was revoked; its queued messages were dropped
+	EventReordered                             // a message was handled ahead of its lane's suspect head, as evidence (Reason says of what)
 )
 
 func (k EventKind) String() string {
@@ -43,6 +44,8 @@ func (k EventKind) String() string {
 		return "partition-resumed"
 	case EventRevoked:
 		return "partition-revoked"
+	case EventReordered:
+		return "reordered"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
