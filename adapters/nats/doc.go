@@ -49,9 +49,13 @@
 //     its spilled messages are re-fed, oldest first and at most L at a time,
 //     on a partition of its own, "<stream>/<durable>/park/<token>", with
 //     their original subject, headers and stream sequence (Offset); settled
-//     ones are purged from the park stream in batches (by subject, below the
-//     oldest unsettled one). When the park subject is
-//     empty the partition is revoked and the tenant flows directly again.
+//     ones are purged from the park stream in batches (by subject, below
+//     the oldest unsettled one). When the park subject is empty the
+//     partition is revoked and the tenant flows directly again.
+//   - Each spill carries a Nats-Msg-Id made of stream, durable and
+//     sequence, so the park stream drops a second copy of the same message
+//     (a retried publish, or a redelivery after a lost ack) within its
+//     duplicate window.
 //   - Spilled messages survive restarts: a new Source finds the tenants with
 //     messages in the park stream and re-feeds them.
 //
@@ -61,12 +65,15 @@
 // the consumer keeps the remainder of MaxAckPending: with the defaults, 3
 // (15) parked tenants still leave the others a quarter (a sixteenth) of the
 // slots. Re-feeding costs a read per message, so a spilled tenant drains at
-// a few thousand messages a second; one whose
-// arrival rate is higher stays in spill mode until its rate drops. Keep L
+// a few thousand messages a second; one whose arrival rate is higher stays
+// in spill mode until its rate drops. Keep L
 // at or below the engine's MaxParkedPerTenant so the engine does not pause
 // the whole consumer on one tenant's account (with one partition, a pause
 // stops everyone). Redeliveries of messages the engine still holds are
-// dropped by sequence, so the engine never sees one message twice at once.
+// dropped by sequence, so the engine never sees one message twice at once;
+// other redeliveries may carry a lower Offset than messages before them,
+// which the engine's watermark allows (and Commit ignores). Stats reports
+// what the Source holds, spills and re-feeds.
 //
 // Pause blocks the consume callback (messages nats.go already buffered wait
 // in the client and are not extended; if a pause outlasts AckWait they are
