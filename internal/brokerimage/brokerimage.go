@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -100,6 +101,7 @@ func Ensure(ctx context.Context, cli client.APIClient, s Spec, dir string) (Imag
 		return Image{}, err
 	}
 	img.Built, img.ImageTime = true, time.Since(start)
+	pruneOthers(ctx, cli, s, img.Ref)
 	slog.Info("brokerimage: built", "image", img.Ref, "compile", img.BinaryTime, "build", img.ImageTime)
 	return img, nil
 }
@@ -178,13 +180,34 @@ func build(ctx context.Context, cli client.APIClient, s Spec, binary []byte, ref
 		Tags:        []string{ref},
 		Remove:      true,
 		ForceRemove: true,
-		Labels:      map[string]string{"org.ringfence.brokerimage": s.Name},
+		Labels:      map[string]string{labelKey: s.Name},
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrBuild, ref, err)
 	}
 	defer res.Body.Close()
 	return readBuildStream(res.Body, ref)
+}
+
+// labelKey marks the images this package builds, with the spec's name.
+const labelKey = "org.ringfence.brokerimage"
+
+// pruneOthers removes this spec's images other than keep, so that a changing
+// binary does not pile up images. Images a container still uses are left
+// alone (the engine refuses to remove them without force).
+func pruneOthers(ctx context.Context, cli client.APIClient, s Spec, keep string) {
+	res, err := cli.ImageList(ctx, client.ImageListOptions{Filters: make(client.Filters).Add("label", labelKey+"="+s.Name)})
+	if err != nil {
+		return
+	}
+	for _, im := range res.Items {
+		if slices.Contains(im.RepoTags, keep) {
+			continue
+		}
+		if _, err := cli.ImageRemove(ctx, im.ID, client.ImageRemoveOptions{PruneChildren: true}); err == nil {
+			slog.Info("brokerimage: removed old image", "image", im.RepoTags)
+		}
+	}
 }
 
 // readBuildStream drains the daemon's JSON progress stream and returns the
