@@ -80,7 +80,15 @@ func (h *harness) Produce(t testing.TB, msgs ...consumertest.Msg) {
 	}
 }
 
-func (h *harness) NewSource(t testing.TB) consumer.Source { return h.f.source(t, h.Tenant()) }
+func (h *harness) NewSource(t testing.TB) consumer.Source {
+	return rebalancingSource{h.f.source(t, h.Tenant())}
+}
+
+// rebalancingSource lets the suite's Revocation case take the partitions
+// away and give them back (JetStream has no consumer-group rebalance).
+type rebalancingSource struct{ *Source }
+
+func (s rebalancingSource) Rebalance() { s.revokeAll() }
 
 func (h *harness) Sink(testing.TB) dlq.Sink { return h.dlq }
 

@@ -54,6 +54,8 @@ type Source struct {
 	parkPart map[consumer.Partition]*tenantState
 	paused   bool
 	resumed  chan struct{} // closed by Resume while paused
+	gated    chan struct{} // non-nil while revokeAll runs; closed when it ends
+	disp     consumer.Dispatcher
 	ran      bool
 	sweepAt  int // tenants count that triggers a sweep of idle ones
 
@@ -262,6 +264,7 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 		return errors.New("nats: Source.Run called twice")
 	}
 	s.ran = true
+	s.disp = d
 	s.mu.Unlock()
 
 	if err := s.recoverSpills(ctx); err != nil {
@@ -319,10 +322,13 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 
 	for {
 		s.mu.Lock()
-		if !s.paused {
+		if !s.paused && s.gated == nil {
 			break
 		}
 		ch := s.resumed
+		if s.gated != nil {
+			ch = s.gated
+		}
 		s.mu.Unlock()
 		select {
 		case <-ch:
@@ -655,4 +661,60 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// revokeAll takes every partition away from the engine and gives the
+// consumer's own back, as a consumer-group rebalance would: the engine drops
+// what it buffered and parked, and the Source naks the consumer messages
+// the engine held (the server redelivers them, in order) and rewinds each
+// re-feed to its oldest unsettled message. The conformance suite's
+// Revocation case drives it.
+func (s *Source) revokeAll() {
+	s.mu.Lock()
+	d := s.disp
+	if d == nil || s.gated != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.gated = make(chan struct{})
+	held := make([]heldMsg, 0, len(s.held))
+	seqs := make([]uint64, 0, len(s.held))
+	for seq := range s.held {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		held = append(held, s.held[seq])
+	}
+	clear(s.held)
+	parts := []consumer.Partition{s.part}
+	for _, st := range s.tenants {
+		st.heldMain = 0
+		if len(st.inflightPark) > 0 {
+			st.cursor = st.inflightPark[0]
+			st.refed -= uint64(len(st.inflightPark))
+			st.inflightPark = nil
+		}
+		st.heldPark = 0
+		if st.assigned {
+			parts = append(parts, st.part)
+			st.assigned = false
+			delete(s.parkPart, st.part)
+		}
+	}
+	s.mu.Unlock()
+
+	for _, p := range parts {
+		d.Revoked(p)
+	}
+	for _, hm := range held {
+		_ = hm.msg.Nak() // redelivered at once; a lost nak waits for AckWait
+	}
+	d.Assigned(s.part)
+
+	s.mu.Lock()
+	close(s.gated)
+	s.gated = nil
+	s.mu.Unlock()
+	s.nudge()
 }
