@@ -30,7 +30,7 @@ var (
 	propBase   = flag.Uint64("prop.base", 1, "TestPropertyRandomFaults: seed of the first round")
 	propRounds = flag.Int("prop.rounds", 0, "TestPropertyRandomFaults: rounds (0: 40, or 10 with -short)")
 	propSeed   = flag.Uint64("prop.seed", 0, "TestPropertyRandomFaults: run only the round with this seed")
-	propKnown  = flag.Bool("prop.knownbugs", false, "TestPropertyRandomFaults: also generate the shapes of the known bugs; run the TestProperty reproductions instead of skipping them")
+	propKnown  = flag.Bool("prop.knownbugs", false, "TestPropertyRandomFaults: also generate the shapes of the known bugs (rebalances in every kind of round); run the TestProperty reproductions instead of skipping them")
 	propTrace  = flag.String("prop.trace", "", "TestPropertyRandomFaults: write a trace of handler calls and engine events of failing rounds to this file")
 )
 
@@ -46,10 +46,10 @@ const (
 	kindNoTenant          // carries no tenant header
 )
 
-// flakyFails is below every path to a dead letter the engine documents
-// (MaxAttempts failures for a lone message, MaxAttempts+1 while closed,
-// PoisonProbes+2 as a probe, with MaxAttempts at least 3 and PoisonProbes at
-// least 2 here), so a flaky message must never be dead-lettered.
+// flakyFails is below the failures any message needs before the engine
+// may dead-letter it without a permanent error (it must first become
+// suspect, after MaxAttempts >= 3 attempts or PoisonProbes >= 2 failed
+// probes, then fail once more), so a flaky message is never dead-lettered.
 const flakyFails = 2
 
 func (k msgKind) String() string {
@@ -111,20 +111,18 @@ type roundPlan struct {
 func tenantName(i int) string { return fmt.Sprintf("t%02d", i) }
 
 // newRoundPlan draws a round from seed. Unless known is set, it avoids the
-// shapes of the known bugs (each has its reproduction test below): outage
-// tenants live on one partition and their breaker trips within one
-// message's attempts (a lone message is otherwise dead-lettered during an
-// outage); a lane holds at most one poison message and nothing that cannot
-// succeed after it (two such messages stall the lane); only rounds where no
-// lane parks get a rebalance (a paused partition stays paused, and a parked
-// lane resuming races with Revoked).
+// shapes of the open bugs: only calm rounds, where no lane parks, get a
+// rebalance, since a parked lane resuming races with Revoked
+// (TestPropertyRevokeWhileResuming); an outage tenant gets one outage window
+// and no message that fails on its own, since a tenant success between two
+// failures of a message counts as evidence against it even when both
+// failures were the outage's (TestPropertyEvidenceAcrossOutages).
 func newRoundPlan(seed uint64, known bool) *roundPlan {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	dur := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 	rp := &roundPlan{seed: seed, parts: 1 + rng.IntN(4)}
 	rp.tenants = make([]tenantPlan, 1+rng.IntN(12))
-	home := make([]int, len(rp.tenants)) // an outage tenant's only partition
-	calm := !known && rng.IntN(4) == 0   // healthy tenants only, and rebalances
+	calm := !known && rng.IntN(4) == 0 // healthy tenants only, and rebalances
 	for i := range rp.tenants {
 		tp := &rp.tenants[i]
 		switch rng.IntN(6) {
@@ -139,8 +137,7 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 			tp.outage, tp.poison = true, true
 		}
 		tp.latency = rng.IntN(3) == 0
-		tp.flaky = rng.IntN(3) == 0
-		home[i] = rng.IntN(rp.parts)
+		tp.flaky = rng.IntN(3) == 0 && (known || !tp.outage)
 		if calm {
 			*tp = tenantPlan{latency: tp.latency}
 		}
@@ -152,9 +149,6 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 	for range n {
 		m := planMsg{tenant: rng.IntN(len(rp.tenants)), part: rng.IntN(rp.parts)}
 		tp := rp.tenants[m.tenant]
-		if tp.outage && !known {
-			m.part = home[m.tenant]
-		}
 		switch r := rng.IntN(100); {
 		case noTenant && r < 2:
 			m.tenant, m.kind = -1, kindNoTenant
@@ -169,7 +163,7 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 		}
 		rp.msgs = append(rp.msgs, m)
 	}
-	rp.fixPoison(known)
+	rp.endPoisonedLanes()
 
 	rp.pol = policy.Policy{
 		Breaker: &policy.Breaker{
@@ -180,17 +174,13 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 			Backoff:     policy.Backoff{Kind: policy.Constant, Base: dur(100*time.Microsecond, time.Millisecond)},
 		},
 	}
-	// A breaker that trips within one message's attempts: with more
-	// consecutive failures allowed than attempts, a lone message is
-	// dead-lettered during an outage (TestPropertyLoneMessageOutage).
-	rp.pol.Breaker.ConsecutiveFailures = 2 + rng.IntN(rp.pol.Retry.MaxAttempts-1)
-	if known {
-		rp.pol.Breaker.ConsecutiveFailures += rng.IntN(3)
-	}
+	// Trips within one message's attempts or only after more failures (the
+	// shape of policy.Default); see TestPropertyLoneMessageOutage.
+	rp.pol.Breaker.ConsecutiveFailures = 2 + rng.IntN(rp.pol.Retry.MaxAttempts+1)
 	rp.pol.Breaker.MaxOpenTimeout = rp.pol.Breaker.OpenTimeout * time.Duration(2+rng.IntN(3))
 	rp.concurrency = 1 + rng.IntN(8)
 	rp.poisonProbes = 2 + rng.IntN(2)
-	tight := !calm && rng.IntN(3) == 0 // tight bounds: exercise Pause/Resume
+	tight := rng.IntN(3) == 0 // tight bounds: exercise Pause/Resume
 	if tight {
 		rp.maxQueued = 8 + rng.IntN(56)
 		rp.maxParked = 4 + rng.IntN(30)
@@ -218,7 +208,11 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 			continue
 		}
 		t := dur(0, phase/4)
-		for range 1 + rng.IntN(3) {
+		windows := 1
+		if known {
+			windows += rng.IntN(3)
+		}
+		for range windows {
 			on := t
 			off := on + dur(2*time.Millisecond, 60*time.Millisecond)
 			if off >= phase {
@@ -232,10 +226,9 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 		on := dur(0, phase-30*time.Millisecond)
 		rp.faults = append(rp.faults, fault{at: on, kind: faultDLQDown}, fault{at: on + dur(time.Millisecond, 30*time.Millisecond), kind: faultDLQUp})
 	}
-	// A rebalance while a partition is paused leaves it paused for good
-	// (TestPropertyPausedRebalance), and one while a parked lane resumes is
-	// a data race (TestPropertyRevokeWhileResuming): unless known is set,
-	// rebalances only come in rounds where no lane parks.
+	// A rebalance while a parked lane resumes is a data race
+	// (TestPropertyRevokeWhileResuming): unless known is set, rebalances
+	// only come in calm rounds, where no lane parks.
 	if calm || known && rng.IntN(2) == 0 {
 		for range 1 + rng.IntN(2) {
 			rp.faults = append(rp.faults, fault{at: dur(0, phase), kind: faultRebalance})
@@ -251,42 +244,23 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 	return rp
 }
 
-// fixPoison makes every lane (tenant and partition) that holds a poison
-// message end with a message that can succeed: the engine needs a healthy
-// next message to tell poison from an outage, and a lone poison at the end
-// of a lane waits (by design) for one. Unless known is set, a lane gets no
-// message that cannot succeed after its first poison: the judging message
-// may be consumed without settling the head, so any later bad message can
-// become the judge, and two bad messages stall the lane
-// (TestPropertyAdjacentBadMessages).
-func (rp *roundPlan) fixPoison(known bool) {
+// endPoisonedLanes ends every lane (tenant and partition) that holds a
+// poison message with a message that can succeed: the engine needs a
+// tenant success to tell poison from an outage, and a poison message with
+// nothing behind it waits (by design) for one.
+func (rp *roundPlan) endPoisonedLanes() {
 	type lk struct{ t, p int }
+	var poisoned []lk
 	seen := map[lk]bool{}
-	poisoned := map[lk]bool{}
-	for i := range rp.msgs {
-		m := &rp.msgs[i]
-		if m.tenant < 0 {
-			continue
-		}
+	for _, m := range rp.msgs {
 		k := lk{m.tenant, m.part}
-		bad := m.kind == kindPoison || m.kind == kindPermanent
-		if bad && !known && poisoned[k] {
-			m.kind = kindGood
+		if m.kind == kindPoison && !seen[k] {
+			seen[k] = true
+			poisoned = append(poisoned, k)
 		}
-		if m.kind == kindPoison {
-			poisoned[k] = true
-		}
-		seen[k] = true
 	}
-	keys := make([]lk, 0, len(seen))
-	for k := range seen {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].t < keys[j].t || keys[i].t == keys[j].t && keys[i].p < keys[j].p })
-	for _, k := range keys {
-		if poisoned[k] {
-			rp.msgs = append(rp.msgs, planMsg{tenant: k.t, part: k.p, kind: kindGood})
-		}
+	for _, k := range poisoned {
+		rp.msgs = append(rp.msgs, planMsg{tenant: k.t, part: k.p, kind: kindGood})
 	}
 }
 
@@ -311,11 +285,14 @@ type roundWorld struct {
 	outage []atomic.Bool
 	calls  []atomic.Int32 // per message id
 
-	mu      sync.Mutex
-	trace   []string // with -prop.trace
-	handled []int    // ids in order of successful handling
-	count   []int    // successes per id
-	firstAt []int64  // position in handled of the first success, -1 none
+	offsets [][]int // ids by partition and offset; written by the driver only
+
+	mu        sync.Mutex
+	reordered map[[2]int64]bool // partition, offset of each EventReordered
+	trace     []string          // with -prop.trace
+	handled   []int             // ids in order of successful handling
+	count     []int             // successes per id
+	firstAt   []int64           // position in handled of the first success, -1 none
 }
 
 var errOutage = errors.New("dependency down")
@@ -403,6 +380,11 @@ func startEngine(t *testing.T, h *consumertest.MemHarness, rp *roundPlan, w *rou
 		DLQRetry:              time.Millisecond,
 		Logger:                slog.New(slog.DiscardHandler),
 		OnEvent: func(ev consumer.Event) {
+			if ev.Kind == consumer.EventReordered {
+				w.mu.Lock()
+				w.reordered[[2]int64{int64(ev.Partition.ID), ev.Offset}] = true
+				w.mu.Unlock()
+			}
 			w.tracef("event %v tenant %s p%d off %d reason %q delay %v err %v", ev.Kind, ev.Tenant, ev.Partition.ID, ev.Offset, ev.Reason, ev.Delay, ev.Err)
 		},
 	})
@@ -499,11 +481,13 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 
 	h := consumertest.NewMemHarness(rp.parts)
 	w = &roundWorld{
-		rp:      rp,
-		outage:  make([]atomic.Bool, len(rp.tenants)),
-		calls:   make([]atomic.Int32, len(rp.msgs)),
-		count:   make([]int, len(rp.msgs)),
-		firstAt: make([]int64, len(rp.msgs)),
+		rp:        rp,
+		outage:    make([]atomic.Bool, len(rp.tenants)),
+		calls:     make([]atomic.Int32, len(rp.msgs)),
+		count:     make([]int, len(rp.msgs)),
+		firstAt:   make([]int64, len(rp.msgs)),
+		offsets:   make([][]int, rp.parts),
+		reordered: map[[2]int64]bool{},
 	}
 	for i := range w.firstAt {
 		w.firstAt[i] = -1
@@ -517,6 +501,7 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 				hs = append(hs, dlq.Header{Key: consumertest.TenantHeader, Value: []byte(tenantName(m.tenant))})
 			}
 			h.B.Append(m.part, nil, []byte(strconv.Itoa(produced)), hs...)
+			w.offsets[m.part] = append(w.offsets[m.part], produced)
 		}
 	}
 
@@ -706,8 +691,17 @@ func checkRound(h *consumertest.MemHarness, rp *roundPlan, w *roundWorld, ends [
 	}
 
 	// 3. Per-lane order of first handlings. The one documented reordering:
-	// a judged head that succeeds on its last attempt comes right after the
-	// message that judged it.
+	// a message handled as evidence against its lane's suspect head runs
+	// ahead of the head and of the messages tried before it, and is
+	// reported as EventReordered.
+	reordered := map[int]bool{}
+	for po := range w.reordered {
+		if p, off := po[0], po[1]; int(p) < len(w.offsets) && off < int64(len(w.offsets[p])) {
+			reordered[w.offsets[p][off]] = true
+		} else {
+			fail("EventReordered for unknown partition %d offset %d", p, off)
+		}
+	}
 	type lk struct{ t, p int }
 	lanes := map[lk][]int{}
 	for pos, id := range w.handled {
@@ -726,23 +720,15 @@ func checkRound(h *consumertest.MemHarness, rp *roundPlan, w *roundWorld, ends [
 				maxBefore = id
 				continue
 			}
-			// Inversion: only the immediately preceding message may be later.
-			jumped := 0
+			var ahead []string
 			for _, prev := range seq[:i] {
-				if prev > id {
-					jumped++
+				if prev > id && !reordered[prev] {
+					ahead = append(ahead, describe(prev))
 				}
 			}
-			if jumped == 1 && seq[i-1] > id {
-				continue
+			if len(ahead) > 0 {
+				fail("order: %s first handled after %v, not reported as reordered (lane sequence %v)", describe(id), ahead, laneWindow(seq, i))
 			}
-			var later []string
-			for _, prev := range seq[:i] {
-				if prev > id {
-					later = append(later, describe(prev))
-				}
-			}
-			fail("order: %s first handled after %v (lane sequence %v)", describe(id), later, laneWindow(seq, i))
 		}
 	}
 
@@ -882,7 +868,6 @@ func dlqValues(h *consumertest.MemHarness, tenant string) []string {
 // rebalance revokes and reassigns it must flow again once the pressure is
 // gone.
 func TestPropertyPausedRebalance(t *testing.T) {
-	knownBug(t, "Revoked forgets that the engine paused the partition; the source keeps it paused after it is assigned again")
 	h := consumertest.NewMemHarness(1)
 	var values []string
 	for i := range 40 {
@@ -926,7 +911,6 @@ func TestPropertyPausedRebalance(t *testing.T) {
 // consecutive failures than one message has attempts), it must wait for
 // the outage to end, not be dead-lettered as exhausted.
 func TestPropertyLoneMessageOutage(t *testing.T) {
-	knownBug(t, "a lone message that exhausts its attempts while the breaker is closed is dead-lettered without evidence")
 	h := consumertest.NewMemHarness(1)
 	produceValues(h, "A", 0, "only")
 	var down atomic.Bool
@@ -957,7 +941,6 @@ func TestPropertyLoneMessageOutage(t *testing.T) {
 // stall the lane: both end in the DLQ and the good message after them is
 // handled.
 func TestPropertyAdjacentBadMessages(t *testing.T) {
-	knownBug(t, "a failing judge is always taken as an outage, so a poison head followed by another bad message is retried forever")
 	for _, second := range []string{"poison", "permanent"} {
 		t.Run(second, func(t *testing.T) {
 			h := consumertest.NewMemHarness(1)
@@ -989,9 +972,6 @@ func TestPropertyAdjacentBadMessages(t *testing.T) {
 func TestPropertyStaleJudge(t *testing.T) {
 	for _, suspect := range []bool{false, true} {
 		t.Run(fmt.Sprintf("suspect-before=%v", suspect), func(t *testing.T) {
-			if suspect {
-				knownBug(t, "a head that succeeds does not clear its lane's poison mark, so the next head is judged after one failed probe")
-			}
 			testStaleJudge(t, suspect)
 		})
 	}
@@ -1075,5 +1055,52 @@ func TestPropertyRevokeWhileResuming(t *testing.T) {
 	}
 	if !within(10*time.Second, func() bool { return hd.handledAll(values...) }) {
 		t.Fatalf("not every message handled after the rebalances: %d distinct of %d", len(slices.Compact(slices.Sorted(slices.Values(hd.handledList())))), len(values))
+	}
+}
+
+// TestPropertyEvidenceAcrossOutages: a tenant's dependency fails in two
+// windows, and the tenant succeeds between them. A message that failed in
+// the first window and fails again in the second is no more at fault than
+// the message behind it, which fails too: nothing may be dead-lettered.
+func TestPropertyEvidenceAcrossOutages(t *testing.T) {
+	knownBug(t, "evidence (a tenant success between two failures of the head) is kept across outage windows and not confirmed when the head is judged")
+	h := consumertest.NewMemHarness(2)
+	var down atomic.Bool
+	down.Store(true)
+	hd := newScripted(func(v string, _ int) error {
+		if down.Load() {
+			return errOutage
+		}
+		if v == "between" {
+			down.Store(true) // the second window opens right after this success
+		}
+		return nil
+	})
+	p := consumertest.FastPolicy()
+	p.Breaker.ConsecutiveFailures = 10 // stays closed: the judge decides
+	p.Retry.Backoff.Base = 100 * time.Millisecond
+	startScripted(t, h, p, consumer.Config{}, hd)
+	produceValues(h, "A", 0, "head", "behind")
+	if !within(5*time.Second, func() bool { return hd.callsOf("head") >= 1 }) {
+		t.Fatal("head never attempted")
+	}
+	// First window over; another message of the tenant succeeds while the
+	// head waits for its retry, and the second window opens.
+	down.Store(false)
+	produceValues(h, "A", 1, "between")
+	if !within(5*time.Second, func() bool { return hd.handledAll("between") }) {
+		t.Fatal("the message between the windows was not handled")
+	}
+	if !within(5*time.Second, func() bool { return h.S.Total() > 0 || hd.callsOf("head") >= 5 }) {
+		t.Fatal("head not retried in the second window")
+	}
+	if got := dlqValues(h, "A"); len(got) != 0 {
+		r := h.S.Records("A", false)[0]
+		t.Fatalf("%v dead-lettered as %q after %d calls, though the message behind it (called %d times) fails the same way",
+			got, r.Reason, r.Attempts, hd.callsOf("behind"))
+	}
+	down.Store(false)
+	if !within(5*time.Second, func() bool { return hd.handledAll("head", "behind") }) {
+		t.Fatal("head and behind not handled after the outage")
 	}
 }
