@@ -286,6 +286,7 @@ type roundWorld struct {
 	calls  []atomic.Int32 // per message id
 
 	offsets [][]int // ids by partition and offset; written by the driver only
+	letters int     // dead letters at the end; set by checkRound
 
 	mu        sync.Mutex
 	reordered map[[2]int64]bool // partition, offset of each EventReordered
@@ -439,9 +440,19 @@ func TestPropertyRandomFaults(t *testing.T) {
 		seeds = []uint64{*propSeed}
 	}
 	base := runtime.NumGoroutine()
+	var msgs, letters, reordered, again, redelivering int
 	for _, seed := range seeds {
 		rp := newRoundPlan(seed, *propKnown)
 		problems, w := runRound(t, rp)
+		msgs += len(rp.msgs)
+		letters += w.letters
+		reordered += len(w.reordered)
+		for _, n := range w.count {
+			again += max(n-1, 0)
+		}
+		if rp.redelivers {
+			redelivering++
+		}
 		if len(problems) > 0 {
 			if len(problems) > 20 {
 				problems = append(problems[:20], fmt.Sprintf("... and %d more", len(problems)-20))
@@ -458,6 +469,8 @@ func TestPropertyRandomFaults(t *testing.T) {
 	if n := settleGoroutines(base + 2); n > base+2 {
 		t.Errorf("goroutines: %d before all rounds, %d after", base, n)
 	}
+	t.Logf("%d rounds, %d messages: %d dead letters, %d handled ahead of a suspect head, %d handled again after a redelivery (%d rounds with a rebalance or restart)",
+		len(seeds), msgs, letters, reordered, again, redelivering)
 }
 
 // settleGoroutines polls the goroutine count until it is at most want
@@ -640,6 +653,7 @@ func checkRound(h *consumertest.MemHarness, rp *roundPlan, w *roundWorld, ends [
 	noTenant := h.S.Records("", true)
 	total += len(noTenant)
 	collect("no-tenant", noTenant)
+	w.letters = total
 	if total != h.S.Total() {
 		fail("the DLQ holds %d records, %d of them in known buckets", h.S.Total(), total)
 	}
