@@ -597,7 +597,15 @@ func (c *Consumer) runLane(l *lane, n int) {
 		}
 		m := l.front()
 		judge := l.judge
-		evidence := judge != "" && (m.st.evidence || m.st.failTick != 0 && l.t.okTick > m.st.failTick)
+		if judge == "" && m.st.evidence {
+			// It failed in a round that a later message won: judge it now.
+			judge = dlq.ReasonExhausted
+			l.judge, l.judgeSpan = judge, 1
+		}
+		// Evidence: the head failed in a judge round that a later message
+		// of its lane won, or (for a lone head) a message of its tenant
+		// succeeded after the head last failed.
+		evidence := judge != "" && (m.st.evidence || l.len() == 1 && m.st.failTick != 0 && l.t.okTick > m.st.failTick)
 		c.mu.Unlock()
 
 		next := c.step(l, m, judge, evidence)
@@ -659,10 +667,13 @@ func (c *Consumer) step(l *lane, m *Message, judge dlq.Reason, evidence bool) st
 	if err != nil {
 		return c.park(l, g, err)
 	}
-	if l.parked {
-		c.mu.Lock()
+	c.mu.Lock()
+	resumed := l.parked && !l.dead
+	if resumed {
 		c.unpark(l)
-		c.mu.Unlock()
+	}
+	c.mu.Unlock()
+	if resumed {
 		c.emit(Event{Kind: EventResumed, Tenant: l.key.tenant, Partition: l.key.part})
 	}
 	if judge != "" && (judge != dlq.ReasonPoison || permit.Probe() || evidence) {
@@ -739,11 +750,6 @@ func (c *Consumer) noteFailure(l *lane, m *Message, err error, panicked bool) {
 	c.failed.Add(1)
 	c.mu.Lock()
 	l.t.failed++
-	if m.st.failTick != 0 && l.t.okTick > m.st.failTick {
-		// The tenant succeeded between this message's last failure and
-		// this one.
-		m.st.evidence = true
-	}
 	c.mu.Unlock()
 	m.st.attempts++
 	m.st.total++
@@ -764,9 +770,7 @@ func (c *Consumer) noteFailure(l *lane, m *Message, err error, panicked bool) {
 func (c *Consumer) suspect(l *lane, reason dlq.Reason) {
 	c.mu.Lock()
 	l.judge = reason
-	if l.judgeSpan == 0 {
-		l.judgeSpan = 1
-	}
+	l.judgeSpan = max(l.judgeSpan, 1)
 	c.mu.Unlock()
 }
 
@@ -830,6 +834,11 @@ func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m *Mess
 			lastErr = aerr
 			continue
 		}
+		// alt won: the messages that failed in this round, just before
+		// it, failed while the dependency worked.
+		for _, bad := range next[:i] {
+			bad.st.evidence = true
+		}
 		permit.Done(nil)
 		c.handledAt(l, alt, i+1)
 		c.emit(Event{Kind: EventReordered, Tenant: l.key.tenant, Partition: l.key.part, Offset: alt.Offset, Reason: reason})
@@ -850,20 +859,26 @@ func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m *Mess
 	}
 	permit.Done(lastErr)
 	m.st.evidence = false // the tenant is failing broadly now
+	for _, f := range next {
+		f.st.evidence = false
+	}
 	c.mu.Lock()
+	l.judge = "" // the head starts over; the next judge may try further
 	l.judgeSpan = min(2*l.judgeSpan, maxJudgeSpan)
 	c.mu.Unlock()
 	return c.wait(l, g, m, lastErr)
 }
 
 // wait keeps a suspect head without evidence: its round of attempts starts
-// over after the longest backoff, or after the breaker's open period.
+// over after a backoff that keeps growing from round to round, or after the
+// breaker's open period.
 func (c *Consumer) wait(l *lane, g *policy.Guard, m *Message, err error) stepResult {
-	m.st.attempts, m.st.prev = 0, 0
+	d := max(g.Backoff(g.MaxAttempts(), err, m.st.prev), time.Millisecond)
+	m.st.attempts, m.st.prev = 0, d
 	if g.State() != policy.Closed {
 		return c.park(l, g, nil)
 	}
-	return stepResult{wait: max(g.Backoff(g.MaxAttempts(), err, 1<<62), time.Millisecond)}
+	return stepResult{wait: d}
 }
 
 // park stops the lane until the breaker admits a probe.
@@ -1047,7 +1062,7 @@ type msgState struct {
 	probeFails int
 	startTick  uint64 // tenant tick when the latest attempt started
 	failTick   uint64 // tenant tick of the latest failure; 0 before any
-	evidence   bool   // the tenant succeeded between two failures of it
+	evidence   bool   // failed in a judge round that a later message won
 	dlqReason  dlq.Reason
 	dlqFails   int
 }

@@ -27,10 +27,10 @@
 //
 // A message goes to its tenant's DLQ when its error is permanent
 // (policy.Permanent), or when there is evidence that it fails on its own:
-// it failed again after another message of its tenant, tried after its own
-// failure, succeeded. A transient outage of a tenant's dependency produces
-// no such evidence (every message fails), so it dead-letters nothing: the
-// failures trip the breaker and the tenant parks.
+// it failed while a message behind it, tried right after, succeeded, and
+// it failed once more after that. A transient outage of a tenant's
+// dependency produces no such evidence (every message fails), so it
+// dead-letters nothing: the failures trip the breaker and the tenant parks.
 //
 // The evidence is gathered by judging. A head message that used all its
 // attempts while the breaker stayed closed, or that failed PoisonProbes
@@ -38,15 +38,18 @@
 // behind it, in order and under one permit, up to a span that starts at
 // one and doubles each time they all fail (so a run of bad messages cannot
 // stall a lane), stopping at the first success. If they all fail, it is an
-// outage: nothing moves and the head starts over. If one succeeds, the
-// head gets one last attempt and is dead-lettered if it fails again (reason
-// exhausted, panic or poison). Messages handled this way run ahead of the
-// head and of the messages tried before them: the only reordering the
-// engine makes, reported as EventReordered. A lone message with nothing
-// behind it is never dead-lettered without evidence: it keeps retrying
-// after the longest backoff (or parks behind the breaker) until another
-// message of its tenant arrives. Messages without a usable tenant key go to
-// the reserved no-tenant bucket with a reason.
+// outage: nothing moves and the head starts over after a growing backoff.
+// If one succeeds, the head gets one last attempt and is dead-lettered if
+// it fails again (reason exhausted, panic or poison); the messages that
+// failed before the winner carry the same evidence and are judged next.
+// Messages handled this way run ahead of the head and of the messages tried
+// before them: the only reordering the engine makes, reported as
+// EventReordered. A lone message with nothing behind it is dead-lettered
+// only if another message of its tenant (on another partition) succeeded
+// after its last failure and it then fails again; otherwise it keeps
+// retrying, or parks behind the breaker, until evidence comes. Messages
+// without a usable tenant key go to the reserved no-tenant bucket with a
+// reason.
 //
 // # Commits
 //
