@@ -173,13 +173,7 @@ func (l *lane) remove(i int) {
 }
 
 type tenantState struct {
-	name string
-	// tick orders attempt starts and failures of the tenant's messages;
-	// okTick is the tick at which the latest successful attempt started.
-	// A success that started after a message's failure, followed by that
-	// message failing again, is evidence that the message is at fault.
-	tick                  atomic.Uint64
-	okTick                uint64 // c.mu
+	name                  string
 	lanes                 int
 	parked                int // parked messages of this tenant
 	queued                int
@@ -597,15 +591,11 @@ func (c *Consumer) runLane(l *lane, n int) {
 		}
 		m := l.front()
 		judge := l.judge
-		if judge == "" && m.st.evidence {
-			// It failed in a round that a later message won: judge it now.
-			judge = dlq.ReasonExhausted
-			l.judge, l.judgeSpan = judge, 1
-		}
 		// Evidence: the head failed in a judge round that a later message
-		// of its lane won, or (for a lone head) a message of its tenant
-		// succeeded after the head last failed.
-		evidence := judge != "" && (m.st.evidence || l.len() == 1 && m.st.failTick != 0 && l.t.okTick > m.st.failTick)
+		// of its lane won. It is used only once the head is suspect again
+		// (its attempts used up, or its probes failed), never to cut its
+		// retries short.
+		evidence := judge != "" && m.st.evidence
 		c.mu.Unlock()
 
 		next := c.step(l, m, judge, evidence)
@@ -736,7 +726,6 @@ func (c *Consumer) handledAt(l *lane, m *Message, idx int) {
 	c.settle(l.ps, m)
 	c.mu.Lock()
 	l.t.handled++
-	l.t.okTick = max(l.t.okTick, m.st.startTick)
 	c.popAt(l, idx)
 	c.mu.Unlock()
 	if idx == 0 {
@@ -759,7 +748,6 @@ func (c *Consumer) noteFailure(l *lane, m *Message, err error, panicked bool) {
 	m.st.last = now
 	m.st.lastErr = err
 	m.st.panicked = panicked
-	m.st.failTick = l.t.tick.Add(1)
 	if panicked {
 		c.panics.Add(1)
 		c.emit(Event{Kind: EventPanicked, Tenant: l.key.tenant, Partition: l.key.part, Offset: m.Offset, Err: err})
@@ -814,17 +802,18 @@ func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m *Mess
 			permit.Done(herr)
 			return c.deadLetter(l, m, dlq.ReasonPermanent, herr)
 		}
-		if evidence {
-			permit.Done(herr)
-			return c.deadLetter(l, m, reason, herr)
-		}
 		if len(next) == 0 {
+			permit.Done(herr)
+			if evidence {
+				return c.deadLetter(l, m, reason, herr)
+			}
 			// No evidence either way: keep the message and wait. Its
 			// failures count toward the breaker, which parks the tenant if
 			// its dependency is out.
-			permit.Done(herr)
 			return c.wait(l, g, m, herr)
 		}
+		// Evidence or not, the messages behind it confirm: if they fail
+		// too, the tenant is failing broadly right now.
 	}
 	var lastErr error
 	for i, alt := range next {
@@ -948,7 +937,6 @@ func (c *Consumer) popAt(l *lane, idx int) {
 
 // call runs the handler, turning a panic into an error.
 func (c *Consumer) call(l *lane, g *policy.Guard, m *Message) (err error, panicked bool) {
-	m.st.startTick = l.t.tick.Add(1)
 	c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	ctx := c.hctx
@@ -1060,9 +1048,7 @@ type msgState struct {
 	lastErr    error
 	panicked   bool
 	probeFails int
-	startTick  uint64 // tenant tick when the latest attempt started
-	failTick   uint64 // tenant tick of the latest failure; 0 before any
-	evidence   bool   // failed in a judge round that a later message won
+	evidence   bool // failed in a judge round that a later message won
 	dlqReason  dlq.Reason
 	dlqFails   int
 }

@@ -44,12 +44,13 @@
 // failed before the winner carry the same evidence and are judged next.
 // Messages handled this way run ahead of the head and of the messages tried
 // before them: the only reordering the engine makes, reported as
-// EventReordered. A lone message with nothing behind it is dead-lettered
-// only if another message of its tenant (on another partition) succeeded
-// after its last failure and it then fails again; otherwise it keeps
-// retrying, or parks behind the breaker, until evidence comes. Messages
-// without a usable tenant key go to the reserved no-tenant bucket with a
-// reason.
+// EventReordered. Evidence is used only once a message is suspect again
+// (its own attempts used up, or its probes failed), never to cut its
+// retries short. A lone message with nothing behind it and no such
+// evidence is never dead-lettered for failing: it keeps retrying with a
+// growing backoff, or parks behind the breaker, until a message behind it
+// can judge it. Messages without a usable tenant key go to the reserved
+// no-tenant bucket with a reason.
 //
 // # Commits
 //
