@@ -77,7 +77,9 @@ type Source interface {
 	Commit(ctx context.Context, p Partition, next int64) error
 
 	// Pause asks the source to stop fetching p (backpressure); messages
-	// already fetched may still be delivered. Resume undoes it.
+	// already fetched may still be delivered. Resume undoes it. A partition
+	// revoked while paused is resumed by the engine before Revoked returns,
+	// so it starts unpaused when it is assigned again.
 	Pause(p Partition)
 	Resume(p Partition)
 }
