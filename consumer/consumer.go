@@ -823,8 +823,9 @@ func (c *Consumer) judge(l *lane, g *policy.Guard, permit policy.Permit, m *Mess
 			lastErr = aerr
 			continue
 		}
-		// alt won: the messages that failed in this round, just before
-		// it, failed while the dependency worked.
+		// alt won: the head and the messages that failed in this round,
+		// just before it, failed while the dependency worked.
+		m.st.evidence = true
 		for _, bad := range next[:i] {
 			bad.st.evidence = true
 		}
