@@ -941,7 +941,7 @@ func (c *Consumer) call(l *lane, g *policy.Guard, m *Message) (err error, panick
 	c.inflight.Add(1)
 	defer c.inflight.Add(-1)
 	ctx := c.hctx
-	if d := g.Policy().Deadline; d > 0 {
+	if d := g.Deadline(); d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
@@ -1105,9 +1105,7 @@ func (c *Consumer) Stats() Stats {
 	}
 	c.mu.Unlock()
 	for i := range s.Tenants {
-		if s.Tenants[i].Tenant != "" {
-			s.Tenants[i].State = c.scope.For(s.Tenants[i].Tenant).State()
-		}
+		s.Tenants[i].State = c.state(s.Tenants[i].Tenant)
 	}
 	sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Tenant < s.Tenants[j].Tenant })
 	return s
@@ -1123,6 +1121,15 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 	}
 	ts := TenantStats{Tenant: t.name, Handled: t.handled, Failed: t.failed, DeadLettered: t.dead, Parked: t.parked, Queued: t.queued}
 	c.mu.Unlock()
-	ts.State = c.scope.For(key).State()
+	ts.State = c.state(key)
 	return ts, true
+}
+
+// state is the tenant's breaker state, without creating (or keeping alive)
+// a guard just to report it: a tenant without a guard is closed.
+func (c *Consumer) state(tenant string) policy.State {
+	if g, ok := c.scope.Peek(tenant); ok && tenant != "" {
+		return g.State()
+	}
+	return policy.Closed
 }

@@ -142,6 +142,10 @@ func (g *Guard) Policy() Policy {
 	return p
 }
 
+// Deadline returns the policy's Deadline (zero: none) without copying the
+// Policy, for engines that run attempts themselves.
+func (g *Guard) Deadline() time.Duration { return g.r.deadline }
+
 func (g *Guard) now() int64 {
 	if g.r.systemClock {
 		return int64(time.Since(g.epoch))

@@ -272,6 +272,18 @@ func (s *Scope[K]) Unpin(key K) {
 }
 
 // lookup finds the live entry of key without creating one or counting.
+// Peek returns the guard of key if the scope holds one, without building
+// it, counting a hit or marking the key as seen (so it does not keep the key
+// from eviction). For reporting; use For to run work.
+func (s *Scope[K]) Peek(key K) (*policy.Guard, bool) {
+	if e := s.lookup(key); e != nil {
+		if g := e.guard.Load(); g != nil {
+			return g, true
+		}
+	}
+	return nil, false
+}
+
 func (s *Scope[K]) lookup(key K) *entry[K] {
 	if e := s.read.Load().m[key]; e != nil && e.state.Load() >= 0 {
 		return e

@@ -93,7 +93,7 @@ type rebalancingSource struct {
 func (r *rebalancingSource) Rebalance() {
 	other := r.h.source(r.t)
 	col := newCollector(false)
-	stop := runSource(r.t, other, col)
+	stop := consumertest.StartSource(r.t, other, col)
 	col.waitFor(r.t, testCtx(r.t, 30*time.Second), "the second member's assignment", func() bool { return len(col.assigned) > 0 })
 	stop()
 }

@@ -12,6 +12,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/dlq"
 )
 
@@ -304,7 +305,7 @@ func TestKcatInterop(t *testing.T) {
 		default:
 		}
 	}
-	runSource(t, src, col)
+	consumertest.StartSource(t, src, col)
 	col.waitFor(t, ctx, "the kcat message", func() bool { return col.seen["hello-from-kcat"] == 1 })
 	if tn := <-tenants; tn != "acme" {
 		t.Fatalf("kcat message consumed as tenant %q, want acme", tn)

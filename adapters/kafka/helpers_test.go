@@ -166,31 +166,6 @@ func (c *collector) waitFor(t testing.TB, ctx context.Context, what string, cond
 	}
 }
 
-// runSource runs src with d in the background; the returned stop cancels
-// it and waits for Run to return.
-func runSource(t testing.TB, src *Source, d consumer.Dispatcher) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- src.Run(ctx, d) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-errc:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Run did not return within 30s of cancel")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // committed reads group's committed offsets for topic.
 func committed(t testing.TB, addrs []string, group, topic string, parts int) map[int]int64 {
 	t.Helper()

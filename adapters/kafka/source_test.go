@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
 )
 
 func TestNewSourceValidates(t *testing.T) {
@@ -68,7 +69,7 @@ func TestSourceRunTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	col := newCollector(false)
-	stop := runSource(t, src, col)
+	stop := consumertest.StartSource(t, src, col)
 	defer stop()
 	col.waitFor(t, testCtx(t, 20*time.Second), "assignment", func() bool { return col.assigned[0] == 1 })
 	if err := src.Run(context.Background(), col); !errors.Is(err, ErrAlreadyRunning) {
@@ -100,7 +101,7 @@ func TestSourceResumesFromWatermark(t *testing.T) {
 		}
 		_ = src.Commit(context.Background(), m.Partition, m.Offset+1)
 	}
-	stop := runSource(t, src, col)
+	stop := consumertest.StartSource(t, src, col)
 	ctx := testCtx(t, 30*time.Second)
 	col.waitFor(t, ctx, "all messages", func() bool { return len(col.seen) == parts*per })
 	for p := int32(0); p < parts; p++ {
@@ -126,7 +127,7 @@ func TestSourceResumesFromWatermark(t *testing.T) {
 	}
 	col2 := newCollector(true)
 	col2.src = src2
-	runSource(t, src2, col2)
+	consumertest.StartSource(t, src2, col2)
 	col2.waitFor(t, ctx, "resumed messages", func() bool { return len(col2.seen) == (per-20)+parts*5 })
 	if first := col2.byPart[1][0]; first != 20 {
 		t.Fatalf("partition 1 resumed at %d, want 20", first)
@@ -156,7 +157,7 @@ func TestSourcePausesOnePartition(t *testing.T) {
 			src.Pause(m.Partition)
 		}
 	}
-	runSource(t, src, col)
+	consumertest.StartSource(t, src, col)
 	ctx := testCtx(t, 30*time.Second)
 	col.waitFor(t, ctx, "partition 1 and the pausing message", func() bool { return len(col.byPart[1]) == per && len(col.byPart[0]) > 0 })
 	col.mu.Lock()
@@ -197,11 +198,11 @@ func TestSourceTwoConsumersOneLeaves(t *testing.T) {
 	}
 	ctx := testCtx(t, 60*time.Second)
 	srcA, colA := newSrc()
-	stopA := runSource(t, srcA, colA)
+	stopA := consumertest.StartSource(t, srcA, colA)
 	colA.waitFor(t, ctx, "A to consume the first batch", func() bool { return len(colA.seen) == parts*per })
 
 	srcB, colB := newSrc()
-	runSource(t, srcB, colB)
+	consumertest.StartSource(t, srcB, colB)
 	// The rebalance splits the partitions: A loses some, B gains them.
 	colB.waitFor(t, ctx, "B to be assigned", func() bool { return len(colB.assigned) > 0 })
 	colA.waitFor(t, ctx, "A to see the revocation", func() bool { return len(colA.revoked) > 0 })
@@ -257,7 +258,7 @@ func TestSourceSurvivesBrokerRestart(t *testing.T) {
 	}
 	col := newCollector(true)
 	col.src = src
-	runSource(t, src, col)
+	consumertest.StartSource(t, src, col)
 	ctx := testCtx(t, 60*time.Second)
 	col.waitFor(t, ctx, "first batch", func() bool { return len(col.seen) == parts*per })
 	// Let a commit land so the restart resumes past the first batch.
@@ -299,7 +300,7 @@ func TestSourceCommitsAfterRunReturned(t *testing.T) {
 	}
 	col := newCollector(false)
 	col.src = src
-	stop := runSource(t, src, col)
+	stop := consumertest.StartSource(t, src, col)
 	col.waitFor(t, testCtx(t, 30*time.Second), "all messages", func() bool { return len(col.seen) == 10 })
 	stop()
 	p := consumer.Partition{Topic: topic, ID: 0}

@@ -192,27 +192,3 @@ func (l *loop) values(tenant string) []string {
 	defer l.mu.Unlock()
 	return append([]string(nil), l.order[tenant]...)
 }
-
-// run starts src.Run(ctx, l) and returns a stop func that cancels and waits.
-func run(t testing.TB, src consumer.Source, d consumer.Dispatcher) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, d) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Run did not return after cancel")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}

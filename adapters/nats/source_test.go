@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/internal/natstest"
 )
 
@@ -41,7 +42,7 @@ func TestSourceDeliversInOrderAndAcks(t *testing.T) {
 	tenant := FromSubjectToken(-1)
 	src := f.source(t, tenant)
 	l := newLoop(src, tenant, nil)
-	stop := run(t, src, l)
+	stop := consumertest.StartSource(t, src, l)
 	eventually(t, "150 settled", func() bool { return l.settled.Load() == 150 })
 	stop()
 	for _, tn := range []string{"acme", "globex", "initech"} {
@@ -100,7 +101,7 @@ func testParkedTenant(t *testing.T, spillAfter time.Duration, bound int) {
 	tenant := FromSubjectToken(-1)
 	src := f.source(t, tenant, WithTenantLimit(limit), WithSpillAfter(spillAfter))
 	l := newLoop(src, tenant, func(tn string) bool { return tn == "parked" })
-	stop := run(t, src, l)
+	stop := consumertest.StartSource(t, src, l)
 
 	eventually(t, "every calm message handled", func() bool { return l.count("calm") == others })
 	eventually(t, "the parked backlog spilled", func() bool {
@@ -163,7 +164,7 @@ func TestSpilledMessagesSurviveANewSource(t *testing.T) {
 	tenant := FromSubjectToken(-1)
 	src1 := f.source(t, tenant, WithTenantLimit(4), WithSpillAfter(0))
 	l1 := newLoop(src1, tenant, func(tn string) bool { return tn == "slow" })
-	stop1 := run(t, src1, l1)
+	stop1 := consumertest.StartSource(t, src1, l1)
 	eventually(t, "fast handled and slow spilled", func() bool {
 		return l1.count("fast") == 20 && parkCount(t, f, src1) == 96
 	})
@@ -171,7 +172,7 @@ func TestSpilledMessagesSurviveANewSource(t *testing.T) {
 
 	src2 := f.source(t, tenant, WithTenantLimit(4), WithSpillAfter(0))
 	l2 := newLoop(src2, tenant, nil)
-	run(t, src2, l2)
+	consumertest.StartSource(t, src2, l2)
 	eventually(t, "every slow message delivered", func() bool {
 		l2.mu.Lock()
 		defer l2.mu.Unlock()
@@ -200,7 +201,7 @@ func TestServerRestartLosesNothing(t *testing.T) {
 	src := f.source(t, tenant, WithTenantLimit(8), WithSpillAfter(0))
 	// Tenant t0 is held until the restart is over, so it spills.
 	l := newLoop(src, tenant, func(tn string) bool { return tn == "t0" })
-	run(t, src, l)
+	consumertest.StartSource(t, src, l)
 	eventually(t, "a part delivered", func() bool { return l.distinct() >= n/3 })
 	srv.Restart()
 	f.publishRetry(t, f.subject+".t1", "after-restart")
@@ -231,7 +232,7 @@ func TestHeldMessagesOutliveAckWait(t *testing.T) {
 	tenant := FromSubjectToken(-1)
 	src := f.source(t, tenant, WithExtendEvery(ackWait/5))
 	l := newLoop(src, tenant, func(string) bool { return true })
-	run(t, src, l)
+	consumertest.StartSource(t, src, l)
 	eventually(t, "5 held", func() bool { return l.heldCount() == 5 })
 	start := src.Stats().Extends
 	// 20 rounds at AckWait/5 span about 4 AckWaits.
@@ -257,7 +258,7 @@ func TestPauseHoldsDeliveriesUntilResume(t *testing.T) {
 	src := f.source(t, tenant)
 	l := newLoop(src, tenant, nil)
 	src.Pause(src.Partition())
-	run(t, src, l)
+	consumertest.StartSource(t, src, l)
 	f.publish(t, "a", vals("a", 0, 10)...)
 	// The messages reach the client (ack pending) but not the engine.
 	eventually(t, "messages pulled by the client", func() bool {

@@ -328,3 +328,30 @@ func (h *MemHarness) Sink(t testing.TB) dlq.Sink { return h.S }
 func (h *MemHarness) DeadLetters(t testing.TB, tenant string) []dlq.Record {
 	return h.S.Records(tenant, false)
 }
+
+// StartSource runs src.Run(ctx, d) in the background for a test and returns
+// a stop func that cancels it and waits (up to 30s) for Run to return,
+// reporting any error Run returns (an adapter returns nil after a cancel). Stop runs at most once, and at the end of the test
+// if not called before.
+func StartSource(t testing.TB, src consumer.Source, d consumer.Dispatcher) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, d) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("Run did not return within 30s of cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
