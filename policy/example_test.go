@@ -113,3 +113,17 @@ func ExampleGuard_Allow() {
 	// park for 10s
 	// open 10s
 }
+
+// Compile validates a policy once; each guard built from it shares the
+// policy and has its own state. A keyed collection of guards (scope.Scope
+// does this) builds one guard per tenant this way.
+func ExampleCompile() {
+	c, err := policy.Compile(policy.Default())
+	if err != nil {
+		panic(err)
+	}
+	acme, globex := c.New(), c.New()
+	fmt.Println(acme != globex, acme.State(), globex.MaxAttempts())
+	// Output:
+	// true closed 3
+}

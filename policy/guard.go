@@ -48,9 +48,10 @@ type Guard struct {
 	// Read on every attempt, written only when the breaker changes state.
 	// The padding keeps them off the cache lines written per attempt, so
 	// that a reader on another core does not miss on every call.
-	r     resolved
-	epoch time.Time // origin of the nanosecond clock below
-	width int64     // ns per window bucket
+	r     *resolved   // shared by every guard of one Compiled policy
+	hook  func(Event) // per-guard event hook, after the policy's OnEvent
+	epoch time.Time   // origin of the nanosecond clock below
+	width int64       // ns per window bucket
 
 	// state packs generation<<2 | State. Changed only under mu; read freely.
 	state     atomic.Uint64
@@ -60,8 +61,8 @@ type Guard struct {
 	// that rejections allocate nothing); fullErr while HalfOpen with every
 	// probe slot taken.
 	openErr atomic.Pointer[OpenError]
-	fullErr *OpenError
-	samples atomic.Uint64 // latency samples taken, counted up to warmSamples
+	fullErr atomic.Pointer[OpenError] // built on first use
+	samples atomic.Uint64             // latency samples taken, counted up to warmSamples
 	_       cacheLinePad
 
 	// Written on every sampled attempt.
@@ -110,27 +111,61 @@ type bucket struct {
 }
 
 // New validates p and builds a Guard from it. The error names the offending
-// field and matches [ErrInvalidPolicy].
+// field and matches [ErrInvalidPolicy]. To build many guards of one policy,
+// [Compile] it once.
 func New(p Policy) (*Guard, error) {
+	c, err := Compile(p)
+	if err != nil {
+		return nil, err
+	}
+	return c.New(), nil
+}
+
+// Compiled is a validated Policy from which guards are built: every guard
+// of a Compiled shares one copy of the policy, so [Compiled.New] neither
+// validates nor copies it, and a guard costs only its own state (about
+// 1.3 KB). A Compiled is immutable and safe for concurrent use.
+type Compiled struct{ r *resolved }
+
+// Compile validates p and keeps a copy of it (Breaker and Budget included:
+// changing them afterwards changes no guard). The error names the
+// offending field and matches [ErrInvalidPolicy].
+func Compile(p Policy) (*Compiled, error) {
 	r, err := resolve(p)
 	if err != nil {
 		return nil, err
 	}
-	g := &Guard{r: r, epoch: r.clock.Now()}
+	return &Compiled{r: r}, nil
+}
+
+// Policy returns a copy of the compiled Policy.
+func (c *Compiled) Policy() Policy { return c.r.policy() }
+
+// New builds a fresh guard: closed breaker, full retry budget, no latency
+// estimate.
+func (c *Compiled) New() *Guard { return c.NewWithEvents(nil) }
+
+// NewWithEvents is New with a hook of this guard only: onEvent receives each
+// of its events, after the policy's OnEvent. A keyed collection of guards
+// uses it to tell which key an event is about.
+func (c *Compiled) NewWithEvents(onEvent func(Event)) *Guard {
+	r := c.r
+	g := &Guard{r: r, hook: onEvent, epoch: r.clock.Now()}
 	g.tokens.Store(r.maxMilli)
-	g.floorEmpty = -g.r.floorCap // starts full
+	g.floorEmpty = -r.floorCap // starts full
 	if r.breaker {
 		g.width = int64(r.window) / windowBuckets
 		g.clearWindow()
-		g.fullErr = &OpenError{State: HalfOpen, clock: r.clock, g: g}
 	}
-	return g, nil
+	return g
 }
 
 // Policy returns the Policy this guard was built from, with copies of its
 // Breaker and Budget taken by New: a template for a sibling guard.
-func (g *Guard) Policy() Policy {
-	p := g.r.originalCopy
+func (g *Guard) Policy() Policy { return g.r.policy() }
+
+func (r *resolved) policy() Policy {
+	p := r.originalCopy
 	if p.Breaker != nil {
 		b := *p.Breaker
 		p.Breaker = &b
@@ -285,9 +320,14 @@ func (g *Guard) acquireSlow(p *Permit, now int64, shard uint8) error {
 			*p = Permit{g: g, gen: gen, start: now, timed: true, probe: true, shard: shard}
 			return nil
 		}
+		full := g.fullErr.Load()
+		if full == nil {
+			full = &OpenError{State: HalfOpen, clock: g.r.clock, g: g}
+			g.fullErr.Store(full)
+		}
 		g.mu.Unlock()
 		g.counts[shard].rejected.Add(1)
-		return g.fullErr
+		return full
 	default:
 		g.mu.Unlock()
 		g.counts[shard].rejected.Add(1)
@@ -816,16 +856,19 @@ var errGoexit = errors.New("policy: attempt called runtime.Goexit")
 // emit sends e to OnEvent with the current state filled in. The state is
 // read only when there is a hook, so a guard without one pays nothing.
 func (g *Guard) emit(e Event) {
-	if g.r.onEvent != nil {
+	if g.r.onEvent != nil || g.hook != nil {
 		e.State = g.State()
-		g.r.onEvent(e)
+		g.emitState(e)
 	}
 }
 
-// emitState sends e to OnEvent as given.
+// emitState sends e to OnEvent and the guard's hook as given.
 func (g *Guard) emitState(e Event) {
 	if g.r.onEvent != nil {
 		g.r.onEvent(e)
+	}
+	if g.hook != nil {
+		g.hook(e)
 	}
 }
 

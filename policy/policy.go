@@ -254,8 +254,8 @@ func invalid(field, format string, args ...any) error {
 	return &InvalidPolicyError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-func resolve(p Policy) (resolved, error) {
-	r := resolved{originalCopy: p}
+func resolve(p Policy) (*resolved, error) {
+	r := &resolved{originalCopy: p}
 	// The guard keeps its own copies, so a caller changing *p.Breaker after
 	// New changes neither the guard nor what Policy() reports.
 	if p.Breaker != nil {

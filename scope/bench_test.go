@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,7 +88,6 @@ func BenchmarkHit(b *testing.B) {
 		for _, k := range keys {
 			s.For(k)
 		}
-		s.Promote()
 		s.Quiesce()
 		runHit(b, keys, func(k string) bool { return s.For(k) != nil })
 	})
@@ -240,68 +240,119 @@ func (p *packed) at(i int32) string {
 	return p.all[start:p.end[i]]
 }
 
+// lookupFunc is one keyed-guard store under churn: it returns the guard of
+// a key, building it on a miss.
+type lookupFunc func(string) *policy.Guard
+
+// churnStores returns the stores compared under churn, each new per run:
+// scope.For, and otter's Get with a loader building the guard the same way
+// (one Compiled policy), which is what a user would otherwise pick.
+func churnStores() []struct {
+	name string
+	open func() (lookupFunc, func() (hits, misses uint64, sweeps float64))
+} {
+	compiled, err := policy.Compile(policy.Default())
+	if err != nil {
+		panic(err)
+	}
+	return []struct {
+		name string
+		open func() (lookupFunc, func() (hits, misses uint64, sweeps float64))
+	}{
+		{"scope.For", func() (lookupFunc, func() (uint64, uint64, float64)) {
+			s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
+			return s.For, func() (uint64, uint64, float64) {
+				st := s.Stats()
+				return st.Hits, st.Misses, float64(st.Sweeps)
+			}
+		}},
+		{"otter.Get", func() (lookupFunc, func() (uint64, uint64, float64)) {
+			c := otter.Must(&otter.Options[string, *policy.Guard]{MaximumSize: 1024, InitialCapacity: 1024})
+			var misses atomic.Uint64
+			loader := otter.LoaderFunc[string, *policy.Guard](func(context.Context, string) (*policy.Guard, error) {
+				misses.Add(1)
+				return compiled.New(), nil
+			})
+			ctx := context.Background()
+			var calls atomic.Uint64
+			return func(k string) *policy.Guard {
+					calls.Add(1)
+					g, _ := c.Get(ctx, k, loader)
+					return g
+				}, func() (uint64, uint64, float64) {
+					m := misses.Load()
+					return calls.Load() - m, m, math.NaN()
+				}
+		}},
+	}
+}
+
 func churn(b *testing.B, keys *packed, seq []int32) {
-	report := func(b *testing.B, h *hist, s *scope.Scope[string]) {
+	report := func(b *testing.B, h *hist, stats func() (uint64, uint64, float64)) {
 		p50, p999 := h.quantile(0.5), h.quantile(0.999)
-		st := s.Stats()
+		hits, misses, sweeps := stats()
 		b.ReportMetric(p50, "p50-ns")
 		b.ReportMetric(h.quantile(0.99), "p99-ns")
 		b.ReportMetric(p999, "p99.9-ns")
 		b.ReportMetric(p999/p50, "p99.9/p50")
-		b.ReportMetric(float64(st.Hits)/float64(st.Hits+st.Misses), "hit-ratio")
-		b.ReportMetric(float64(st.Sweeps), "sweeps")
-	}
-	b.Run("serial", func(b *testing.B) {
-		s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
-		h := new(hist)
-		b.ReportAllocs()
-		cpu := cpuTime()
-		i := 0
-		for b.Loop() {
-			k := keys.at(seq[i])
-			t := time.Now()
-			g := s.For(k)
-			h.add(time.Since(t))
-			if g == nil {
-				b.Fatal("nil guard")
-			}
-			if i++; i == len(seq) {
-				i = 0
-			}
+		b.ReportMetric(float64(hits)/float64(hits+misses), "hit-ratio")
+		if !math.IsNaN(sweeps) {
+			b.ReportMetric(sweeps, "sweeps")
 		}
-		b.StopTimer()
-		reportCPU(b, cpu)
-		report(b, h, s)
-	})
-	b.Run("parallel", func(b *testing.B) {
-		s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
-		var mu sync.Mutex
-		total := new(hist)
-		next := 0
-		b.ReportAllocs()
-		cpu := cpuTime()
-		b.RunParallel(func(pb *testing.PB) {
-			mu.Lock()
-			i := next * (len(seq) / 8)
-			next++
-			mu.Unlock()
+	}
+	for _, store := range churnStores() {
+		b.Run(store.name+"/serial", func(b *testing.B) {
+			lookup, stats := store.open()
 			h := new(hist)
-			for pb.Next() {
-				k := keys.at(seq[i%len(seq)])
+			b.ReportAllocs()
+			cpu := cpuTime()
+			i := 0
+			for b.Loop() {
+				k := keys.at(seq[i])
 				t := time.Now()
-				g := s.For(k)
+				g := lookup(k)
 				h.add(time.Since(t))
 				if g == nil {
-					panic("nil guard")
+					b.Fatal("nil guard")
 				}
-				i++
+				if i++; i == len(seq) {
+					i = 0
+				}
 			}
-			mu.Lock()
-			total.merge(h)
-			mu.Unlock()
+			b.StopTimer()
+			reportCPU(b, cpu)
+			report(b, h, stats)
 		})
-		b.StopTimer()
-		reportCPU(b, cpu)
-		report(b, total, s)
-	})
+		b.Run(store.name+"/parallel", func(b *testing.B) {
+			lookup, stats := store.open()
+			var mu sync.Mutex
+			total := new(hist)
+			next := 0
+			b.ReportAllocs()
+			cpu := cpuTime()
+			b.RunParallel(func(pb *testing.PB) {
+				mu.Lock()
+				i := next * (len(seq) / 8)
+				next++
+				mu.Unlock()
+				h := new(hist)
+				for pb.Next() {
+					k := keys.at(seq[i%len(seq)])
+					t := time.Now()
+					g := lookup(k)
+					h.add(time.Since(t))
+					if g == nil {
+						panic("nil guard")
+					}
+					i++
+				}
+				mu.Lock()
+				total.merge(h)
+				mu.Unlock()
+			})
+			b.StopTimer()
+			reportCPU(b, cpu)
+			report(b, total, stats)
+		})
+	}
 }

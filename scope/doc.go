@@ -8,12 +8,15 @@
 //
 // # Lookups never wait
 //
-// Present keys are found in an immutable map read through an atomic
-// pointer: the lookup takes no lock and allocates nothing. New keys go to an
-// overflow map under a mutex. The read map is rebuilt (promoting new keys,
-// or sweeping) incrementally by the lookups that miss it, a few dozen
-// entries each, without holding any lock a hit needs; a Scope owns no
-// goroutine.
+// Keys live in an open-addressing hash table of atomic pointers, allocated
+// at most half full: a lookup of a present key hashes it (hash/maphash),
+// probes a few slots without a lock and allocates nothing. A new key is
+// inserted under a mutex that only inserts and evictions take, for a few
+// pointer stores. Sweeps are incremental: each lookup that inserts a key
+// while a sweep runs scans a fixed number of slots, if no other goroutine
+// is doing so, and evicts the cold keys it found; a Scope owns no goroutine.
+// All guards built from the template share one [policy.Compiled] policy, so
+// a key costs its guard's own state (about 1.3 KB) and a small entry.
 //
 // # Eviction
 //

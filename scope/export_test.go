@@ -1,17 +1,20 @@
 package scope
 
-import "math"
+import (
+	"hash/maphash"
+	"math"
+)
 
-// Quiesce finishes any rebuild in progress and runs every rebuild that is
-// due, so tests and benchmarks start from a known state.
+// Quiesce finishes any sweep in progress and runs every sweep that is due,
+// so tests and benchmarks start from a known state.
 func (s *Scope[K]) Quiesce() {
 	s.sweepMu.Lock()
 	var evicted []K
 	for {
-		if !s.rb.active {
+		if !s.sw.active {
 			s.start(false)
 		}
-		if !s.rb.active {
+		if !s.sw.active {
 			break
 		}
 		evicted = append(evicted, s.work(math.MaxInt)...)
@@ -20,12 +23,12 @@ func (s *Scope[K]) Quiesce() {
 	s.notify(evicted)
 }
 
-// SweepNow finishes any rebuild in progress, then runs one sweep, due or
+// SweepNow finishes any sweep in progress, then runs one sweep, due or
 // not, to completion.
 func (s *Scope[K]) SweepNow() {
 	s.sweepMu.Lock()
 	var evicted []K
-	if s.rb.active {
+	if s.sw.active {
 		evicted = s.work(math.MaxInt)
 	}
 	s.start(true)
@@ -34,32 +37,16 @@ func (s *Scope[K]) SweepNow() {
 	s.notify(evicted)
 }
 
-// Promote moves every overflow key into the read map.
-func (s *Scope[K]) Promote() {
-	s.sweepMu.Lock()
-	if s.rb.active {
-		s.notify(s.work(math.MaxInt))
-	}
-	s.mu.Lock()
-	s.slowHits = max(s.slowHits, s.promoteAfterLocked())
-	s.mu.Unlock()
-	s.start(false)
-	var evicted []K
-	if s.rb.active {
-		evicted = s.work(math.MaxInt)
-	}
-	s.sweepMu.Unlock()
-	s.notify(evicted)
+// LockFree reports whether the lock-free probe finds key.
+func (s *Scope[K]) LockFree(key K) bool {
+	return s.find(key, maphash.Comparable(s.seed, key)) != nil
 }
 
-// InRead reports whether key is in the lock-free read map.
-func (s *Scope[K]) InRead(key K) bool {
-	_, ok := s.read.Load().m[key]
-	return ok
-}
+// TableSize is the number of slots of the current table.
+func (s *Scope[K]) TableSize() int { return len(s.tab.Load().slots) }
 
-// HoldSweeps keeps every lookup from doing rebuild work until release is
-// called, as if a slow rebuild were running on another goroutine.
+// HoldSweeps keeps every lookup from doing sweep work until release is
+// called, as if a slow sweep were running on another goroutine.
 func (s *Scope[K]) HoldSweeps() (release func()) {
 	s.sweepMu.Lock()
 	return s.sweepMu.Unlock

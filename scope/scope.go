@@ -2,7 +2,9 @@ package scope
 
 import (
 	"fmt"
+	"hash/maphash"
 	"log/slog"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -49,8 +51,8 @@ type Options[K comparable] struct {
 	// caused the event.
 	OnEvent func(key K, e policy.Event)
 
-	// OnEvict, if set, is called with each evicted key once the sweep that
-	// evicted it is complete, by the lookup that completed it (outside any
+	// OnEvict, if set, is called with each evicted key just after the sweep
+	// step that evicted it, by the lookup that did that step (outside any
 	// lock of the scope: it may call the scope).
 	OnEvict func(key K)
 }
@@ -74,16 +76,18 @@ type Stats struct {
 
 // Scope holds one [policy.Guard] per key, bounded by Options.MaxKeys.
 //
-// Lookups of a key already present read an immutable map through an atomic
-// pointer: they take no lock and allocate nothing, so no lookup of a present
-// key ever waits for a sweep. New keys go to a small overflow map under a
-// mutex that a sweep holds only for a few pointer swaps. Rebuilding the read
-// map (a sweep, or the promotion of new keys) is incremental: each lookup
-// that misses the read map does a small, fixed amount of that work if no
-// other goroutine is doing some, so no single lookup pays for a whole sweep,
-// sweeping keeps pace with any insert rate, and a Scope owns no goroutine
-// (it needs no Close). A rebuild only progresses with such lookups: while
-// every lookup hits, a started sweep stays pending (memory stays bounded).
+// Keys live in an open-addressing hash table of atomic pointers, sized at
+// New for the hard bound (HardCeiling+MaxKeys) at most half full. A lookup
+// of a present key probes it without a lock and allocates nothing, so no
+// lookup of a present key ever waits for a sweep. A new key is inserted
+// under a mutex (its guard is built outside it). Sweeps are incremental:
+// each lookup that inserts a key while a sweep runs scans a fixed number of
+// table slots if no other goroutine is doing so, and evicts what it found
+// cold under the mutex (a few pointer stores each). A Scope owns no
+// goroutine (it needs no Close), and after New nothing in it allocates but
+// the entries and guards of new keys. A sweep only progresses with such
+// lookups: while every lookup hits, a started sweep stays pending (memory
+// stays bounded).
 //
 // Eviction is approximate, after CLOCK: each lookup stamps its entry with the
 // current sweep epoch, and a sweep keeps the keys stamped since the previous
@@ -100,43 +104,48 @@ type Stats struct {
 //
 // A Scope is safe for concurrent use.
 type Scope[K comparable] struct {
-	// read is the lock-free map: immutable once published. Read by every
-	// lookup; written (swapped) only under mu.
-	read atomic.Pointer[readMap[K]]
-	_    [56]byte // keep read off the line the slow path writes
+	// Read by every lookup, written rarely (epoch once per sweep, tab when
+	// the table grows): kept off the lines the slow path writes.
+	tab   atomic.Pointer[table[K]]
+	epoch atomic.Uint32 // current sweep epoch, stamped by lookups
+	seed  maphash.Seed
+	hits  *counter
+	_     [64]byte
 
-	template   policy.Policy
-	opts       Options[K]
-	maxKeys    int
-	ceiling    int
-	bound      int // HardCeiling + MaxKeys: inserts beyond it sweep inline
-	hits       *counter
-	evictions  atomic.Uint64
-	pinned     atomic.Int64
-	shapeErrs  atomic.Uint64
-	rebuilding atomic.Bool // a rebuild is in progress (written under sweepMu)
-	sweeps     atomic.Uint64
-	size       atomic.Int64 // written under mu
+	compiled  *policy.Compiled // the template
+	opts      Options[K]
+	maxKeys   int
+	ceiling   int
+	bound     int // HardCeiling + MaxKeys: inserts beyond it sweep inline
+	maxSlots  int // table size for the bound
+	evictions atomic.Uint64
+	pinned    atomic.Int64
+	shapeErrs atomic.Uint64
+	sweeping  atomic.Bool // a sweep is in progress (written under sweepMu)
+	sweeps    atomic.Uint64
+	size      atomic.Int64 // written under mu
 
-	// sweepMu serialises rebuild work. Hits never take it; slow lookups
-	// only try it, except a For at the hard bound.
+	// sweepMu serialises sweep work. Hits never take it; inserts only try
+	// it, except an insert at the hard bound.
 	sweepMu sync.Mutex
-	rb      rebuild[K] // (sweepMu)
+	sw      sweep[K] // (sweepMu)
 
-	mu        sync.Mutex
-	dirty     map[K]*entry[K] // keys in neither read nor frozen (mu)
-	dirtyList []*entry[K]     // dirty's entries in insertion order (mu)
-	frozen    map[K]*entry[K] // dirty taken by the running rebuild; read-only (mu to swap)
-	slowHits  int             // lookups served from dirty or frozen since the last rebuild (mu)
-	trigger   int             // a sweep is due when size exceeds it (mu)
-	misses    uint64          // (mu)
+	mu      sync.Mutex // held to change the table
+	trigger int        // a sweep is due when size exceeds it (mu)
+	misses  uint64     // (mu)
 }
 
-// readMap is immutable once published: m for lookups, list for rebuilds.
-type readMap[K comparable] struct {
-	m     map[K]*entry[K]
-	list  []*entry[K]
-	epoch uint32
+// table is an open-addressing hash table with linear probing. Slots are
+// written only under Scope.mu; deletion shifts the rest of the cluster back
+// (no tombstones), so a lock-free probe racing with it may miss a present
+// key, and a miss is confirmed under the mutex before anything is built.
+type table[K comparable] struct {
+	slots []atomic.Pointer[entry[K]]
+	mask  uint64
+}
+
+func newTable[K comparable](n int) *table[K] {
+	return &table[K]{slots: make([]atomic.Pointer[entry[K]], n), mask: uint64(n - 1)}
 }
 
 // entry states: >= 0 is the pin count of a live entry; dead marks an entry a
@@ -145,11 +154,12 @@ type readMap[K comparable] struct {
 const dead = -1
 
 type entry[K comparable] struct {
+	hash  uint64
+	key   K
 	guard atomic.Pointer[policy.Guard] // nil until built
 	seen  atomic.Uint32                // epoch of the last lookup
 	state atomic.Int32                 // pin count, or dead
 	build sync.Mutex                   // held by the goroutine building guard
-	key   K
 }
 
 // New returns a Scope whose guards are built from template, or from
@@ -173,39 +183,74 @@ func New[K comparable](template policy.Policy, opts Options[K]) *Scope[K] {
 	case ceiling < maxKeys:
 		panic(fmt.Sprintf("scope: Options.HardCeiling %d is below MaxKeys %d", ceiling, maxKeys))
 	}
-	if _, err := policy.New(template); err != nil {
+	compiled, err := policy.Compile(template)
+	if err != nil {
 		panic(fmt.Errorf("scope: invalid template: %w", err))
 	}
 	s := &Scope[K]{
-		template: template,
+		compiled: compiled,
 		opts:     opts,
 		maxKeys:  maxKeys,
 		ceiling:  ceiling,
 		bound:    ceiling + maxKeys,
+		seed:     maphash.MakeSeed(),
 		hits:     new(counter),
-		dirty:    make(map[K]*entry[K], maxKeys*3/8+1),
 		trigger:  maxKeys,
 	}
-	s.read.Store(&readMap[K]{m: map[K]*entry[K]{}, epoch: 1})
+	// The table starts sized for the usual population (MaxKeys and the
+	// keys added between sweeps) at most half full, and doubles, up to the
+	// size for the hard bound, only if protected keys pile up.
+	s.maxSlots = tableSize(s.bound)
+	s.tab.Store(newTable[K](min(tableSize(maxKeys+maxKeys/4+1), s.maxSlots)))
+	s.epoch.Store(1)
 	return s
+}
+
+// tableSize is the power of two that holds n keys at most half full.
+func tableSize(n int) int {
+	return 1 << bits.Len(uint(2*n-1))
 }
 
 // For returns the guard of key, building it on first sight (or first sight
 // after its eviction). A lookup of a present key takes no lock and allocates
 // nothing.
 func (s *Scope[K]) For(key K) *policy.Guard {
-	r := s.read.Load()
-	if e := r.m[key]; e != nil {
-		if g := e.guard.Load(); g != nil && e.state.Load() >= 0 {
-			if e.seen.Load() != r.epoch {
-				e.seen.Store(r.epoch)
-			}
+	h := maphash.Comparable(s.seed, key)
+	if e := s.find(key, h); e != nil {
+		if g := e.guard.Load(); g != nil {
+			s.stamp(e)
 			s.hits.add()
 			return g
 		}
 	}
-	g, _ := s.slow(key)
+	g, _ := s.slow(key, h)
 	return g
+}
+
+// stamp marks e as seen in the current epoch: a store only when the stamp
+// changes, so hits on a hot key do not write its line.
+func (s *Scope[K]) stamp(e *entry[K]) {
+	if ep := s.epoch.Load(); e.seen.Load() != ep {
+		e.seen.Store(ep)
+	}
+}
+
+// find probes the table without a lock for the live entry of key. It may
+// miss a present key that a concurrent eviction is shifting; callers confirm
+// a miss under mu.
+func (s *Scope[K]) find(key K, h uint64) *entry[K] {
+	t := s.tab.Load()
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		e := t.slots[i].Load()
+		if e == nil {
+			return nil
+		}
+		// A dead entry (evicted, not yet removed) is skipped: a live one
+		// may follow it.
+		if e.hash == h && e.key == key && e.state.Load() >= 0 {
+			return e
+		}
+	}
 }
 
 // Pin is For, and also pins the key: a pinned guard is not evicted while the
@@ -213,20 +258,18 @@ func (s *Scope[K]) For(key K) *policy.Guard {
 // one [Scope.Unpin]. If a pinned key is evicted anyway (beyond the ceiling),
 // its pins are dropped with it.
 func (s *Scope[K]) Pin(key K) *policy.Guard {
+	h := maphash.Comparable(s.seed, key)
 	for {
-		r := s.read.Load()
-		e := r.m[key]
+		e := s.find(key, h)
 		var g *policy.Guard
 		if e != nil {
 			g = e.guard.Load()
 		}
-		if g != nil && e.state.Load() >= 0 {
-			if e.seen.Load() != r.epoch {
-				e.seen.Store(r.epoch)
-			}
+		if g != nil {
+			s.stamp(e)
 			s.hits.add()
 		} else {
-			g, e = s.slow(key)
+			g, e = s.slow(key, h)
 		}
 		if s.pin(e) {
 			return g
@@ -271,7 +314,6 @@ func (s *Scope[K]) Unpin(key K) {
 	}
 }
 
-// lookup finds the live entry of key without creating one or counting.
 // Peek returns the guard of key if the scope holds one, without building
 // it, counting a hit or marking the key as seen (so it does not keep the key
 // from eviction). For reporting; use For to run work.
@@ -284,42 +326,29 @@ func (s *Scope[K]) Peek(key K) (*policy.Guard, bool) {
 	return nil, false
 }
 
+// lookup finds the live entry of key without creating one or counting.
 func (s *Scope[K]) lookup(key K) *entry[K] {
-	if e := s.read.Load().m[key]; e != nil && e.state.Load() >= 0 {
+	h := maphash.Comparable(s.seed, key)
+	if e := s.find(key, h); e != nil {
 		return e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.findLocked(key)
+	return s.find(key, h)
 }
 
-func (s *Scope[K]) findLocked(key K) *entry[K] {
-	if e := s.read.Load().m[key]; e != nil && e.state.Load() >= 0 {
-		return e
-	}
-	if e := s.dirty[key]; e != nil && e.state.Load() >= 0 {
-		return e
-	}
-	if e := s.frozen[key]; e != nil && e.state.Load() >= 0 {
-		return e
-	}
-	return nil
-}
-
-// slow is the lookup path for keys not (yet) in the read map. It returns the
-// guard and its entry.
-func (s *Scope[K]) slow(key K) (*policy.Guard, *entry[K]) {
+// slow is the lookup path for keys the lock-free probe did not find: it
+// confirms the miss under mu and inserts a new entry. It returns the guard
+// and its entry.
+func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 	for {
 		s.mu.Lock()
-		if e := s.findLocked(key); e != nil {
-			e.seen.Store(s.read.Load().epoch)
-			s.slowHits++
-			due := s.promoteDueLocked() || s.sweepDueLocked()
+		if e := s.find(key, h); e != nil {
+			// Present after all: the probe raced with an eviction shifting
+			// the table, or with the insert of this key.
 			s.mu.Unlock()
+			s.stamp(e)
 			s.hits.add()
-			if due || s.rebuilding.Load() {
-				s.help(false)
-			}
 			g := e.guard.Load()
 			if g == nil {
 				// Another goroutine is building it: wait for that build,
@@ -338,73 +367,125 @@ func (s *Scope[K]) slow(key K) (*policy.Guard, *entry[K]) {
 			s.help(true)
 			continue
 		}
-		e := &entry[K]{key: key}
-		e.seen.Store(s.read.Load().epoch)
+		e := &entry[K]{hash: h, key: key}
+		e.seen.Store(s.epoch.Load())
 		e.build.Lock()
-		s.dirty[key] = e
-		s.dirtyList = append(s.dirtyList, e)
+		s.insertLocked(e)
 		s.misses++
 		s.size.Add(1)
-		due := s.sweepDueLocked()
+		due := int(s.size.Load()) > s.trigger
 		s.mu.Unlock()
 
 		g := s.build(e)
-		if due || s.rebuilding.Load() {
+		if due || s.sweeping.Load() {
 			s.help(false)
 		}
 		return g, e
 	}
 }
 
-// build runs Shape and policy.New for a new entry, outside mu. If Shape
-// panics the entry dies and the panic goes on.
+// insertLocked puts e, whose key is absent, into the table, doubling the
+// table first if that would make it more than half full. The caller holds mu.
+func (s *Scope[K]) insertLocked(e *entry[K]) {
+	t := s.tab.Load()
+	if 2*(int(s.size.Load())+1) > len(t.slots) && len(t.slots) < s.maxSlots {
+		t = s.growLocked(t)
+	}
+	place(t, e)
+}
+
+// place stores e in the first free slot of its probe sequence.
+func place[K comparable](t *table[K], e *entry[K]) {
+	for i := e.hash & t.mask; ; i = (i + 1) & t.mask {
+		if t.slots[i].Load() == nil {
+			t.slots[i].Store(e)
+			return
+		}
+	}
+}
+
+// growLocked publishes a table twice the size of t holding its entries.
+// Probes still reading t find what it held; a key inserted after the swap
+// is missing from t, and a probe that misses confirms under mu.
+func (s *Scope[K]) growLocked(t *table[K]) *table[K] {
+	n := newTable[K](2 * len(t.slots))
+	for i := range t.slots {
+		if e := t.slots[i].Load(); e != nil {
+			place(n, e)
+		}
+	}
+	s.tab.Store(n)
+	return n
+}
+
+// removeLocked deletes e from the table, shifting the rest of its cluster
+// back so that no probe sequence has a hole. The caller holds mu.
+func (s *Scope[K]) removeLocked(e *entry[K]) {
+	t := s.tab.Load()
+	i := e.hash & t.mask
+	for t.slots[i].Load() != e {
+		if t.slots[i].Load() == nil {
+			return // not in the table (cannot happen)
+		}
+		i = (i + 1) & t.mask
+	}
+	t.slots[i].Store(nil)
+	for j := (i + 1) & t.mask; ; j = (j + 1) & t.mask {
+		f := t.slots[j].Load()
+		if f == nil {
+			return
+		}
+		// f may move into the hole at i unless its home slot lies
+		// cyclically in (i, j]: then its probe never passes i.
+		if home := f.hash & t.mask; (j-home)&t.mask >= (j-i)&t.mask {
+			t.slots[i].Store(f)
+			t.slots[j].Store(nil)
+			i = j
+		}
+	}
+}
+
+// build runs Shape and builds the guard of a new entry, outside mu. If
+// Shape panics the entry is removed and the panic goes on.
 func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 	ok := false
 	defer func() {
 		if !ok {
+			s.mu.Lock()
 			e.state.Store(dead)
+			s.removeLocked(e)
+			s.size.Add(-1)
+			s.misses--
+			s.mu.Unlock()
 			e.build.Unlock()
 		}
 	}()
-	p := s.template
+	c := s.compiled
 	if s.opts.Shape != nil {
-		p = s.opts.Shape(e.key)
-	}
-	g, err := policy.New(s.withKey(e.key, p))
-	if err != nil {
-		s.shapeErrs.Add(1)
-		if s.opts.OnShapeError != nil {
-			s.opts.OnShapeError(e.key, err)
-		} else {
-			slog.Warn("scope: Shape returned an invalid policy; using the template", "key", e.key, "err", err)
-		}
-		g, err = policy.New(s.withKey(e.key, s.template))
-		if err != nil { // cannot happen: New validated the template
-			panic(err)
+		var err error
+		if c, err = policy.Compile(s.opts.Shape(e.key)); err != nil {
+			s.shapeErrs.Add(1)
+			if s.opts.OnShapeError != nil {
+				s.opts.OnShapeError(e.key, err)
+			} else {
+				slog.Warn("scope: Shape returned an invalid policy; using the template", "key", e.key, "err", err)
+			}
+			c = s.compiled
 		}
 	}
+	var hook func(policy.Event)
+	if on := s.opts.OnEvent; on != nil {
+		key := e.key
+		hook = func(ev policy.Event) { on(key, ev) }
+	}
+	g := c.NewWithEvents(hook)
 	e.guard.Store(g)
 	ok = true
 	e.build.Unlock()
 	return g
 }
 
-func (s *Scope[K]) withKey(key K, p policy.Policy) policy.Policy {
-	if s.opts.OnEvent == nil {
-		return p
-	}
-	inner, hook := p.OnEvent, s.opts.OnEvent
-	p.OnEvent = func(e policy.Event) {
-		if inner != nil {
-			inner(e)
-		}
-		hook(key, e)
-	}
-	return p
-}
-
-// Len returns the number of keys held, including keys a running sweep is
-// about to evict.
+// Len returns the number of keys held.
 func (s *Scope[K]) Len() int { return int(s.size.Load()) }
 
 // Stats returns a snapshot of the scope's counters.
@@ -429,21 +510,15 @@ func (s *Scope[K]) Stats() Stats {
 // fn may call the scope.
 func (s *Scope[K]) Range(fn func(K, *policy.Guard) bool) {
 	s.mu.Lock()
-	r := s.read.Load() // consistent with dirty and frozen: disjoint live keys
-	extra := make([]*entry[K], 0, len(s.dirtyList)+len(s.frozen))
-	extra = append(extra, s.dirtyList...)
-	for _, e := range s.frozen {
-		extra = append(extra, e)
-	}
-	s.mu.Unlock()
-	for _, e := range r.list {
-		if g := e.guard.Load(); g != nil && e.state.Load() >= 0 {
-			if !fn(e.key, g) {
-				return
-			}
+	t := s.tab.Load()
+	live := make([]*entry[K], 0, s.size.Load())
+	for i := range t.slots {
+		if e := t.slots[i].Load(); e != nil {
+			live = append(live, e)
 		}
 	}
-	for _, e := range extra {
+	s.mu.Unlock()
+	for _, e := range live {
 		if g := e.guard.Load(); g != nil && e.state.Load() >= 0 {
 			if !fn(e.key, g) {
 				return

@@ -106,23 +106,18 @@ func TestForReturnsOneGuardPerKey(t *testing.T) {
 	if s.For("a") != a {
 		t.Fatal("a second lookup of a returned another guard")
 	}
-	s.Promote()
-	if !s.InRead("a") {
-		t.Fatal("a was not promoted to the read map")
-	}
-	if s.For("a") != a {
-		t.Fatal("lookup after promotion returned another guard")
+	if !s.LockFree("a") {
+		t.Fatal("a is not found by the lock-free probe")
 	}
 	st := s.Stats()
-	if st.Size != 2 || st.Misses != 2 || st.Hits != 2 {
-		t.Fatalf("stats %+v, want size 2, misses 2, hits 2", st)
+	if st.Size != 2 || st.Misses != 2 || st.Hits != 1 {
+		t.Fatalf("stats %+v, want size 2, misses 2, hits 1", st)
 	}
 }
 
 func TestHitAllocatesNothing(t *testing.T) {
 	s := scope.New(policy.Default(), scope.Options[string]{})
 	s.For("tenant")
-	s.Promote()
 	if n := testing.AllocsPerRun(1000, func() { s.For("tenant") }); n != 0 {
 		t.Fatalf("For on a hit allocates %v times", n)
 	}
@@ -131,26 +126,57 @@ func TestHitAllocatesNothing(t *testing.T) {
 	}
 }
 
-func TestSlowLookupsPromoteKeys(t *testing.T) {
+// TestTableGrowsForProtectedKeys fills a scope with open breakers, which
+// sweeps keep below the ceiling: the table grows past its first size and
+// every key stays reachable without a lock.
+func TestTableGrowsForProtectedKeys(t *testing.T) {
 	t.Parallel()
-	s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 100})
-	for i := range 50 {
-		s.For(key(i))
+	clk := new(fakeClock)
+	s := scope.New(tripTemplate(clk), scope.Options[int]{MaxKeys: 16})
+	first := s.TableSize()
+	for i := range 60 {
+		trip(t, s.For(i))
 	}
-	// Repeated lookups of overflow keys make their promotion due, and the
-	// lookups themselves do the work: no goroutine, no sweep needed.
-	for range 10 {
-		for i := range 50 {
-			s.For(key(i))
+	s.Quiesce()
+	if s.TableSize() <= first {
+		t.Fatalf("table size %d, still %d with %d keys", s.TableSize(), first, s.Len())
+	}
+	for i := range 60 {
+		if !s.LockFree(i) {
+			t.Fatalf("key %d not found by the lock-free probe", i)
 		}
 	}
-	for i := range 50 {
-		if !s.InRead(key(i)) {
-			t.Fatalf("%s still in the overflow after 500 lookups", key(i))
-		}
+	if st := s.Stats(); st.Evictions != 0 || st.Size != 60 {
+		t.Fatalf("stats %+v, want 60 keys, no eviction", st)
 	}
-	if st := s.Stats(); st.Evictions != 0 || st.Size != 50 {
-		t.Fatalf("stats %+v, want 50 keys, no eviction", st)
+}
+
+// TestEvictionKeepsProbeSequences evicts keys from crowded clusters (many
+// keys in a small table) and checks that every survivor is still found by
+// the lock-free probe: deletion shifts clusters back without holes.
+func TestEvictionKeepsProbeSequences(t *testing.T) {
+	t.Parallel()
+	for round := range 20 {
+		s := scope.New(policy.Default(), scope.Options[int]{MaxKeys: 8, HardCeiling: 8})
+		r := rand.New(rand.NewPCG(uint64(round), 1))
+		live := map[int]bool{}
+		for i := range 2000 {
+			k := int(r.Uint32N(64))
+			s.For(k)
+			live[k] = true
+			if i%97 == 0 {
+				s.SweepNow()
+			}
+			n := 0
+			for k := range 64 {
+				if s.LockFree(k) {
+					n++
+				}
+			}
+			if n != s.Len() {
+				t.Fatalf("round %d step %d: lock-free probe finds %d keys, Len %d", round, i, n, s.Len())
+			}
+		}
 	}
 }
 
@@ -482,9 +508,8 @@ func TestShapePanicLeavesNoEntry(t *testing.T) {
 	if g == nil || s.For("k") != g {
 		t.Fatal("key unusable after a Shape panic")
 	}
-	s.Promote()
-	if s.For("k") != g {
-		t.Fatal("promotion lost the guard built after a Shape panic")
+	if st := s.Stats(); st.Size != 1 || st.Misses != 1 {
+		t.Fatalf("stats %+v after a Shape panic and a build, want one key, one miss", st)
 	}
 }
 
@@ -514,14 +539,10 @@ func TestOnEventCarriesKey(t *testing.T) {
 	}
 }
 
-func TestRangeSeesReadAndOverflowKeys(t *testing.T) {
+func TestRangeSeesEveryKey(t *testing.T) {
 	t.Parallel()
 	s := scope.New(policy.Default(), scope.Options[string]{})
-	for i := range 10 {
-		s.For(key(i))
-	}
-	s.Promote()
-	for i := 10; i < 20; i++ {
+	for i := range 20 {
 		s.For(key(i))
 	}
 	seen := map[string]bool{}
@@ -543,7 +564,7 @@ func TestRangeSeesReadAndOverflowKeys(t *testing.T) {
 }
 
 // TestConcurrentLookupsAndSweeps hammers a small scope from many goroutines
-// (For, Pin/Unpin, Range, Stats) so that sweeps and promotions run all the
+// (For, Pin/Unpin, Range, Stats) so that inserts and sweeps run all the
 // time; run it with -race.
 func TestConcurrentLookupsAndSweeps(t *testing.T) {
 	t.Parallel()

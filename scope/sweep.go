@@ -6,62 +6,32 @@ import (
 	"github.com/ringfence/ringfence/policy"
 )
 
-// stepUnits is how much rebuild work (entries classified, copied or
-// evicted) one slow-path lookup does. A rebuild of n entries is spread over
-// about 3n/stepUnits slow lookups, so no single lookup pays for a sweep, and
-// sweeping keeps up with any insert rate.
-const stepUnits = 32
+// stepSlots is how many table slots one inserting lookup scans when it helps
+// a sweep. A sweep of a table of n slots is spread over n/stepSlots inserts,
+// fewer than the MaxKeys/4 inserts that make the next sweep due, so no
+// single lookup pays for a sweep and sweeping keeps up with any insert rate.
+const stepSlots = 64
 
-type phase uint8
-
-const (
-	phaseClassify phase = iota
-	phaseSelect
-	phaseBuild
-	phaseEvict
-	phasePublish
-)
-
-// rebuild is the state of an incremental rebuild of the read map: a sweep,
-// or a promotion of the overflow. All fields are protected by sweepMu.
-type rebuild[K comparable] struct {
+// sweep is the state of an incremental sweep. All fields are protected by
+// sweepMu.
+type sweep[K comparable] struct {
 	active bool
-	sweep  bool
-	prev   uint32 // epoch before a sweep: entries stamped prev or later were seen
-	epoch  uint32 // epoch of the map to publish
-	phase  phase
-	i      int
-
-	old    *readMap[K]
-	frozen []*entry[K]
-
-	seen, pinned, open, cold, over []*entry[K] // reused across rebuilds
-	keep                           []*entry[K] // becomes the published list
-
-	m       map[K]*entry[K]
-	evicted []K
+	prev   uint32 // epoch before the sweep: entries stamped prev or later were seen
+	pos    int    // next slot to scan
+	seen   int    // seen entries kept so far
+	kept   int    // entries kept so far
+	cold   []*entry[K]
+	force  []*entry[K] // protected beyond the ceiling: evicted even if pinned
+	keys   []K         // evicted keys, for OnEvict
 }
 
-func (s *Scope[K]) sweepDueLocked() bool { return int(s.size.Load()) > s.trigger }
-
-func (s *Scope[K]) promoteDueLocked() bool {
-	return len(s.dirtyList) > 0 && s.slowHits >= s.promoteAfterLocked()
-}
-
-// promoteAfterLocked is how many slow-path hits make the overflow due for
-// promotion into the read map: the O(n) copy is amortised over n/8 slow
-// lookups.
-func (s *Scope[K]) promoteAfterLocked() int {
-	return max(len(s.dirtyList), (len(s.read.Load().list)+len(s.dirtyList))/8, 1)
-}
-
-// help does a step of rebuild work if no other goroutine is doing one. If
+// help does a step of sweep work if no other goroutine is doing one. If
 // wait is set (the scope is at its hard bound) it waits for sweepMu and
-// finishes the rebuild instead.
+// runs a whole sweep instead.
 func (s *Scope[K]) help(wait bool) {
 	if wait {
 		s.sweepMu.Lock()
-		if !s.rb.active {
+		if !s.sw.active {
 			s.start(true)
 		}
 		evicted := s.work(math.MaxInt)
@@ -72,12 +42,14 @@ func (s *Scope[K]) help(wait bool) {
 	if !s.sweepMu.TryLock() {
 		return
 	}
-	if !s.rb.active {
+	if !s.sw.active {
 		s.start(false)
 	}
 	var evicted []K
-	if s.rb.active {
-		evicted = s.work(stepUnits)
+	if s.sw.active {
+		// Scan more per step in a table grown for protected keys, so that
+		// a sweep still ends within the inserts that make the next one due.
+		evicted = s.work(max(stepSlots, 8*len(s.tab.Load().slots)/s.maxKeys))
 	}
 	s.sweepMu.Unlock()
 	s.notify(evicted)
@@ -92,187 +64,122 @@ func (s *Scope[K]) notify(evicted []K) {
 	}
 }
 
-// start begins a rebuild if one is due (or force): it takes the overflow,
-// and for a sweep starts a new epoch. O(1) apart from a small map.
+// start begins a sweep if one is due (or force): lookups from now on stamp
+// a new epoch, so keys seen while this sweep runs survive the next one too.
+// The caller holds sweepMu.
 func (s *Scope[K]) start(force bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	sweep := force || s.sweepDueLocked()
-	if !sweep && !s.promoteDueLocked() {
+	due := force || int(s.size.Load()) > s.trigger
+	s.mu.Unlock()
+	if !due {
 		return
 	}
-	rb := &s.rb
-	old := s.read.Load()
-	rb.active, rb.sweep, rb.phase, rb.i = true, sweep, phaseClassify, 0
-	s.rebuilding.Store(true)
-	rb.old, rb.frozen = old, s.dirtyList
-	rb.prev, rb.epoch = old.epoch, old.epoch
-	s.frozen = s.dirty
-	// Sized for the inserts expected before the next rebuild: growing a map
-	// rehashes it, a latency spike in the lookup that triggers it.
-	hint := s.maxKeys*3/8 + 1
-	s.dirty = make(map[K]*entry[K], hint)
-	s.dirtyList = make([]*entry[K], 0, hint)
-	s.slowHits = 0
-	if sweep {
-		// Lookups from now on stamp the new epoch, so keys seen while this
-		// sweep runs survive the next one too.
-		rb.epoch++
-		s.read.Store(&readMap[K]{m: old.m, list: old.list, epoch: rb.epoch})
-	}
+	sw := &s.sw
+	sw.active, sw.pos, sw.seen, sw.kept = true, 0, 0, 0
+	sw.prev = s.epoch.Load()
+	s.epoch.Store(sw.prev + 1)
+	s.sweeping.Store(true)
 }
 
-// work runs up to budget units of the active rebuild and returns the keys
-// evicted if it completed (and OnEvict is set). The caller holds sweepMu.
+// work scans up to budget slots of the running sweep, evicts the cold
+// entries found, and finishes the sweep at the end of the table. It returns
+// the keys evicted (if OnEvict is set). The caller holds sweepMu.
 func (s *Scope[K]) work(budget int) []K {
-	rb := &s.rb
-	for budget > 0 {
-		switch rb.phase {
-		case phaseClassify:
-			n := len(rb.old.list) + len(rb.frozen)
-			for ; rb.i < n && budget > 0; rb.i, budget = rb.i+1, budget-1 {
-				var e *entry[K]
-				if rb.i < len(rb.old.list) {
-					e = rb.old.list[rb.i]
-				} else {
-					e = rb.frozen[rb.i-len(rb.old.list)]
-				}
-				s.classify(e)
-			}
-			if rb.i == n {
-				rb.phase, rb.i = phaseSelect, 0
-			}
-		case phaseSelect:
-			s.selectKeep()
-			budget -= 4
-			rb.phase = phaseBuild
-		case phaseBuild:
-			if rb.m == nil {
-				rb.m = make(map[K]*entry[K], len(rb.keep))
-			}
-			for ; rb.i < len(rb.keep) && budget > 0; rb.i, budget = rb.i+1, budget-1 {
-				e := rb.keep[rb.i]
-				rb.m[e.key] = e
-			}
-			if rb.i == len(rb.keep) {
-				rb.phase, rb.i = phaseEvict, 0
-			}
-		case phaseEvict:
-			// Evict before publishing: once an entry is dead, lookups treat
-			// it as absent, so no key ever has two live guards.
-			n := len(rb.over) + len(rb.cold)
-			for ; rb.i < n && budget > 0; rb.i, budget = rb.i+1, budget-1 {
-				if rb.i < len(rb.over) {
-					s.kill(rb.over[rb.i], true)
-				} else if e := rb.cold[rb.i-len(rb.over)]; !s.kill(e, false) && e.state.Load() >= 0 {
-					// Pinned since it was classified: keep it.
-					rb.m[e.key] = e
-					rb.keep = append(rb.keep, e)
-				}
-			}
-			if rb.i == n {
-				rb.phase = phasePublish
-			}
-		case phasePublish:
-			return s.publish()
+	sw := &s.sw
+	t := s.tab.Load()
+	end := min(len(t.slots), sw.pos+min(budget, len(t.slots)))
+	for ; sw.pos < end; sw.pos++ {
+		if e := t.slots[sw.pos].Load(); e != nil {
+			s.classify(e)
 		}
 	}
-	return nil
+	// A table grown since the sweep started is scanned from the same
+	// position: some entries are classified twice or not at all, which only
+	// makes the sweep more approximate.
+	done := sw.pos >= len(s.tab.Load().slots)
+	if len(sw.cold)+len(sw.force) > 0 || done {
+		s.mu.Lock()
+		for _, e := range sw.force {
+			s.evictLocked(e, true)
+		}
+		for _, e := range sw.cold {
+			s.evictLocked(e, false)
+		}
+		if done {
+			// Leave room for MaxKeys/4 new keys before the next sweep, so
+			// that sweeping stays amortised.
+			n := int(s.size.Load())
+			s.trigger = min(max(s.maxKeys, n+s.maxKeys/4+1), s.bound-1)
+		}
+		s.mu.Unlock()
+		clear(sw.cold) // drop references to evicted entries
+		clear(sw.force)
+		sw.cold, sw.force = sw.cold[:0], sw.force[:0]
+	}
+	var evicted []K
+	if len(sw.keys) > 0 {
+		evicted = sw.keys
+		sw.keys = nil
+	}
+	if done {
+		sw.active = false
+		s.sweeping.Store(false)
+		s.sweeps.Add(1)
+	}
+	return evicted
 }
 
+// classify decides whether e survives the running sweep: seen keys up to
+// MaxKeys, and protected keys (pinned, breaker not closed) while fewer than
+// HardCeiling keys are kept.
 func (s *Scope[K]) classify(e *entry[K]) {
-	rb := &s.rb
+	sw := &s.sw
 	st := e.state.Load()
 	if st < 0 {
-		return // dead: already gone
-	}
-	if !rb.sweep {
-		rb.seen = append(rb.seen, e)
 		return
 	}
 	g := e.guard.Load()
 	switch {
 	case g == nil: // still being built: brand new
-		rb.seen = append(rb.seen, e)
-	case st > 0:
-		rb.pinned = append(rb.pinned, e)
-	case g.State() != policy.Closed:
-		rb.open = append(rb.open, e)
-	case e.seen.Load()-rb.prev <= 1: // stamped prev or prev+1
-		rb.seen = append(rb.seen, e)
-	default:
-		rb.cold = append(rb.cold, e)
-	}
-}
-
-// selectKeep decides what survives: the seen keys up to MaxKeys, then the
-// protected ones (pinned first: they hold parked messages) while under the
-// ceiling.
-func (s *Scope[K]) selectKeep() {
-	rb := &s.rb
-	if rb.sweep && len(rb.seen) > s.maxKeys {
-		// More keys were seen than fit: keep an arbitrary part, down to a
-		// low-water mark so that the next sweep is not due at once.
-		keep := s.maxKeys - s.maxKeys/8
-		rb.cold = append(rb.cold, rb.seen[keep:]...)
-		rb.seen = rb.seen[:keep]
-	}
-	rb.keep = make([]*entry[K], 0, min(len(rb.seen)+len(rb.pinned)+len(rb.open), s.ceiling)+s.maxKeys/16)
-	rb.keep = append(rb.keep, rb.seen...)
-	for _, list := range [2][]*entry[K]{rb.pinned, rb.open} {
-		for _, e := range list {
-			if len(rb.keep) < s.ceiling {
-				rb.keep = append(rb.keep, e)
-			} else {
-				rb.over = append(rb.over, e)
-			}
+		sw.seen++
+		sw.kept++
+	case st > 0 || g.State() != policy.Closed:
+		if sw.kept < s.ceiling {
+			sw.kept++
+		} else {
+			sw.force = append(sw.force, e)
 		}
+	case e.seen.Load()-sw.prev <= 1: // stamped prev or prev+1
+		if sw.seen < s.maxKeys {
+			sw.seen++
+			sw.kept++
+		} else {
+			sw.cold = append(sw.cold, e)
+		}
+	default:
+		sw.cold = append(sw.cold, e)
 	}
 }
 
-// kill evicts e: only if unpinned, unless force. It reports whether e was
-// evicted by this call.
-func (s *Scope[K]) kill(e *entry[K], force bool) bool {
+// evictLocked evicts e (only if unpinned, unless force) and removes it from
+// the table. The caller holds mu.
+func (s *Scope[K]) evictLocked(e *entry[K], force bool) {
 	for {
 		n := e.state.Load()
 		if n < 0 || (n > 0 && !force) {
-			return false
+			return // gone already, or pinned since it was classified
 		}
 		if e.state.CompareAndSwap(n, dead) {
 			if n > 0 {
 				s.pinned.Add(-1)
 			}
-			s.evictions.Add(1)
-			if s.opts.OnEvict != nil {
-				s.rb.evicted = append(s.rb.evicted, e.key)
-			}
-			return true
+			break
 		}
 	}
-}
-
-// publish swaps in the rebuilt map (O(1) under mu) and resets the state.
-func (s *Scope[K]) publish() []K {
-	rb := &s.rb
-	s.mu.Lock()
-	s.read.Store(&readMap[K]{m: rb.m, list: rb.keep, epoch: rb.epoch})
-	s.frozen = nil
-	s.size.Store(int64(len(rb.m) + len(s.dirtyList)))
-	if rb.sweep {
-		// Leave room for MaxKeys/4 new keys before the next sweep, so
-		// that sweeping stays amortised.
-		s.trigger = min(max(s.maxKeys, len(rb.m)+s.maxKeys/4+1), s.bound-1)
+	s.removeLocked(e)
+	s.size.Add(-1)
+	s.evictions.Add(1)
+	if s.opts.OnEvict != nil {
+		s.sw.keys = append(s.sw.keys, e.key)
 	}
-	s.mu.Unlock()
-	s.rebuilding.Store(false)
-	if rb.sweep {
-		s.sweeps.Add(1)
-	}
-	evicted := rb.evicted
-	for _, l := range []*[]*entry[K]{&rb.seen, &rb.pinned, &rb.open, &rb.cold, &rb.over} {
-		clear(*l) // drop references to evicted entries
-		*l = (*l)[:0]
-	}
-	*rb = rebuild[K]{seen: rb.seen, pinned: rb.pinned, open: rb.open, cold: rb.cold, over: rb.over}
-	return evicted
 }
