@@ -1,6 +1,8 @@
 // Package policy builds per-instance resilience: a [Policy] is a plain,
 // copyable template, and [New] turns it into a [Guard] that owns its own
-// circuit breaker, retry budget and latency estimate.
+// circuit breaker, retry budget and latency estimate. To build many guards
+// of one policy (one per tenant), [Compile] it once: the guards of a
+// [Compiled] share the validated policy and each costs only its own state.
 //
 // # Executor
 //
