@@ -240,25 +240,26 @@ func (p *packed) at(i int32) string {
 	return p.all[start:p.end[i]]
 }
 
-// lookupFunc is one keyed-guard store under churn: it returns the guard of
-// a key, building it on a miss.
+// lookupFunc returns the guard of a key, building it on a miss.
 type lookupFunc func(string) *policy.Guard
 
-// churnStores returns the stores compared under churn, each new per run:
-// scope.For, and otter's Get with a loader building the guard the same way
-// (one Compiled policy), which is what a user would otherwise pick.
-func churnStores() []struct {
+// churnStore is a keyed-guard store compared under churn: open returns a
+// fresh one and a function reporting its hits, misses and sweeps (NaN if it
+// has none).
+type churnStore struct {
 	name string
 	open func() (lookupFunc, func() (hits, misses uint64, sweeps float64))
-} {
+}
+
+// churnStores returns scope.For, and otter's Get with a loader building the
+// guard the same way (one Compiled policy), which is what a user would
+// otherwise pick.
+func churnStores() []churnStore {
 	compiled, err := policy.Compile(policy.Default())
 	if err != nil {
 		panic(err)
 	}
-	return []struct {
-		name string
-		open func() (lookupFunc, func() (hits, misses uint64, sweeps float64))
-	}{
+	return []churnStore{
 		{"scope.For", func() (lookupFunc, func() (uint64, uint64, float64)) {
 			s := scope.New(policy.Default(), scope.Options[string]{MaxKeys: 1024})
 			return s.For, func() (uint64, uint64, float64) {

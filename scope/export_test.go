@@ -11,10 +11,10 @@ func (s *Scope[K]) Quiesce() {
 	s.sweepMu.Lock()
 	var evicted []K
 	for {
-		if !s.sw.active {
+		if !s.sweeping.Load() {
 			s.start(false)
 		}
-		if !s.sw.active {
+		if !s.sweeping.Load() {
 			break
 		}
 		evicted = append(evicted, s.work(math.MaxInt)...)
@@ -28,7 +28,7 @@ func (s *Scope[K]) Quiesce() {
 func (s *Scope[K]) SweepNow() {
 	s.sweepMu.Lock()
 	var evicted []K
-	if s.sw.active {
+	if s.sweeping.Load() {
 		evicted = s.work(math.MaxInt)
 	}
 	s.start(true)

@@ -76,18 +76,19 @@ type Stats struct {
 
 // Scope holds one [policy.Guard] per key, bounded by Options.MaxKeys.
 //
-// Keys live in an open-addressing hash table of atomic pointers, sized at
-// New for the hard bound (HardCeiling+MaxKeys) at most half full. A lookup
-// of a present key probes it without a lock and allocates nothing, so no
-// lookup of a present key ever waits for a sweep. A new key is inserted
-// under a mutex (its guard is built outside it). Sweeps are incremental:
-// each lookup that inserts a key while a sweep runs scans a fixed number of
-// table slots if no other goroutine is doing so, and evicts what it found
-// cold under the mutex (a few pointer stores each). A Scope owns no
-// goroutine (it needs no Close), and after New nothing in it allocates but
-// the entries and guards of new keys. A sweep only progresses with such
-// lookups: while every lookup hits, a started sweep stays pending (memory
-// stays bounded).
+// Keys live in an open-addressing hash table of atomic pointers, at most
+// half full: sized at New for MaxKeys and the keys added between sweeps, and
+// doubled (up to the size for HardCeiling+MaxKeys) only if protected keys
+// pile up. A lookup of a present key probes it without a lock and allocates
+// nothing, so no lookup of a present key ever waits for a sweep. A new key
+// is inserted under a mutex (its guard is built outside it). Sweeps are
+// incremental: each lookup that inserts a key while a sweep runs scans a
+// fixed number of table slots if no other goroutine is doing so, and evicts
+// what it found cold under the mutex (a few pointer stores each). A Scope
+// owns no goroutine (it needs no Close); apart from a table doubling, what
+// it allocates is the entry and guard of each new key. A sweep only
+// progresses with such lookups: while every lookup hits, a started sweep
+// stays pending (memory stays bounded).
 //
 // Eviction is approximate, after CLOCK: each lookup stamps its entry with the
 // current sweep epoch, and a sweep keeps the keys stamped since the previous
@@ -418,8 +419,9 @@ func (s *Scope[K]) growLocked(t *table[K]) *table[K] {
 	return n
 }
 
-// removeLocked deletes e from the table, shifting the rest of its cluster
-// back so that no probe sequence has a hole. The caller holds mu.
+// removeLocked deletes e from the table and the size, shifting the rest of
+// its cluster back so that no probe sequence has a hole. The caller holds
+// mu.
 func (s *Scope[K]) removeLocked(e *entry[K]) {
 	t := s.tab.Load()
 	i := e.hash & t.mask
@@ -430,6 +432,7 @@ func (s *Scope[K]) removeLocked(e *entry[K]) {
 		i = (i + 1) & t.mask
 	}
 	t.slots[i].Store(nil)
+	s.size.Add(-1)
 	for j := (i + 1) & t.mask; ; j = (j + 1) & t.mask {
 		f := t.slots[j].Load()
 		if f == nil {
@@ -454,7 +457,6 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 			s.mu.Lock()
 			e.state.Store(dead)
 			s.removeLocked(e)
-			s.size.Add(-1)
 			s.misses--
 			s.mu.Unlock()
 			e.build.Unlock()

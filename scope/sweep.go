@@ -15,14 +15,13 @@ const stepSlots = 64
 // sweep is the state of an incremental sweep. All fields are protected by
 // sweepMu.
 type sweep[K comparable] struct {
-	active bool
-	prev   uint32 // epoch before the sweep: entries stamped prev or later were seen
-	pos    int    // next slot to scan
-	seen   int    // seen entries kept so far
-	kept   int    // entries kept so far
-	cold   []*entry[K]
-	force  []*entry[K] // protected beyond the ceiling: evicted even if pinned
-	keys   []K         // evicted keys, for OnEvict
+	prev  uint32 // epoch before the sweep: entries stamped prev or later were seen
+	pos   int    // next slot to scan
+	seen  int    // seen entries kept so far
+	kept  int    // entries kept so far
+	cold  []*entry[K]
+	force []*entry[K] // protected beyond the ceiling: evicted even if pinned
+	keys  []K         // evicted keys, for OnEvict
 }
 
 // help does a step of sweep work if no other goroutine is doing one. If
@@ -31,7 +30,7 @@ type sweep[K comparable] struct {
 func (s *Scope[K]) help(wait bool) {
 	if wait {
 		s.sweepMu.Lock()
-		if !s.sw.active {
+		if !s.sweeping.Load() {
 			s.start(true)
 		}
 		evicted := s.work(math.MaxInt)
@@ -42,11 +41,11 @@ func (s *Scope[K]) help(wait bool) {
 	if !s.sweepMu.TryLock() {
 		return
 	}
-	if !s.sw.active {
+	if !s.sweeping.Load() {
 		s.start(false)
 	}
 	var evicted []K
-	if s.sw.active {
+	if s.sweeping.Load() {
 		// Scan more per step in a table grown for protected keys, so that
 		// a sweep still ends within the inserts that make the next one due.
 		evicted = s.work(max(stepSlots, 8*len(s.tab.Load().slots)/s.maxKeys))
@@ -75,7 +74,7 @@ func (s *Scope[K]) start(force bool) {
 		return
 	}
 	sw := &s.sw
-	sw.active, sw.pos, sw.seen, sw.kept = true, 0, 0, 0
+	sw.pos, sw.seen, sw.kept = 0, 0, 0
 	sw.prev = s.epoch.Load()
 	s.epoch.Store(sw.prev + 1)
 	s.sweeping.Store(true)
@@ -122,7 +121,6 @@ func (s *Scope[K]) work(budget int) []K {
 		sw.keys = nil
 	}
 	if done {
-		sw.active = false
 		s.sweeping.Store(false)
 		s.sweeps.Add(1)
 	}
@@ -177,7 +175,6 @@ func (s *Scope[K]) evictLocked(e *entry[K], force bool) {
 		}
 	}
 	s.removeLocked(e)
-	s.size.Add(-1)
 	s.evictions.Add(1)
 	if s.opts.OnEvict != nil {
 		s.sw.keys = append(s.sw.keys, e.key)
