@@ -41,6 +41,19 @@ func benchGuard(b *testing.B) *policy.Guard {
 	return g
 }
 
+// benchGuardRecycled is benchGuard built by a Recycler, as a scope builds
+// its guards: every call counts itself in and out of the recyclable state.
+func benchGuardRecycled(b *testing.B) *policy.Guard {
+	b.Helper()
+	p := policy.Default()
+	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
+	c, err := policy.Compile(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return policy.NewRecycler(1).New(c, nil)
+}
+
 func benchGuardTimed(b *testing.B) *policy.Guard {
 	b.Helper()
 	p := policy.Default()
@@ -83,6 +96,28 @@ func BenchmarkSuccess(b *testing.B) {
 	})
 	b.Run("ringfence/parallel", func(b *testing.B) {
 		g := benchGuard(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := g.Run(ctx, okFn); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	// The same guard built by a Recycler (what scope.For returns).
+	b.Run("ringfence-recycled/serial", func(b *testing.B) {
+		g := benchGuardRecycled(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := g.Run(ctx, okFn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ringfence-recycled/parallel", func(b *testing.B) {
+		g := benchGuardRecycled(b)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {

@@ -39,7 +39,8 @@ type OpenError struct {
 	Until time.Time
 
 	clock Clock
-	g     *Guard
+	g     *guard
+	life  uint64 // g's life when this error was made
 }
 
 // RetryAfter is how long until the breaker admits a probe. For a half-open
@@ -47,7 +48,8 @@ type OpenError struct {
 // (between 1ms and 1s): about when a probe's outcome is known.
 func (e *OpenError) RetryAfter() time.Duration {
 	if e.State == HalfOpen || e.clock == nil {
-		if e.g == nil {
+		if e.g == nil || e.g.life.Load() != e.life {
+			// No guard, or its state now serves another guard.
 			return time.Millisecond
 		}
 		return min(max(time.Duration(e.g.latency.Load()), time.Millisecond), time.Second)

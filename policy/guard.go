@@ -35,35 +35,25 @@ func (s State) String() string {
 
 const windowBuckets = 10
 
-// Guard is one instance of a [Policy]: it owns a circuit breaker, a retry
-// budget and a latency estimate, and runs work through them with [Guard.Run]
-// or the two-step [Guard.Allow] and [Permit.Done].
+// guard is the state behind a [Guard]: breaker, budget, latency estimate.
+// A state made by a [Recycler] outlives its Guard and is reused for a later
+// one (see Guard.enter); any other state belongs to one Guard for good.
 //
-// A Guard is safe for concurrent use. The closed-breaker success path takes
-// no lock, allocates nothing and reads the clock only for a latency sample:
-// it loads the packed state word and updates a few atomics, which are
-// padded and sharded so that cores do not contend. Failures, state changes
-// and the budget floor take a mutex. A Guard takes about 1.5 KiB.
-type Guard struct {
-	// Read on every attempt, written only when the breaker changes state.
-	// The padding keeps them off the cache lines written per attempt, so
-	// that a reader on another core does not miss on every call.
-	r     *resolved   // shared by every guard of one Compiled policy
-	hook  func(Event) // per-guard event hook, after the policy's OnEvent
-	epoch time.Time   // origin of the nanosecond clock below
-	width int64       // ns per window bucket
-
-	// state packs generation<<2 | State. Changed only under mu; read freely.
-	state     atomic.Uint64
-	openUntil atomic.Int64 // ns since epoch; meaningful while Open
-
-	// openErr is the error returned while Open (one allocation per trip, so
-	// that rejections allocate nothing); fullErr while HalfOpen with every
-	// probe slot taken.
-	openErr atomic.Pointer[OpenError]
-	fullErr atomic.Pointer[OpenError] // built on first use
-	samples atomic.Uint64             // latency samples taken, counted up to warmSamples
-	_       cacheLinePad
+// The fields a new life starts from zero are grouped (head, counters, tail)
+// so that init clears each group with one plain assignment instead of a
+// locked store per field; the fields a retired Guard or an OpenError may
+// still touch (pool, life, active, latency) are outside the groups.
+type guard struct {
+	pool *Recycler // the recycler this state returns to; nil: none
+	// life counts the Guards this state has served; a Guard owns the state
+	// while life equals its own number (Recycler.Retire increments it).
+	life atomic.Uint64
+	// state packs generation<<2 | State. Changed only under mu; read freely
+	// (Guard.Closed reads it without counting in, so init stores it
+	// atomically).
+	state atomic.Uint64
+	head
+	_ cacheLinePad
 
 	// Written on every sampled attempt.
 	latency atomic.Int64 // latency estimate, ns; 0 until the first sample
@@ -73,9 +63,32 @@ type Guard struct {
 	// random so that cores rarely write the same line.
 	counts [counterShards]counterShard
 
-	// Read on every success, written on failures and retries.
+	tail
+}
+
+// head is read on every attempt and written only when the breaker changes
+// state. The padding after it keeps it off the cache lines written per
+// attempt, so that a reader on another core does not miss on every call.
+type head struct {
+	r     *resolved   // shared by every guard of one Compiled policy
+	hook  func(Event) // per-guard event hook, after the policy's OnEvent
+	epoch time.Time   // origin of the nanosecond clock below (the policy's)
+	width int64       // ns per window bucket
+
+	openUntil atomic.Int64 // ns since epoch; meaningful while Open
+
+	// openErr is the error returned while Open (one allocation per trip, so
+	// that rejections allocate nothing); fullErr while HalfOpen with every
+	// probe slot taken.
+	openErr atomic.Pointer[OpenError]
+	fullErr atomic.Pointer[OpenError] // built on first use
+	samples atomic.Uint64             // latency samples taken, counted up to warmSamples
+}
+
+// tail is read on every success and written on failures and retries.
+type tail struct {
 	consec  atomic.Int64 // consecutive failures while Closed
-	tokens  atomic.Int64 // retry budget, in thousandths of a token
+	spent   atomic.Int64 // retry budget used, in thousandths of a token
 	retries atomic.Uint64
 
 	mu        sync.Mutex
@@ -92,18 +105,26 @@ type Guard struct {
 const counterShards = 4 // a power of two
 
 type counterShard struct {
+	counters
+	// active counts the calls in progress on a recycled state (see
+	// Guard.enter); always zero on a state that is never recycled.
+	active atomic.Int64
+	_      [128 - 32]byte
+}
+
+type counters struct {
 	successes atomic.Uint64
 	failures  atomic.Uint64
 	rejected  atomic.Uint64
-	_         [128 - 24]byte
 }
 
 // cacheLinePad separates fields written by different cores (two 64-byte
 // lines, for the adjacent-line prefetcher).
 type cacheLinePad [128]byte
 
-// bucket is one slice of the rolling window. seq is the index of the time
-// slice it currently counts; a stale bucket is cleared under mu before use.
+// bucket is one slice of the rolling window. seq is one more than the index
+// of the time slice it counts (0: none, so that a zeroed window is empty); a
+// stale bucket is cleared under mu before use.
 type bucket struct {
 	seq  atomic.Int64
 	succ atomic.Int64
@@ -149,20 +170,34 @@ func (c *Compiled) New() *Guard { return c.NewWithEvents(nil) }
 // of its events, after the policy's OnEvent. A keyed collection of guards
 // uses it to tell which key an event is about.
 func (c *Compiled) NewWithEvents(onEvent func(Event)) *Guard {
-	r := c.r
-	g := &Guard{r: r, hook: onEvent, epoch: r.clock.Now()}
-	g.tokens.Store(r.maxMilli)
-	g.floorEmpty = -r.floorCap // starts full
-	if r.breaker {
-		g.width = int64(r.window) / windowBuckets
-		g.clearWindow()
-	}
-	return g
+	// One allocation for the handle and its state.
+	f := &struct {
+		h Guard
+		g guard
+	}{}
+	f.g.init(c.r, onEvent)
+	f.h.r, f.h.hook = c.r, onEvent
+	f.h.st.Store(&f.g)
+	return &f.h
 }
 
-// Policy returns the Policy this guard was built from, with copies of its
-// Breaker and Budget taken by New: a template for a sibling guard.
-func (g *Guard) Policy() Policy { return g.r.policy() }
+// init makes g a fresh state of policy r: closed breaker, full budget, no
+// latency estimate, zero counters, empty window. It leaves pool, life and
+// the active counts alone, and is called on a state no call is using (a new
+// one, or a recycled one whose active counts are zero: every call of its
+// last life ended before), so the plain writes race with nothing.
+func (g *guard) init(r *resolved, onEvent func(Event)) {
+	g.state.Store(0)
+	g.head = head{r: r, hook: onEvent, epoch: r.epoch}
+	if r.breaker {
+		g.width = int64(r.window) / windowBuckets
+	}
+	g.latency.Store(0) // an OpenError of the last life may be reading it
+	for i := range g.counts {
+		g.counts[i].counters = counters{}
+	}
+	g.tail = tail{floorEmpty: -r.floorCap} // budget and floor start full
+}
 
 func (r *resolved) policy() Policy {
 	p := r.originalCopy
@@ -177,11 +212,7 @@ func (r *resolved) policy() Policy {
 	return p
 }
 
-// Deadline returns the policy's Deadline (zero: none) without copying the
-// Policy, for engines that run attempts themselves.
-func (g *Guard) Deadline() time.Duration { return g.r.deadline }
-
-func (g *Guard) now() int64 {
+func (g *guard) now() int64 {
 	if g.r.systemClock {
 		return int64(time.Since(g.epoch))
 	}
@@ -194,7 +225,7 @@ func unpack(s uint64) (State, uint64) { return State(s & 3), s >> 2 }
 
 // State returns the breaker state. A breaker whose open period has ended
 // reports HalfOpen. Without a breaker it is always Closed.
-func (g *Guard) State() State {
+func (g *guard) breakerState() State {
 	st, _ := unpack(g.state.Load())
 	if st == Open && g.now() >= g.openUntil.Load() {
 		return HalfOpen
@@ -204,7 +235,7 @@ func (g *Guard) State() State {
 
 // RetryAfter returns how long until the breaker admits a probe: zero unless
 // the breaker is open.
-func (g *Guard) RetryAfter() time.Duration {
+func (g *guard) retryAfter() time.Duration {
 	st, _ := unpack(g.state.Load())
 	if st != Open {
 		return 0
@@ -219,34 +250,33 @@ func (g *Guard) RetryAfter() time.Duration {
 // copying it is fine, but only one copy may call Done or Release. The zero
 // Permit does nothing.
 type Permit struct {
-	g     *Guard
+	g     *guard
 	gen   uint64
 	start int64 // ns since epoch, when timed
 	timed bool  // the attempt is a latency sample
 	probe bool
 	shard uint8 // counter shard
+	// counted: the permit came from Guard.Allow on a recycled state, and
+	// Done or Release ends the call counted in by Guard.enter.
+	counted bool
 }
 
 // Probe reports whether this permit is a half-open probe.
 func (p Permit) Probe() bool { return p.probe }
 
-// Allow is the first step of two-step use: it asks the Admit hook and the
-// breaker whether an attempt may start now, without running anything. On
-// refusal the error is an [*AdmitError] or an [*OpenError] whose RetryAfter
-// says how long until a probe is admitted.
-func (g *Guard) Allow(ctx context.Context) (Permit, error) {
+// allow asks Admit and the breaker for a permit, filling the zero *p.
+func (g *guard) allow(ctx context.Context, p *Permit, r uint32) error {
 	if err := g.admit(ctx); err != nil {
-		return Permit{}, err
+		return err
 	}
-	var p Permit
-	err := g.acquire(&p)
+	err := g.acquire(p, r)
 	if err != nil {
 		g.emit(Event{Kind: EventRejected, Err: err})
 	}
-	return p, err
+	return err
 }
 
-func (g *Guard) admit(ctx context.Context) error {
+func (g *guard) admit(ctx context.Context) error {
 	if g.r.admit == nil {
 		return nil
 	}
@@ -259,9 +289,10 @@ func (g *Guard) admit(ctx context.Context) error {
 
 // acquire fills the zero Permit *p, or refuses. It works through a pointer:
 // copying a Permit of mixed-size fields by value costs store-forwarding
-// stalls that showed up as a fifth of the hot path.
-func (g *Guard) acquire(p *Permit) error {
-	r := rand.Uint32() // per-thread generator: no shared write
+// stalls that showed up as a fifth of the hot path. r is a random number
+// (math/rand/v2's per-thread generator: no shared write) that picks the
+// counter shard and decides whether the attempt is a latency sample.
+func (g *guard) acquire(p *Permit, r uint32) error {
 	shard := uint8(r & (counterShards - 1))
 	if !g.r.breaker {
 		p.g, p.shard = g, shard
@@ -290,14 +321,14 @@ const warmSamples = 32
 // sample decides whether the attempt about to start is a latency sample and,
 // if so, reads the clock. One attempt in Latency.SampleEvery is, chosen by
 // the random r (its top 30 bits mapped onto [0, SampleEvery) by a multiply).
-func (g *Guard) sample(r uint32) (int64, bool) {
+func (g *guard) sample(r uint32) (int64, bool) {
 	if n := g.r.sampleEvery; n > 1 && g.samples.Load() >= warmSamples && (uint64(r>>2)*uint64(n))>>30 != 0 {
 		return 0, false
 	}
 	return g.now(), true
 }
 
-func (g *Guard) acquireSlow(p *Permit, now int64, shard uint8) error {
+func (g *guard) acquireSlow(p *Permit, now int64, shard uint8) error {
 	g.mu.Lock()
 	st, gen := unpack(g.state.Load())
 	if st == Open && now >= g.openUntil.Load() {
@@ -322,7 +353,7 @@ func (g *Guard) acquireSlow(p *Permit, now int64, shard uint8) error {
 		}
 		full := g.fullErr.Load()
 		if full == nil {
-			full = &OpenError{State: HalfOpen, clock: g.r.clock, g: g}
+			full = &OpenError{State: HalfOpen, clock: g.r.clock, g: g, life: g.life.Load()}
 			g.fullErr.Store(full)
 		}
 		g.mu.Unlock()
@@ -336,7 +367,7 @@ func (g *Guard) acquireSlow(p *Permit, now int64, shard uint8) error {
 }
 
 // setState moves to st with a new generation. Called with mu held.
-func (g *Guard) setState(st State) {
+func (g *guard) setState(st State) {
 	_, gen := unpack(g.state.Load())
 	g.state.Store((gen+1)<<2 | uint64(st))
 }
@@ -347,10 +378,17 @@ func (g *Guard) setState(st State) {
 func (p Permit) Done(err error) { p.done(err) }
 
 func (p *Permit) done(err error) {
-	g := p.g
-	if g == nil {
+	if p.g == nil {
 		return
 	}
+	p.record(err)
+	if p.counted {
+		p.g.exit(p.shard)
+	}
+}
+
+func (p *Permit) record(err error) {
+	g := p.g
 	var end int64 // read only if needed: the clock is most of the hot path
 	if p.timed {
 		end = g.now()
@@ -389,18 +427,23 @@ func (p *Permit) done(err error) {
 func (p Permit) Release() { p.release() }
 
 func (p *Permit) release() {
-	if p.g == nil || !p.probe {
+	g := p.g
+	if g == nil {
 		return
 	}
-	g := p.g
-	g.mu.Lock()
-	if _, gen := unpack(g.state.Load()); gen == p.gen {
-		g.probesOut--
+	if p.probe {
+		g.mu.Lock()
+		if _, gen := unpack(g.state.Load()); gen == p.gen {
+			g.probesOut--
+		}
+		g.mu.Unlock()
 	}
-	g.mu.Unlock()
+	if p.counted {
+		g.exit(p.shard)
+	}
 }
 
-func (g *Guard) recordSuccess(p *Permit, now int64) {
+func (g *guard) recordSuccess(p *Permit, now int64) {
 	s := g.state.Load()
 	st, gen := unpack(s)
 	if gen != p.gen {
@@ -441,7 +484,7 @@ func (g *Guard) recordSuccess(p *Permit, now int64) {
 	g.emitState(Event{Kind: EventBreakerClosed, State: Closed})
 }
 
-func (g *Guard) recordFailure(p *Permit, now int64, err error) {
+func (g *guard) recordFailure(p *Permit, now int64, err error) {
 	g.mu.Lock()
 	st, gen := unpack(g.state.Load())
 	if gen != p.gen {
@@ -483,7 +526,7 @@ func (g *Guard) recordFailure(p *Permit, now int64, err error) {
 		until = math.MaxInt64
 	}
 	g.openUntil.Store(until)
-	g.openErr.Store(&OpenError{State: Open, Until: g.epoch.Add(time.Duration(now) + d), clock: g.r.clock, g: g})
+	g.openErr.Store(&OpenError{State: Open, Until: g.epoch.Add(time.Duration(now) + d), clock: g.r.clock, g: g, life: g.life.Load()})
 	g.setState(Open)
 	g.consec.Store(0)
 	g.mu.Unlock()
@@ -492,25 +535,21 @@ func (g *Guard) recordFailure(p *Permit, now int64, err error) {
 
 // clearWindow empties the rolling window. Called with mu held (or before
 // the guard is shared).
-func (g *Guard) clearWindow() {
+func (g *guard) clearWindow() {
 	for i := range g.win {
 		b := &g.win[i]
-		b.seq.Store(noSlice)
+		b.seq.Store(0)
 		b.succ.Store(0)
 		b.fail.Store(0)
 	}
 }
 
-// noSlice marks a bucket that counts no time slice; it is below every
-// window, so ratioTripped never counts it.
-const noSlice = math.MinInt64
-
 // bucketAt returns the window bucket for now, clearing it first if it holds
 // an older time slice.
-func (g *Guard) bucketAt(now int64) *bucket {
+func (g *guard) bucketAt(now int64) *bucket {
 	seq := now / g.width
 	b := &g.win[seq%windowBuckets]
-	if b.seq.Load() == seq {
+	if b.seq.Load() == seq+1 {
 		return b
 	}
 	g.mu.Lock()
@@ -519,25 +558,25 @@ func (g *Guard) bucketAt(now int64) *bucket {
 	return b
 }
 
-func (g *Guard) bucketAtLocked(now int64) *bucket {
+func (g *guard) bucketAtLocked(now int64) *bucket {
 	seq := now / g.width
 	b := &g.win[seq%windowBuckets]
-	if b.seq.Load() != seq {
+	if b.seq.Load() != seq+1 {
 		b.succ.Store(0)
 		b.fail.Store(0)
-		b.seq.Store(seq)
+		b.seq.Store(seq + 1)
 	}
 	return b
 }
 
 // ratioTripped reports whether the rolling window trips the ratio rule.
 // Called with mu held.
-func (g *Guard) ratioTripped(now int64) bool {
+func (g *guard) ratioTripped(now int64) bool {
 	seq := now / g.width
 	var succ, fail int64
 	for i := range g.win {
 		b := &g.win[i]
-		if s := b.seq.Load(); s > seq-windowBuckets && s <= seq {
+		if s := b.seq.Load() - 1; s > seq-windowBuckets && s <= seq && s >= 0 {
 			succ += b.succ.Load()
 			fail += b.fail.Load()
 		}
@@ -548,16 +587,16 @@ func (g *Guard) ratioTripped(now int64) bool {
 
 // earn deposits a success's share into the retry budget. It reads before it
 // writes so that a full bucket (the steady state) costs no contended write.
-func (g *Guard) earn() {
+func (g *guard) earn() {
 	if !g.r.budget {
 		return
 	}
 	for {
-		t := g.tokens.Load()
-		if t >= g.r.maxMilli {
+		t := g.spent.Load()
+		if t <= 0 {
 			return
 		}
-		if g.tokens.CompareAndSwap(t, min(t+g.r.earnMilli, g.r.maxMilli)) {
+		if g.spent.CompareAndSwap(t, max(t-g.r.earnMilli, 0)) {
 			return
 		}
 	}
@@ -565,16 +604,16 @@ func (g *Guard) earn() {
 
 // spend withdraws one token for a retry, from the bucket or else from the
 // floor. It reports whether the retry may go ahead.
-func (g *Guard) spend() bool {
+func (g *guard) spend() bool {
 	if !g.r.budget {
 		return true
 	}
 	for {
-		t := g.tokens.Load()
-		if t < 1000 {
+		t := g.spent.Load()
+		if g.r.maxMilli-t < 1000 {
 			break
 		}
-		if g.tokens.CompareAndSwap(t, t-1000) {
+		if g.spent.CompareAndSwap(t, t+1000) {
 			return true
 		}
 	}
@@ -597,7 +636,7 @@ func (g *Guard) spend() bool {
 // observe feeds one attempt duration to the streaming quantile estimate:
 // stochastic gradient descent on the pinball loss with a step proportional
 // to the estimate, so it tracks any scale in O(1) memory.
-func (g *Guard) observe(d int64) {
+func (g *guard) observe(d int64) {
 	if g.samples.Load() < warmSamples {
 		g.samples.Add(1)
 	}
@@ -630,7 +669,7 @@ func (g *Guard) observe(d int64) {
 // rather than retry), or an [*ExhaustedError] when the budget refused. Only a
 // scheduled retry spends a budget token; it emits EventRetryScheduled,
 // EventRejected or EventBudgetExhausted accordingly.
-func (g *Guard) NextRetry(attempt int, err error, prev time.Duration) (time.Duration, error) {
+func (g *guard) nextRetryPublic(attempt int, err error, prev time.Duration) (time.Duration, error) {
 	d, stop := g.nextRetry(context.Background(), attempt, err, prev)
 	if stop != nil {
 		return 0, stop
@@ -642,14 +681,14 @@ func (g *Guard) NextRetry(attempt int, err error, prev time.Duration) (time.Dura
 // is checked before a budget token is spent: a permanent error, the last
 // attempt, and, for Run, a breaker that will still be open after the wait
 // and a wait that would outlive ctx's deadline.
-func (g *Guard) nextRetry(ctx context.Context, attempt int, err error, prev time.Duration) (time.Duration, error) {
+func (g *guard) nextRetry(ctx context.Context, attempt int, err error, prev time.Duration) (time.Duration, error) {
 	if err == nil {
 		return 0, nil
 	}
 	if attempt >= g.r.maxAttempts || IsPermanent(err) {
 		return 0, err
 	}
-	d := g.Backoff(attempt, err, prev)
+	d := g.r.backoffFor(attempt, err, prev)
 	if g.r.breaker {
 		if st, _ := unpack(g.state.Load()); st == Open && g.openUntil.Load()-g.now() > int64(d) {
 			g.counts[rand.Uint32()&(counterShards-1)].rejected.Add(1)
@@ -670,14 +709,11 @@ func (g *Guard) nextRetry(ctx context.Context, attempt int, err error, prev time
 	return d, nil
 }
 
-// MaxAttempts returns the resolved maximum number of attempts.
-func (g *Guard) MaxAttempts() int { return g.r.maxAttempts }
-
 // Backoff returns the wait after the given failed attempt (from 1). prev is
 // the previous wait, used by decorrelated jitter (0 before the first retry).
 // It spends nothing.
-func (g *Guard) Backoff(attempt int, err error, prev time.Duration) time.Duration {
-	b := g.r.backoff
+func (r *resolved) backoffFor(attempt int, err error, prev time.Duration) time.Duration {
+	b := r.backoff
 	var d time.Duration
 	switch b.Kind {
 	case Constant:
@@ -722,7 +758,10 @@ func (g *Guard) Backoff(attempt int, err error, prev time.Duration) time.Duratio
 //     deadline.
 //
 // A panic in fn is recorded as a failure and re-raised.
-func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
+// run is Guard.Run on state g; r is a random number for the first attempt
+// (the same one Guard.Run counted the call in with, so that both write one
+// counter shard's line).
+func (g *guard) run(ctx context.Context, fn func(context.Context) error, r uint32) error {
 	if err := g.admit(ctx); err != nil {
 		return err
 	}
@@ -741,7 +780,10 @@ func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 			return err
 		}
 		var p Permit
-		err := g.acquire(&p)
+		if attempt > 1 {
+			r = rand.Uint32()
+		}
+		err := g.acquire(&p, r)
 		if err != nil {
 			g.emit(Event{Kind: EventRejected, Attempt: attempt, Err: err})
 			return err
@@ -777,7 +819,7 @@ func (g *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 	}
 }
 
-func (g *Guard) attempt(ctx context.Context, p *Permit, fn func(context.Context) error) (err error) {
+func (g *guard) attempt(ctx context.Context, p *Permit, fn func(context.Context) error) (err error) {
 	finished := false
 	defer func() {
 		if finished {
@@ -799,7 +841,7 @@ func (g *Guard) attempt(ctx context.Context, p *Permit, fn func(context.Context)
 
 // hedged runs fn and, if it is still running after the latency estimate,
 // a second copy; the first success wins and the other is cancelled.
-func (g *Guard) hedged(ctx context.Context, p *Permit, attempt int, fn func(context.Context) error) error {
+func (g *guard) hedged(ctx context.Context, p *Permit, attempt int, fn func(context.Context) error) error {
 	delay := max(time.Duration(g.latency.Load()), g.r.hedgeMin)
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -855,15 +897,15 @@ var errGoexit = errors.New("policy: attempt called runtime.Goexit")
 
 // emit sends e to OnEvent with the current state filled in. The state is
 // read only when there is a hook, so a guard without one pays nothing.
-func (g *Guard) emit(e Event) {
+func (g *guard) emit(e Event) {
 	if g.r.onEvent != nil || g.hook != nil {
-		e.State = g.State()
+		e.State = g.breakerState()
 		g.emitState(e)
 	}
 }
 
 // emitState sends e to OnEvent and the guard's hook as given.
-func (g *Guard) emitState(e Event) {
+func (g *guard) emitState(e Event) {
 	if g.r.onEvent != nil {
 		g.r.onEvent(e)
 	}
@@ -895,7 +937,7 @@ type Stats struct {
 }
 
 // Stats returns a snapshot of the guard's counters and estimates.
-func (g *Guard) Stats() Stats {
+func (g *guard) stats() Stats {
 	_, gen := unpack(g.state.Load())
 	var succ, fail, rej uint64
 	for i := range g.counts {
@@ -905,15 +947,15 @@ func (g *Guard) Stats() Stats {
 		rej += c.rejected.Load()
 	}
 	return Stats{
-		State:               g.State(),
+		State:               g.breakerState(),
 		Generation:          gen,
-		RetryAfter:          g.RetryAfter(),
+		RetryAfter:          g.retryAfter(),
 		Successes:           succ,
 		Failures:            fail,
 		Rejected:            rej,
 		Retries:             g.retries.Load(),
 		ConsecutiveFailures: int(g.consec.Load()),
-		Tokens:              float64(g.tokens.Load()) / 1000,
+		Tokens:              float64(g.r.maxMilli-g.spent.Load()) / 1000,
 		Latency:             time.Duration(g.latency.Load()),
 	}
 }

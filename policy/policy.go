@@ -247,6 +247,7 @@ type resolved struct {
 	onEvent      func(Event)
 	clock        Clock
 	systemClock  bool
+	epoch        time.Time // origin of every guard's nanosecond clock
 	originalCopy Policy
 }
 
@@ -383,6 +384,7 @@ func resolve(p Policy) (*resolved, error) {
 		r.clock = systemClock{}
 		r.systemClock = true
 	}
+	r.epoch = r.clock.Now()
 	return r, nil
 }
 

@@ -114,6 +114,7 @@ type Scope[K comparable] struct {
 	_     [64]byte
 
 	compiled  *policy.Compiled // the template
+	recycler  *policy.Recycler // states of evicted guards, for new keys
 	opts      Options[K]
 	maxKeys   int
 	ceiling   int
@@ -157,10 +158,11 @@ const dead = -1
 type entry[K comparable] struct {
 	hash  uint64
 	key   K
-	guard atomic.Pointer[policy.Guard] // nil until built
+	guard atomic.Pointer[policy.Guard] // &g once built, nil until then
 	seen  atomic.Uint32                // epoch of the last lookup
 	state atomic.Int32                 // pin count, or dead
-	build sync.Mutex                   // held by the goroutine building guard
+	build sync.Mutex                   // held by the goroutine building g
+	g     policy.Guard                 // in the entry: one allocation per key life
 }
 
 // New returns a Scope whose guards are built from template, or from
@@ -190,6 +192,7 @@ func New[K comparable](template policy.Policy, opts Options[K]) *Scope[K] {
 	}
 	s := &Scope[K]{
 		compiled: compiled,
+		recycler: policy.NewRecycler(maxKeys),
 		opts:     opts,
 		maxKeys:  maxKeys,
 		ceiling:  ceiling,
@@ -480,7 +483,8 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 		key := e.key
 		hook = func(ev policy.Event) { on(key, ev) }
 	}
-	g := c.NewWithEvents(hook)
+	g := &e.g
+	s.recycler.Init(g, c, hook)
 	e.guard.Store(g)
 	ok = true
 	e.build.Unlock()

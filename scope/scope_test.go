@@ -411,6 +411,34 @@ func TestEvictedKeyComesBackFresh(t *testing.T) {
 	}
 }
 
+// TestEvictedGuardHeldByCallerIsIsolated holds a guard across its key's
+// eviction. The scope reuses the evicted guard's state for the next new key;
+// calls through the old guard must reach neither that key's guard nor the
+// guard its own key gets back.
+func TestEvictedGuardHeldByCallerIsIsolated(t *testing.T) {
+	t.Parallel()
+	clk := new(fakeClock)
+	s := scope.New(tripTemplate(clk), scope.Options[string]{MaxKeys: 1})
+	held := s.For("a")
+	s.SweepNow()
+	s.SweepNow() // "a" unseen for a whole sweep: evicted
+	if _, ok := s.Peek("a"); ok {
+		t.Fatal("a was not evicted")
+	}
+	b := s.For("b") // built on a's old state
+	trip(t, held)   // the holder keeps using a's evicted guard
+	if st := b.Stats(); st.State != policy.Closed || st.Failures != 0 {
+		t.Fatalf("b's guard saw calls made through a's evicted guard: %+v", st)
+	}
+	a := s.For("a")
+	if a == held || a.State() != policy.Closed {
+		t.Fatalf("a came back as the held guard (%v) or not fresh (%v)", a == held, a.State())
+	}
+	if held.State() != policy.Open {
+		t.Fatalf("the held guard state %v, want open: it keeps working", held.State())
+	}
+}
+
 func TestShapeRunsOncePerKeyLifeUnderRaces(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex

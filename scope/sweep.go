@@ -10,7 +10,7 @@ import (
 // a sweep. A sweep of a table of n slots is spread over n/stepSlots inserts,
 // fewer than the MaxKeys/4 inserts that make the next sweep due, so no
 // single lookup pays for a sweep and sweeping keeps up with any insert rate.
-const stepSlots = 64
+const stepSlots = 32
 
 // sweep is the state of an incremental sweep. All fields are protected by
 // sweepMu.
@@ -20,8 +20,9 @@ type sweep[K comparable] struct {
 	seen  int    // seen entries kept so far
 	kept  int    // entries kept so far
 	cold  []*entry[K]
-	force []*entry[K] // protected beyond the ceiling: evicted even if pinned
-	keys  []K         // evicted keys, for OnEvict
+	force []*entry[K]     // protected beyond the ceiling: evicted even if pinned
+	keys  []K             // evicted keys, for OnEvict
+	gone  []*policy.Guard // guards of evicted keys, to retire
 }
 
 // help does a step of sweep work if no other goroutine is doing one. If
@@ -111,6 +112,11 @@ func (s *Scope[K]) work(budget int) []K {
 			s.trigger = min(max(s.maxKeys, n+s.maxKeys/4+1), s.bound-1)
 		}
 		s.mu.Unlock()
+		for _, g := range sw.gone {
+			s.recycler.Retire(g)
+		}
+		clear(sw.gone)
+		sw.gone = sw.gone[:0]
 		clear(sw.cold) // drop references to evicted entries
 		clear(sw.force)
 		sw.cold, sw.force = sw.cold[:0], sw.force[:0]
@@ -141,7 +147,7 @@ func (s *Scope[K]) classify(e *entry[K]) {
 	case g == nil: // still being built: brand new
 		sw.seen++
 		sw.kept++
-	case st > 0 || g.State() != policy.Closed:
+	case st > 0 || !g.Closed():
 		if sw.kept < s.ceiling {
 			sw.kept++
 		} else {
@@ -176,6 +182,9 @@ func (s *Scope[K]) evictLocked(e *entry[K], force bool) {
 	}
 	s.removeLocked(e)
 	s.evictions.Add(1)
+	if g := e.guard.Load(); g != nil {
+		s.sw.gone = append(s.sw.gone, g)
+	}
 	if s.opts.OnEvict != nil {
 		s.sw.keys = append(s.sw.keys, e.key)
 	}

@@ -1,0 +1,234 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/policy"
+)
+
+// dirty drives g through everything a life leaves behind: successes, a
+// latency estimate, spent retry tokens, a trip.
+func dirty(t *testing.T, g *policy.Guard, clk *fakeClock) {
+	t.Helper()
+	ctx := context.Background()
+	for range 5 {
+		if err := g.Run(ctx, func(context.Context) error { clk.Advance(time.Millisecond); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 2; i++ {
+		if _, err := g.NextRetry(i, errFail, 0); err != nil {
+			t.Fatalf("NextRetry %d: %v", i, err)
+		}
+	}
+	for g.State() != policy.Open {
+		p, err := g.Allow(ctx)
+		if err != nil {
+			t.Fatalf("Allow before the trip: %v", err)
+		}
+		p.Done(errFail)
+	}
+}
+
+func recyclerPolicy(clk *fakeClock) policy.Policy {
+	p := policy.Default()
+	p.Clock = clk
+	p.Breaker = &policy.Breaker{ConsecutiveFailures: 3, OpenTimeout: time.Hour}
+	return p
+}
+
+func TestRecycledGuardStartsFresh(t *testing.T) {
+	clk := newFakeClock()
+	c, err := policy.Compile(recyclerPolicy(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := policy.NewRecycler(4)
+	old := rc.New(c, nil)
+	dirty(t, old, clk)
+	rc.Retire(old)
+
+	g := rc.New(c, nil) // on old's state: the only one the recycler holds
+	fresh := c.New()
+	if got, want := g.Stats(), fresh.Stats(); got != want {
+		t.Fatalf("recycled guard stats %+v, want a fresh guard's %+v", got, want)
+	}
+	// It trips after exactly ConsecutiveFailures failures again, like a new
+	// guard: the consecutive count and the window start empty.
+	for i := 1; i <= 3; i++ {
+		p, err := g.Allow(context.Background())
+		if err != nil {
+			t.Fatalf("failure %d refused: %v", i, err)
+		}
+		p.Done(errFail)
+		if want := i == 3; (g.State() == policy.Open) != want {
+			t.Fatalf("after %d failures state %v", i, g.State())
+		}
+	}
+}
+
+func TestRetiredGuardCannotReachItsOldState(t *testing.T) {
+	clk := newFakeClock()
+	c, err := policy.Compile(recyclerPolicy(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := policy.NewRecycler(4)
+	old := rc.New(c, nil)
+	rc.Retire(old)
+	g := rc.New(c, nil) // reuses old's state
+
+	// Failures through the retired guard trip its own fresh state only.
+	dirty(t, old, clk)
+	if st := g.Stats(); st != c.New().Stats() {
+		t.Fatalf("the guard on the recycled state saw the retired guard's calls: %+v", st)
+	}
+	if old.State() != policy.Open {
+		t.Fatalf("retired guard state %v, want open (it keeps working on its own state)", old.State())
+	}
+	if !g.Closed() || old.Closed() {
+		t.Fatalf("Closed: recycled %v, retired %v", g.Closed(), old.Closed())
+	}
+	rc.Retire(old) // already retired: nothing happens
+	if g.Stats().State != policy.Closed {
+		t.Fatal("a second Retire of the old guard reached the new one")
+	}
+}
+
+func TestStateInUseIsNotReused(t *testing.T) {
+	clk := newFakeClock()
+	c, err := policy.Compile(recyclerPolicy(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := policy.NewRecycler(4)
+	old := rc.New(c, nil)
+	p, err := old.Allow(context.Background()) // a call in progress
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Retire(old)
+	g := rc.New(c, nil)
+	p.Done(errFail) // lands on the old state, which g must not have
+	if st := g.Stats(); st.Failures != 0 {
+		t.Fatalf("outcome of a permit from before the retire reached the next guard: %+v", st)
+	}
+	// Same with a Run in progress while its guard is retired.
+	h := rc.New(c, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- h.Run(context.Background(), func(context.Context) error {
+			close(entered)
+			<-release
+			return policy.Permanent(errFail) // one attempt
+		})
+	}()
+	<-entered
+	rc.Retire(h)
+	next := rc.New(c, nil)
+	close(release)
+	if err := <-done; !errors.Is(err, errFail) {
+		t.Fatalf("Run: %v", err)
+	}
+	if st := next.Stats(); st.Failures != 0 || st.ConsecutiveFailures != 0 {
+		t.Fatalf("a Run that began before the retire reached the next guard: %+v", st)
+	}
+}
+
+func TestRecyclerForeignAndBound(t *testing.T) {
+	c, err := policy.Compile(policy.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := policy.NewRecycler(1), policy.NewRecycler(1)
+	plain := c.New()
+	a.Retire(plain) // not a's: ignored
+	if err := plain.Run(context.Background(), okFn); err != nil || plain.Stats().Successes != 1 {
+		t.Fatalf("plain guard after a foreign Retire: %v, %+v", err, plain.Stats())
+	}
+	g := b.New(c, nil)
+	a.Retire(g) // b's guard: ignored by a
+	if err := g.Run(context.Background(), okFn); err != nil || g.Stats().Successes != 1 {
+		t.Fatalf("guard after another recycler's Retire: %v, %+v", err, g.Stats())
+	}
+	// A recycled New allocates only the handle.
+	rc := policy.NewRecycler(1)
+	h := rc.New(c, nil)
+	if n := testing.AllocsPerRun(100, func() {
+		rc.Retire(h)
+		h = rc.New(c, nil)
+	}); n != 1 {
+		t.Fatalf("Retire+New allocates %v times, want 1 (the Guard)", n)
+	}
+}
+
+// TestRecyclerIsolationUnderChurn runs guards on several goroutines while
+// others retire them and build new ones on the recycled states. Each guard
+// counts the successes run through it; a guard's Stats may show fewer (a
+// retired guard restarts on a fresh state) but never more: more would be
+// another guard's calls leaking into its state.
+func TestRecyclerIsolationUnderChurn(t *testing.T) {
+	c, err := policy.Compile(policy.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := policy.NewRecycler(8)
+	type slot struct {
+		mu sync.Mutex
+		g  *policy.Guard
+		n  *atomic.Int64
+	}
+	slots := make([]slot, 16)
+	for i := range slots {
+		slots[i].g, slots[i].n = rc.New(c, nil), new(atomic.Int64)
+	}
+	check := func(g *policy.Guard, n *atomic.Int64) {
+		if got := g.Stats().Successes; got > uint64(n.Load()) {
+			t.Errorf("guard shows %d successes, only %d were run through it", got, n.Load())
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for range 20000 {
+				s := &slots[rng.IntN(len(slots))]
+				s.mu.Lock()
+				g, n := s.g, s.n
+				s.mu.Unlock()
+				n.Add(1) // before the call: Stats may be read mid-call
+				if err := g.Run(context.Background(), okFn); err != nil {
+					t.Error(err)
+					return
+				}
+				check(g, n)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(99, 1))
+		for range 20000 {
+			s := &slots[rng.IntN(len(slots))]
+			s.mu.Lock()
+			old := s.g
+			s.g, s.n = rc.New(c, nil), new(atomic.Int64)
+			s.mu.Unlock()
+			rc.Retire(old)
+		}
+	}()
+	wg.Wait()
+	for i := range slots {
+		check(slots[i].g, slots[i].n)
+	}
+}
