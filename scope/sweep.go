@@ -6,11 +6,13 @@ import (
 	"github.com/ringfence/ringfence/policy"
 )
 
-// stepSlots is how many table slots one inserting lookup scans when it helps
-// a sweep. A sweep of a table of n slots is spread over n/stepSlots inserts,
-// fewer than the MaxKeys/4 inserts that make the next sweep due, so no
-// single lookup pays for a sweep and sweeping keeps up with any insert rate.
-const stepSlots = 32
+// stepSlots is the least number of table slots one inserting lookup scans
+// when it helps a sweep. A step scans max(stepSlots, 4n/MaxKeys) slots of a
+// table of n, so a sweep is spread over at most MaxKeys/4 inserts, as many
+// as make the next sweep due: no single lookup pays for a sweep, sweeping
+// keeps up with any insert rate, and steps stay small (on the default table,
+// 16 slots, a few hundred nanoseconds) so that they do not make the tail.
+const stepSlots = 16
 
 // sweep is the state of an incremental sweep. All fields are protected by
 // sweepMu.
@@ -49,7 +51,7 @@ func (s *Scope[K]) help(wait bool) {
 	if s.sweeping.Load() {
 		// Scan more per step in a table grown for protected keys, so that
 		// a sweep still ends within the inserts that make the next one due.
-		evicted = s.work(max(stepSlots, 8*len(s.tab.Load().slots)/s.maxKeys))
+		evicted = s.work(max(stepSlots, 4*len(s.tab.Load().slots)/s.maxKeys))
 	}
 	s.sweepMu.Unlock()
 	s.notify(evicted)
