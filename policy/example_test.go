@@ -127,3 +127,30 @@ func ExampleCompile() {
 	// Output:
 	// true closed 3
 }
+
+// A collection whose keys come and go retires the guard of a key it drops;
+// the next guard it builds reuses that state. A caller still holding the
+// retired guard is moved to a fresh state of its own, so it cannot touch
+// the guard that took its old state.
+func ExampleRecycler() {
+	p := policy.Default()
+	p.Breaker = &policy.Breaker{ConsecutiveFailures: 1, OpenTimeout: time.Minute}
+	c, err := policy.Compile(p)
+	if err != nil {
+		panic(err)
+	}
+	rc := policy.NewRecycler(64)
+	ctx := context.Background()
+
+	acme := rc.New(c, nil)
+	rc.Retire(acme)          // tenant "acme" evicted...
+	globex := rc.New(c, nil) // ...and its state reused for "globex"
+
+	// A handler that still held acme's guard fails through it.
+	_ = acme.Run(ctx, func(context.Context) error { return policy.Permanent(errors.New("boom")) })
+	fmt.Println("held acme guard:", acme.State())
+	fmt.Println("globex guard:", globex.State(), globex.Stats().Failures)
+	// Output:
+	// held acme guard: open
+	// globex guard: closed 0
+}

@@ -16,7 +16,10 @@
 // while a sweep runs scans a fixed number of slots, if no other goroutine
 // is doing so, and evicts the cold keys it found; a Scope owns no goroutine.
 // All guards built from the template share one [policy.Compiled] policy, so
-// a key costs its guard's own state (about 1.3 KB) and a small entry.
+// a key costs its guard's own state (about 1.2 KiB) and an entry of 80 bytes
+// that holds the key and the [policy.Guard] handle. The states of evicted
+// guards are reused for new keys (a [policy.Recycler]), so under churn a new
+// key allocates only its entry.
 //
 // # Eviction
 //
@@ -25,6 +28,12 @@
 // new epoch and keeps the keys looked up since the previous sweep started,
 // up to MaxKeys of them. The scope may exceed MaxKeys between sweeps. A key
 // that returns after its eviction gets a fresh guard (and Shape runs again).
+//
+// A caller may still hold the guard of an evicted key (a lookup racing with
+// the eviction returns it too). That guard keeps working, but its state now
+// serves another key, so from its next call it runs on a fresh state of its
+// own (closed breaker, full budget): calls through an evicted guard never
+// reach the guard of any key in the scope. See [policy.Recycler.Retire].
 //
 // A sweep does not silently reset protection: a guard whose breaker is open
 // or half-open, or whose key is pinned ([Scope.Pin], for example while the

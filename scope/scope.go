@@ -86,7 +86,9 @@ type Stats struct {
 // fixed number of table slots if no other goroutine is doing so, and evicts
 // what it found cold under the mutex (a few pointer stores each). A Scope
 // owns no goroutine (it needs no Close); apart from a table doubling, what
-// it allocates is the entry and guard of each new key. A sweep only
+// it allocates is the entry of each new key (80 bytes with its Guard handle;
+// the guard's state is reused from an evicted key when one is free, and
+// allocated otherwise). A sweep only
 // progresses with such lookups: while every lookup hits, a started sweep
 // stays pending (memory stays bounded).
 //
@@ -100,8 +102,10 @@ type Stats struct {
 // keep sweeping, and only a lookup of a new key could).
 //
 // A lookup racing with the eviction of its key may return the evicted guard;
-// the next lookup gets a fresh one. Callers should look the guard up for each
-// unit of work rather than keep it.
+// the next lookup gets a fresh one. An evicted guard still works, on a fresh
+// state of its own from its next call (its old state serves a new key), so
+// it never affects any key's guard. Callers should look the guard up for
+// each unit of work rather than keep it.
 //
 // A Scope is safe for concurrent use.
 type Scope[K comparable] struct {
