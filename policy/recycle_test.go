@@ -43,13 +43,20 @@ func recyclerPolicy(clk *fakeClock) policy.Policy {
 	return p
 }
 
-func TestRecycledGuardStartsFresh(t *testing.T) {
+// newRecycled returns a fake clock, a policy on it that trips after 3
+// consecutive failures, and a Recycler.
+func newRecycled(t *testing.T) (*fakeClock, *policy.Compiled, *policy.Recycler) {
+	t.Helper()
 	clk := newFakeClock()
 	c, err := policy.Compile(recyclerPolicy(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := policy.NewRecycler(4)
+	return clk, c, policy.NewRecycler(4)
+}
+
+func TestRecycledGuardStartsFresh(t *testing.T) {
+	clk, c, rc := newRecycled(t)
 	old := rc.New(c, nil)
 	dirty(t, old, clk)
 	rc.Retire(old)
@@ -74,12 +81,7 @@ func TestRecycledGuardStartsFresh(t *testing.T) {
 }
 
 func TestRetiredGuardCannotReachItsOldState(t *testing.T) {
-	clk := newFakeClock()
-	c, err := policy.Compile(recyclerPolicy(clk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := policy.NewRecycler(4)
+	clk, c, rc := newRecycled(t)
 	old := rc.New(c, nil)
 	rc.Retire(old)
 	g := rc.New(c, nil) // reuses old's state
@@ -102,12 +104,7 @@ func TestRetiredGuardCannotReachItsOldState(t *testing.T) {
 }
 
 func TestStateInUseIsNotReused(t *testing.T) {
-	clk := newFakeClock()
-	c, err := policy.Compile(recyclerPolicy(clk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := policy.NewRecycler(4)
+	_, c, rc := newRecycled(t)
 	old := rc.New(c, nil)
 	p, err := old.Allow(context.Background()) // a call in progress
 	if err != nil {
