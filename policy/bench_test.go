@@ -85,72 +85,40 @@ func benchFailsafe(open bool) failsafe.Executor[any] {
 
 func BenchmarkSuccess(b *testing.B) {
 	ctx := context.Background()
-	b.Run("ringfence/serial", func(b *testing.B) {
-		g := benchGuard(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := g.Run(ctx, okFn); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("ringfence/parallel", func(b *testing.B) {
-		g := benchGuard(b)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
+	// Three guards, each called directly in the loop: the default one, the
+	// same built by a Recycler (what scope.For returns), and the same with
+	// every attempt timed for the latency estimate (Latency.SampleEvery = 1:
+	// two clock reads per attempt).
+	for _, v := range []struct {
+		name  string
+		guard func(*testing.B) *policy.Guard
+	}{
+		{"ringfence", benchGuard},
+		{"ringfence-recycled", benchGuardRecycled},
+		{"ringfence-timed", benchGuardTimed},
+	} {
+		b.Run(v.name+"/serial", func(b *testing.B) {
+			g := v.guard(b)
+			b.ReportAllocs()
+			for b.Loop() {
 				if err := g.Run(ctx, okFn); err != nil {
-					b.Error(err)
-					return
+					b.Fatal(err)
 				}
 			}
 		})
-	})
-	// The same guard built by a Recycler (what scope.For returns).
-	b.Run("ringfence-recycled/serial", func(b *testing.B) {
-		g := benchGuardRecycled(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := g.Run(ctx, okFn); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("ringfence-recycled/parallel", func(b *testing.B) {
-		g := benchGuardRecycled(b)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := g.Run(ctx, okFn); err != nil {
-					b.Error(err)
-					return
+		b.Run(v.name+"/parallel", func(b *testing.B) {
+			g := v.guard(b)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := g.Run(ctx, okFn); err != nil {
+						b.Error(err)
+						return
+					}
 				}
-			}
+			})
 		})
-	})
-	// The same with every attempt timed for the latency estimate
-	// (Latency.SampleEvery = 1): two clock reads per attempt.
-	b.Run("ringfence-timed/serial", func(b *testing.B) {
-		g := benchGuardTimed(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := g.Run(ctx, okFn); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("ringfence-timed/parallel", func(b *testing.B) {
-		g := benchGuardTimed(b)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := g.Run(ctx, okFn); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	})
+	}
 	b.Run("gobreaker/serial", func(b *testing.B) {
 		cb := benchGobreaker()
 		b.ReportAllocs()

@@ -175,9 +175,7 @@ func (c *Compiled) NewWithEvents(onEvent func(Event)) *Guard {
 		h Guard
 		g guard
 	}{}
-	f.g.init(c.r, onEvent)
-	f.h.r, f.h.hook = c.r, onEvent
-	f.h.st.Store(&f.g)
+	f.h.attach(&f.g, c.r, onEvent)
 	return &f.h
 }
 

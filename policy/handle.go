@@ -21,10 +21,20 @@ import (
 // A Guard built by a [Recycler] may have its state reused once it is
 // retired; see [Recycler.Retire] for what a retired Guard does.
 type Guard struct {
-	st   atomic.Pointer[guard]
-	gen  uint64 // the life of st this Guard owns (recycled states)
+	st  atomic.Pointer[guard]
+	gen uint64 // the life of st this Guard owns (recycled states)
+	// The policy and hook of this Guard, which its state also holds: kept
+	// here for Policy and for the fresh state a retired Guard moves to.
 	r    *resolved
 	hook func(Event)
+}
+
+// attach makes g, a state no call is using, a fresh state of policy r and
+// the state of h.
+func (h *Guard) attach(g *guard, r *resolved, onEvent func(Event)) {
+	g.init(r, onEvent)
+	h.r, h.hook, h.gen = r, onEvent, g.life.Load()
+	h.st.Store(g)
 }
 
 // enter returns the state a call through h runs on. For a recycled state it
@@ -189,10 +199,6 @@ func (h *Guard) NextRetry(attempt int, err error, prev time.Duration) (time.Dura
 // A panic in fn is recorded as a failure and re-raised.
 func (h *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
 	r := rand.Uint32()
-	g := h.st.Load()
-	if g.pool == nil {
-		return g.run(ctx, fn, r)
-	}
 	g, sh := h.enter(r)
 	err := g.run(ctx, fn, r)
 	g.exit(sh) // skipped if fn panics: the state is then never reused
@@ -231,9 +237,7 @@ func (rc *Recycler) Init(h *Guard, c *Compiled, onEvent func(Event)) {
 	if g == nil {
 		g = &guard{pool: rc}
 	}
-	g.init(c.r, onEvent)
-	h.r, h.hook, h.gen = c.r, onEvent, g.life.Load()
-	h.st.Store(g)
+	h.attach(g, c.r, onEvent)
 }
 
 // take pops a retired state that no call is using, or returns nil. A state

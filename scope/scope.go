@@ -162,11 +162,19 @@ const dead = -1
 type entry[K comparable] struct {
 	hash  uint64
 	key   K
-	guard atomic.Pointer[policy.Guard] // &g once built, nil until then
-	seen  atomic.Uint32                // epoch of the last lookup
-	state atomic.Int32                 // pin count, or dead
-	build sync.Mutex                   // held by the goroutine building g
-	g     policy.Guard                 // in the entry: one allocation per key life
+	built atomic.Bool   // g is built
+	seen  atomic.Uint32 // epoch of the last lookup
+	state atomic.Int32  // pin count, or dead
+	build sync.Mutex    // held by the goroutine building g
+	g     policy.Guard  // in the entry: one allocation per key life
+}
+
+// guard returns the entry's guard, or nil while it is being built.
+func (e *entry[K]) guard() *policy.Guard {
+	if e.built.Load() {
+		return &e.g
+	}
+	return nil
 }
 
 // New returns a Scope whose guards are built from template, or from
@@ -225,7 +233,7 @@ func tableSize(n int) int {
 func (s *Scope[K]) For(key K) *policy.Guard {
 	h := maphash.Comparable(s.seed, key)
 	if e := s.find(key, h); e != nil {
-		if g := e.guard.Load(); g != nil {
+		if g := e.guard(); g != nil {
 			s.stamp(e)
 			s.hits.add()
 			return g
@@ -271,7 +279,7 @@ func (s *Scope[K]) Pin(key K) *policy.Guard {
 		e := s.find(key, h)
 		var g *policy.Guard
 		if e != nil {
-			g = e.guard.Load()
+			g = e.guard()
 		}
 		if g != nil {
 			s.stamp(e)
@@ -327,7 +335,7 @@ func (s *Scope[K]) Unpin(key K) {
 // from eviction). For reporting; use For to run work.
 func (s *Scope[K]) Peek(key K) (*policy.Guard, bool) {
 	if e := s.lookup(key); e != nil {
-		if g := e.guard.Load(); g != nil {
+		if g := e.guard(); g != nil {
 			return g, true
 		}
 	}
@@ -357,14 +365,14 @@ func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 			s.mu.Unlock()
 			s.stamp(e)
 			s.hits.add()
-			g := e.guard.Load()
+			g := e.guard()
 			if g == nil {
 				// Another goroutine is building it: wait for that build,
 				// not for any sweep.
 				e.build.Lock()
 				//lint:ignore SA2001 the lock is the build's completion signal
 				e.build.Unlock()
-				if g = e.guard.Load(); g == nil {
+				if g = e.guard(); g == nil {
 					continue
 				}
 			}
@@ -489,7 +497,7 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 	}
 	g := &e.g
 	s.recycler.Init(g, c, hook)
-	e.guard.Store(g)
+	e.built.Store(true)
 	ok = true
 	e.build.Unlock()
 	return g
@@ -529,7 +537,7 @@ func (s *Scope[K]) Range(fn func(K, *policy.Guard) bool) {
 	}
 	s.mu.Unlock()
 	for _, e := range live {
-		if g := e.guard.Load(); g != nil && e.state.Load() >= 0 {
+		if g := e.guard(); g != nil && e.state.Load() >= 0 {
 			if !fn(e.key, g) {
 				return
 			}

@@ -144,7 +144,7 @@ func (s *Scope[K]) classify(e *entry[K]) {
 	if st < 0 {
 		return
 	}
-	g := e.guard.Load()
+	g := e.guard()
 	switch {
 	case g == nil: // still being built: brand new
 		sw.seen++
@@ -184,7 +184,7 @@ func (s *Scope[K]) evictLocked(e *entry[K], force bool) {
 	}
 	s.removeLocked(e)
 	s.evictions.Add(1)
-	if g := e.guard.Load(); g != nil {
+	if g := e.guard(); g != nil {
 		s.sw.gone = append(s.sw.gone, g)
 	}
 	if s.opts.OnEvict != nil {
