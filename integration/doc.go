@@ -5,11 +5,12 @@
 //
 // # Running
 //
-//	TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_HOST_OVERRIDE=127.0.0.1 \
-//	    go test -race -count=1 ./integration/...
+//	go test -race -count=1 ./integration/...
 //
-// The reaper image cannot be pulled without a registry, so the reaper is
-// disabled and every test terminates its own containers. Without a reachable
+// Nothing needs exporting: the reaper image cannot be pulled without a
+// registry, so internal/brokertest defaults TESTCONTAINERS_RYUK_DISABLED to
+// true (every test terminates its own containers) and
+// TESTCONTAINERS_HOST_OVERRIDE to 127.0.0.1, unless they are set. Without a reachable
 // Docker engine the tests skip with one line; with the CI environment
 // variable set they fail instead.
 //

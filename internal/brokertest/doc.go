@@ -5,7 +5,8 @@
 // Images come from [brokerimage] (built locally FROM scratch, or named by
 // RINGFENCE_KAFKA_IMAGE / RINGFENCE_NATS_IMAGE). Every container is
 // terminated by the test that started it (t.Cleanup); the testcontainers
-// reaper is not needed (TESTCONTAINERS_RYUK_DISABLED=true).
+// reaper is not needed. The package defaults TESTCONTAINERS_RYUK_DISABLED=true
+// and TESTCONTAINERS_HOST_OVERRIDE=127.0.0.1 when they are unset (env.go).
 //
 // # Docker missing
 //
