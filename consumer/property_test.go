@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -92,6 +93,9 @@ const (
 	faultDLQUp
 	faultRebalance
 	faultRestart
+	faultSpillDown
+	faultSpillUp
+	faultTearAppend
 )
 
 type fault struct {
@@ -114,6 +118,12 @@ type roundPlan struct {
 	maxQueued, maxParked int
 	maxParkedTotal       int
 	redelivers           bool // a rebalance or restart is scheduled
+	// spill: the engine has a spill log, with bounds that make it spill
+	// (tenants over their backlog share, parked at their bound, or stuck).
+	spill              bool
+	maxQueuedPerTenant int
+	stuckAfter         time.Duration
+	refeedWindow       int
 }
 
 func tenantName(i int) string { return fmt.Sprintf("t%02d", i) }
@@ -178,7 +188,7 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 			MaxAttempts: 3 + rng.IntN(2),
 			Backoff:     policy.Backoff{Kind: policy.Constant, Base: dur(100*time.Microsecond, time.Millisecond)},
 		},
-		Deadline: 20 * time.Millisecond, // ends the first call of a slow message
+		AttemptTimeout: 20 * time.Millisecond, // ends the first call of a slow message
 	}
 	// Trips within one message's attempts or only after more failures (the
 	// shape of policy.Default); see TestPropertyLoneMessageOutage.
@@ -192,6 +202,16 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 		rp.maxParked = 4 + rng.IntN(30)
 		if rng.IntN(2) == 0 {
 			rp.maxParkedTotal = 4 + rng.IntN(60)
+		}
+	}
+
+	if rng.IntN(2) == 0 {
+		rp.spill = true
+		rp.maxQueuedPerTenant = 2 + rng.IntN(30)
+		rp.stuckAfter = dur(20*time.Millisecond, 150*time.Millisecond)
+		rp.refeedWindow = 1 + rng.IntN(16)
+		if rp.maxParked == 0 && rng.IntN(2) == 0 {
+			rp.maxParked = 2 + rng.IntN(20)
 		}
 	}
 
@@ -235,6 +255,15 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 		on := dur(0, phase-30*time.Millisecond)
 		rp.faults = append(rp.faults, fault{at: on, kind: faultDLQDown}, fault{at: on + dur(time.Millisecond, 30*time.Millisecond), kind: faultDLQUp})
 	}
+	if rp.spill {
+		for range rng.IntN(3) {
+			on := dur(0, phase-30*time.Millisecond)
+			rp.faults = append(rp.faults, fault{at: on, kind: faultSpillDown}, fault{at: on + dur(time.Millisecond, 30*time.Millisecond), kind: faultSpillUp})
+		}
+		for range rng.IntN(3) {
+			rp.faults = append(rp.faults, fault{at: dur(0, phase), kind: faultTearAppend})
+		}
+	}
 	if rng.IntN(2) == 0 {
 		for range 1 + rng.IntN(2) {
 			rp.faults = append(rp.faults, fault{at: dur(0, phase), kind: faultRebalance})
@@ -272,9 +301,10 @@ func (rp *roundPlan) endPoisonedLanes() {
 
 func (rp *roundPlan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed=%d parts=%d msgs=%d concurrency=%d poisonProbes=%d maxQueued=%d maxParked=%d/%d breaker{cf=%d open=%v max=%v} attempts=%d redelivers=%v\n",
+	fmt.Fprintf(&b, "seed=%d parts=%d msgs=%d concurrency=%d poisonProbes=%d maxQueued=%d maxParked=%d/%d breaker{cf=%d open=%v max=%v} attempts=%d redelivers=%v spill=%v{perTenant=%d stuck=%v window=%d}\n",
 		rp.seed, rp.parts, len(rp.msgs), rp.concurrency, rp.poisonProbes, rp.maxQueued, rp.maxParked, rp.maxParkedTotal,
-		rp.pol.Breaker.ConsecutiveFailures, rp.pol.Breaker.OpenTimeout, rp.pol.Breaker.MaxOpenTimeout, rp.pol.Retry.MaxAttempts, rp.redelivers)
+		rp.pol.Breaker.ConsecutiveFailures, rp.pol.Breaker.OpenTimeout, rp.pol.Breaker.MaxOpenTimeout, rp.pol.Retry.MaxAttempts, rp.redelivers,
+		rp.spill, rp.maxQueuedPerTenant, rp.stuckAfter, rp.refeedWindow)
 	for i, tp := range rp.tenants {
 		fmt.Fprintf(&b, "  %s %+v\n", tenantName(i), tp)
 	}
@@ -378,7 +408,12 @@ type runningEngine struct {
 
 func startEngine(t *testing.T, h *consumertest.MemHarness, rp *roundPlan, w *roundWorld) *runningEngine {
 	t.Helper()
+	var spill consumer.SpillLog
+	if rp.spill {
+		spill = h.Sp
+	}
 	c, err := consumer.New(consumer.Config{
+		Spill:                 spill,
 		Scope:                 scope.New(rp.pol, scope.Options[string]{}),
 		Handler:               consumer.HandlerFunc(w.handle),
 		Tenant:                h.Tenant(),
@@ -390,6 +425,9 @@ func startEngine(t *testing.T, h *consumertest.MemHarness, rp *roundPlan, w *rou
 		MaxParkedPerTenant:    rp.maxParked,
 		MaxParked:             rp.maxParkedTotal,
 		MaxTenantLen:          maxTenantLen,
+		MaxQueuedPerTenant:    rp.maxQueuedPerTenant,
+		StuckAfter:            rp.stuckAfter,
+		RefeedWindow:          rp.refeedWindow,
 		DrainTimeout:          2 * time.Second,
 		DLQRetry:              time.Millisecond,
 		Logger:                slog.New(slog.DiscardHandler),
@@ -562,6 +600,15 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 				return problems, w
 			}
 			e = startEngine(t, h, rp, w)
+		case faultSpillDown:
+			h.Sp.SetDown(true)
+		case faultSpillUp:
+			h.Sp.SetDown(false)
+		case faultTearAppend:
+			h.Sp.TearNextAppend()
+		}
+		if err := consumer.CheckInvariants(e.c); err != nil {
+			fail("invariants after fault %d: %v", f.kind, err)
 		}
 	}
 	// Every fault is over: no outage, the DLQ works, everything produced.
@@ -569,6 +616,7 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 		w.outage[i].Store(false)
 	}
 	h.S.SetDown(false)
+	h.Sp.SetDown(false)
 	produce(len(rp.msgs))
 
 	ends := make([]int64, rp.parts)
@@ -599,8 +647,14 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 		for p := range rp.parts {
 			commits = append(commits, fmt.Sprintf("p%d %d/%d", p, h.B.Committed(h.Group, p), ends[p]))
 		}
-		fail("liveness: not drained 10s after the faults ended: commits %v; queued %d parked %d inflight %d; tenants %v",
-			commits, s.Queued, s.Parked, s.InFlight, stuck)
+		if *propTrace != "" {
+			if f, err := os.Create(fmt.Sprintf("%s.%d.stacks", *propTrace, rp.seed)); err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+				f.Close()
+			}
+		}
+		fail("liveness: not drained 10s after the faults ended: commits %v; queued %d parked %d inflight %d; tenants %v; lanes %v",
+			commits, s.Queued, s.Parked, s.InFlight, stuck, consumer.DumpLanes(e.c))
 	} else {
 		// Drained: the engine's counters must say so too (a handler of a
 		// revoked generation may still be finishing).
@@ -618,8 +672,14 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 		}
 		if !within(2*time.Second, idle) {
 			s := e.c.Stats()
-			fail("stats after the drain: queued %d parked %d inflight %d paused partitions %d, tenants %+v", s.Queued, s.Parked, s.InFlight, s.PausedPartitions, s.Tenants)
+			fail("stats after the drain: queued %d parked %d inflight %d paused partitions %d, lanes %v", s.Queued, s.Parked, s.InFlight, s.PausedPartitions, consumer.DumpLanes(e.c))
 		}
+		if n := h.Sp.Backlog(); rp.spill && !within(2*time.Second, func() bool { return h.Sp.Backlog() == 0 }) {
+			fail("spill logs hold %d uncommitted entries after the drain", n)
+		}
+	}
+	if err := consumer.CheckInvariants(e.c); err != nil {
+		fail("invariants after the drain: %v", err)
 	}
 	if err := e.stop(); err != nil {
 		fail("final stop: %v", err)

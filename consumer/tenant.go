@@ -1,6 +1,13 @@
 package consumer
 
-import "errors"
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/ringfence/ringfence/policy"
+)
 
 // ErrNoTenant: the message carries no tenant key. Such a message is
 // dead-lettered under the reserved "no tenant" bucket, never dropped.
@@ -9,7 +16,12 @@ var ErrNoTenant = errors.New("consumer: message has no tenant key")
 // TenantFunc extracts the tenant key from a message. The key may be any
 // bytes. Return an error wrapping ErrNoTenant when there is none, or another
 // error when the key is unusable; either way the message goes to the
-// "no tenant" dead-letter bucket with the error as its reason.
+// "no tenant" dead-letter bucket with the error as its reason. An empty key
+// counts as none.
+//
+// The returned string may share memory with the message (the extractors
+// below do, so that a known tenant costs no allocation): the engine copies
+// it before it keeps it. A TenantFunc is called with no engine lock held.
 type TenantFunc func(m *Message) (string, error)
 
 // FromHeader takes the tenant from the first header named name.
@@ -19,7 +31,7 @@ func FromHeader(name string) TenantFunc {
 		if !ok || len(v) == 0 {
 			return "", ErrNoTenant
 		}
-		return string(v), nil
+		return bytesView(v), nil
 	}
 }
 
@@ -29,6 +41,157 @@ func FromKey() TenantFunc {
 		if len(m.Key) == 0 {
 			return "", ErrNoTenant
 		}
-		return string(m.Key), nil
+		return bytesView(m.Key), nil
+	}
+}
+
+// bytesView is a string sharing b's memory. Valid only while b is not
+// changed; the engine clones it before keeping it (see tenantFor).
+func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// tenant is the engine's state of one tenant across its partitions. The
+// no-tenant bucket is a tenant value too, kept apart by its none flag (it
+// is never in the tenants map, whatever key a message carries).
+type tenant struct {
+	key  string // owned copy
+	none bool   // the reserved bucket of messages without a usable key
+
+	// guard is set once, outside every engine lock (scope.Pin may run the
+	// scope's Shape hook), by the first goroutine that needs it.
+	once   sync.Once
+	guardP atomic.Pointer[policy.Guard]
+
+	lanes int // lanes of this tenant, guarded by Consumer.tmu
+
+	inflight atomic.Int32 // messages of this tenant being handled (bulkhead)
+	// zombies counts in-flight slots held by jobs of lanes dropped while
+	// they ran (a revoked partition): released when those jobs finish.
+	zombies  atomic.Int32
+	bmu      sync.Mutex   // guards blocked
+	blocked  []*lane      // lanes waiting for the bulkhead, FIFO
+	nblocked atomic.Int32 // len(blocked), readable without bmu
+
+	handled, failed, dead, retried atomic.Uint64
+	spilled, refed, unwritable     atomic.Uint64
+	parked, queued                 atomic.Int64 // messages now
+	spillLanes                     atomic.Int32 // lanes in spill mode now
+}
+
+// guard returns the tenant's guard, pinning it in the scope on first use.
+// Called with no engine lock held.
+func (c *Consumer) guard(t *tenant) *policy.Guard {
+	if g := t.guardP.Load(); g != nil {
+		return g
+	}
+	t.once.Do(func() {
+		var g *policy.Guard
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					// A Shape hook that panics: the tenant runs on the
+					// template policy instead, and says so.
+					c.log.Error("consumer: the scope's Shape panicked; tenant uses the default policy", "tenant", t.key, "panic", r)
+					g = c.fallback
+				}
+			}()
+			g = c.scope.Pin(t.key)
+		}()
+		t.guardP.Store(g)
+	})
+	return t.guardP.Load()
+}
+
+// peekGuard returns the tenant's guard if it was built, for reporting.
+func (t *tenant) peekGuard() *policy.Guard { return t.guardP.Load() }
+
+// tryAcquire takes a bulkhead slot if the tenant has fewer than limit
+// messages in flight.
+func (t *tenant) tryAcquire(limit int32) bool {
+	for {
+		n := t.inflight.Load()
+		if n >= limit {
+			return false
+		}
+		if t.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// block queues l until the tenant has a free slot. Called with l's shard
+// lock held (lock order: shard.mu, then tenant.bmu).
+func (t *tenant) block(l *lane) {
+	t.bmu.Lock()
+	t.blocked = append(t.blocked, l)
+	t.nblocked.Add(1)
+	t.bmu.Unlock()
+}
+
+// unblockOne pops the oldest blocked lane that is still alive, if any.
+// Called with no shard lock held.
+func (t *tenant) unblockOne() *lane {
+	t.bmu.Lock()
+	defer t.bmu.Unlock()
+	for len(t.blocked) > 0 {
+		l := t.blocked[0]
+		t.blocked[0] = nil
+		t.blocked = t.blocked[1:]
+		if len(t.blocked) == 0 {
+			t.blocked = nil
+		}
+		t.nblocked.Add(-1)
+		return l
+	}
+	return nil
+}
+
+// tenantFor returns the tenant of key (none: the no-tenant bucket), making
+// it on first sight; the lane count it returns the tenant with is
+// incremented, so a sweep cannot forget it meanwhile. key may share memory
+// with a message: it is cloned when kept.
+func (c *Consumer) tenantFor(key string, none bool) *tenant {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	if none {
+		c.noTenant.lanes++
+		return c.noTenant
+	}
+	t := c.tenants[key]
+	if t == nil {
+		k := string([]byte(key)) // own the bytes
+		t = &tenant{key: k}
+		c.tenants[k] = t
+	}
+	t.lanes++
+	return t
+}
+
+// releaseTenant drops a lane's hold on t and forgets t if nothing holds it
+// and the engine tracks more idle tenants than it keeps. It returns t when
+// its scope pin must be released (outside every lock).
+func (c *Consumer) releaseTenant(t *tenant) (unpin *tenant) {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	t.lanes--
+	if t.none || t.lanes > 0 || len(c.tenants) <= c.keepTenants {
+		return nil
+	}
+	if t.inflight.Load() > 0 || t.queued.Load() > 0 {
+		return nil
+	}
+	delete(c.tenants, t.key)
+	return t
+}
+
+// unpin releases the scope pin of a forgotten tenant. Called with no lock.
+func (c *Consumer) unpin(t *tenant) {
+	if t == nil || t.none {
+		return
+	}
+	// Make sure no later guard() pins again: run the once if it never ran.
+	pinned := true
+	t.once.Do(func() { pinned = false })
+	if pinned && t.guardP.Load() != c.fallback {
+		c.scope.Unpin(t.key)
 	}
 }

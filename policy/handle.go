@@ -171,14 +171,25 @@ func (h *Guard) Allow(ctx context.Context) (Permit, error) {
 // rather than retry), or an [*ExhaustedError] when the budget refused. Only a
 // scheduled retry spends a budget token; it emits EventRetryScheduled,
 // EventRejected or EventBudgetExhausted accordingly.
-func (h *Guard) NextRetry(attempt int, err error, prev time.Duration) (time.Duration, error) {
+func (h *Guard) NextRetry(attempt int, err error, prev time.Duration) RetryDecision {
 	g, sh := h.enter(rand.Uint32())
 	d, stop := g.nextRetry(context.Background(), attempt, err, prev)
 	g.exit(sh)
-	if stop != nil {
-		return 0, stop
+	switch {
+	case stop == nil:
+		return RetryDecision{Retry: true, Delay: d}
+	case IsPermanent(err):
+		return RetryDecision{Stop: StopPermanent}
+	case stop == err:
+		return RetryDecision{Stop: StopAttempts}
 	}
-	return d, nil
+	if oe, ok := stop.(*OpenError); ok && oe != nil {
+		return RetryDecision{Stop: StopOpen}
+	}
+	if _, ok := stop.(*ExhaustedError); ok {
+		return RetryDecision{Stop: StopBudget}
+	}
+	return RetryDecision{Stop: StopAttempts}
 }
 
 // Run runs fn through the guard: Admit, then for each attempt the breaker

@@ -32,6 +32,10 @@ type Policy struct {
 	// attempts and backoffs. Zero means no deadline (only ctx bounds it).
 	Deadline time.Duration
 
+	// AttemptTimeout bounds each attempt (TEMPORARY stand-in on the engine
+	// branch; the policy-core branch brings the real field).
+	AttemptTimeout time.Duration
+
 	// Latency configures the streaming latency estimate.
 	Latency Latency
 

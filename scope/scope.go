@@ -503,6 +503,10 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 	return g
 }
 
+// MaxKeys returns the number of keys the scope keeps after a sweep
+// (Options.MaxKeys, or its default).
+func (s *Scope[K]) MaxKeys() int { return s.maxKeys }
+
 // Len returns the number of keys held.
 func (s *Scope[K]) Len() int { return int(s.size.Load()) }
 

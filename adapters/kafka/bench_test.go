@@ -184,6 +184,12 @@ type loopDispatcher struct {
 
 func (d *loopDispatcher) Assigned(consumer.Partition) {}
 func (d *loopDispatcher) Revoked(consumer.Partition)  {}
+func (d *loopDispatcher) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		d.Deliver(m)
+	}
+}
+
 func (d *loopDispatcher) Deliver(m *consumer.Message) {
 	d.mark()
 	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)

@@ -124,6 +124,12 @@ func (c *collector) Revoked(p consumer.Partition) {
 	c.poke()
 }
 
+func (c *collector) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		c.Deliver(m)
+	}
+}
+
 func (c *collector) Deliver(m *consumer.Message) {
 	c.mu.Lock()
 	c.seen[string(m.Value)]++

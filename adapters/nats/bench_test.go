@@ -98,6 +98,12 @@ type settleLoop struct{ src consumer.Source }
 
 func (settleLoop) Assigned(consumer.Partition) {}
 func (settleLoop) Revoked(consumer.Partition)  {}
+func (l settleLoop) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		l.Deliver(m)
+	}
+}
+
 func (l settleLoop) Deliver(m *consumer.Message) {
 	_ = l.src.Settle(context.Background(), m)
 }

@@ -139,6 +139,12 @@ func newLoop(src consumer.Source, tenant consumer.TenantFunc, hold func(string) 
 func (l *loop) Assigned(p consumer.Partition) { l.mu.Lock(); l.assigned[p]++; l.mu.Unlock() }
 func (l *loop) Revoked(p consumer.Partition)  { l.mu.Lock(); l.revoked[p]++; l.mu.Unlock() }
 
+func (l *loop) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		l.Deliver(m)
+	}
+}
+
 func (l *loop) Deliver(m *consumer.Message) {
 	tn, _ := l.tenant(m)
 	l.mu.Lock()

@@ -289,17 +289,21 @@ func (s *Sink) Total() int {
 	return n
 }
 
-// MemHarness is the in-memory Harness: a Broker plus a Sink.
+// MemHarness is the in-memory Harness: a Broker, a Sink and a Spill log.
 type MemHarness struct {
 	B     *Broker
 	S     *Sink
+	Sp    *Spill
 	Group string
 }
 
 // NewMemHarness returns a harness with the given partitions.
 func NewMemHarness(partitions int) *MemHarness {
-	return &MemHarness{B: NewBroker("orders", partitions), S: NewSink(), Group: "g"}
+	return &MemHarness{B: NewBroker("orders", partitions), S: NewSink(), Sp: NewSpill(), Group: "g"}
 }
+
+// SpillLog implements Spiller.
+func (h *MemHarness) SpillLog(t testing.TB) consumer.SpillLog { return h.Sp }
 
 // Partitions implements Harness.
 func (h *MemHarness) Partitions() int { return len(h.B.logs) }

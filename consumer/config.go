@@ -1,0 +1,194 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/scope"
+)
+
+// Handler handles one message. ctx is cancelled when the attempt runs past
+// its tenant policy's AttemptTimeout (or what is left of its Deadline), when
+// shutdown runs past DrainTimeout, and when Handle returns. Return nil for
+// success, an error marked with policy.Permanent for a message that can
+// never succeed, and any other error for a transient failure.
+type Handler interface {
+	Handle(ctx context.Context, m *Message) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, m *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ctx, m) }
+
+// Config configures a Consumer. Zero fields mean the defaults written on
+// each; New validates it.
+//
+// # Callbacks and locks
+//
+// The engine never calls user code or does I/O while it holds a lock of its
+// own: Handler, Tenant, OnEvent, the scope's hooks (Shape, OnEvent), the
+// policy's hooks (Admit, BeforeAttempt, OnEvent, Backoff.Custom), and every
+// Source, SpillLog and DLQ method run with no engine lock held. Any of them
+// may therefore call back into the Consumer (Stats, Tenant) without
+// deadlock. Events are delivered after the state change they report.
+type Config struct {
+	// Scope holds one guard per tenant. Nil means
+	// scope.New(policy.Default(), scope.Options[string]{}). The engine pins
+	// a tenant's guard in the scope while it tracks the tenant, so a tenant
+	// in the middle of failing keeps its breaker (up to the scope's
+	// HardCeiling).
+	Scope *scope.Scope[string]
+	// Handler handles messages. Required.
+	Handler Handler
+	// Tenant extracts the tenant key. Required; it is the one place the
+	// tenant key is defined (adapters do not take it).
+	Tenant TenantFunc
+	// DLQ receives dead letters. Required.
+	DLQ dlq.Sink
+	// Spill is the durable per-tenant side log (see SpillLog). Nil means no
+	// spilling: a tenant that reaches a bound pauses its partition instead,
+	// which stops that partition's other tenants too.
+	Spill SpillLog
+	// Group names the consumer group or durable, recorded in dead letters.
+	Group string
+
+	// Concurrency is how many messages are handled at once, across all
+	// tenants. Zero means 64.
+	Concurrency int
+	// TenantConcurrency is how many messages of one tenant may be handled
+	// at once (its bulkhead), unless its policy's Bulkhead.MaxConcurrent
+	// says otherwise. A tenant at its limit waits without holding a worker.
+	// Zero means max(1, Concurrency/4).
+	TenantConcurrency int
+	// MaxParkedPerTenant bounds the messages one parked tenant may hold in
+	// memory; a tenant that reaches it spills. Zero means 1000.
+	MaxParkedPerTenant int
+	// MaxParked bounds parked messages across all tenants; past it the
+	// tenant that receives the next message spills. Zero means 100000.
+	MaxParked int
+	// MaxQueuedPerPartition bounds the messages of one partition held in
+	// memory (queued, parked, waiting to be spilled). Past it the partition
+	// is paused until half of them are gone; with a SpillLog that only
+	// happens while spilling fails. Zero means 10000 (lowered to the
+	// source's PartitionCapacity, if it has one).
+	MaxQueuedPerPartition int
+	// MaxQueuedPerTenant bounds the messages of one tenant from one
+	// partition held in memory; a tenant with a bigger backlog (a hot
+	// tenant) spills the rest, so its partition-mates never wait behind
+	// it. Zero means MaxQueuedPerPartition/8 (at least 1).
+	MaxQueuedPerTenant int
+	// StuckAfter is how long a partition's oldest unsettled message may
+	// hold the partition's commit before its tenant spills. Zero means 10s.
+	StuckAfter time.Duration
+	// RefeedWindow is how many spilled messages of one tenant and
+	// partition are read back into memory at a time. Zero means 64.
+	RefeedWindow int
+	// PoisonProbes is how many probes in a row a tenant's head message may
+	// fail before the tenant's next message is tried as a probe instead; if
+	// that one succeeds the head is dead-lettered as poison. Zero means 3.
+	PoisonProbes int
+	// MaxTenantLen is the longest tenant key accepted, in bytes; longer keys
+	// are dead-lettered with reason invalid-tenant. Zero means 4096.
+	MaxTenantLen int
+	// DrainTimeout is how long Run waits for in-flight handlers on shutdown
+	// before cancelling their ctx. Zero means 30s.
+	DrainTimeout time.Duration
+	// DLQRetry is the wait between attempts to write a dead letter while the
+	// DLQ is failing (also to append to a failing spill log); it doubles up
+	// to 30s. Zero means 100ms.
+	DLQRetry time.Duration
+	// OnEvent, if set, receives engine events, with no engine lock held. It
+	// must be safe for concurrent use; it runs on the engine's goroutines,
+	// so a slow hook slows the engine.
+	OnEvent func(Event)
+	// Logger receives warnings (DLQ, spill or settle failures). Nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrInvalidConfig: New was given an unusable Config.
+var ErrInvalidConfig = errors.New("consumer: invalid config")
+
+// resolve validates cfg and fills in the defaults.
+func (cfg Config) resolve() (Config, error) {
+	switch {
+	case cfg.Handler == nil || isNilValue(cfg.Handler):
+		return cfg, fmt.Errorf("%w: Handler is required", ErrInvalidConfig)
+	case cfg.Tenant == nil:
+		return cfg, fmt.Errorf("%w: Tenant is required", ErrInvalidConfig)
+	case cfg.DLQ == nil || isNilValue(cfg.DLQ):
+		return cfg, fmt.Errorf("%w: DLQ is required (got a nil %T)", ErrInvalidConfig, cfg.DLQ)
+	case cfg.Spill != nil && isNilValue(cfg.Spill):
+		return cfg, fmt.Errorf("%w: Spill is a nil %T; leave it nil to disable spilling", ErrInvalidConfig, cfg.Spill)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"Concurrency", int64(cfg.Concurrency)},
+		{"TenantConcurrency", int64(cfg.TenantConcurrency)},
+		{"MaxParkedPerTenant", int64(cfg.MaxParkedPerTenant)},
+		{"MaxParked", int64(cfg.MaxParked)},
+		{"MaxQueuedPerPartition", int64(cfg.MaxQueuedPerPartition)},
+		{"MaxQueuedPerTenant", int64(cfg.MaxQueuedPerTenant)},
+		{"StuckAfter", int64(cfg.StuckAfter)},
+		{"RefeedWindow", int64(cfg.RefeedWindow)},
+		{"PoisonProbes", int64(cfg.PoisonProbes)},
+		{"MaxTenantLen", int64(cfg.MaxTenantLen)},
+		{"DrainTimeout", int64(cfg.DrainTimeout)},
+		{"DLQRetry", int64(cfg.DLQRetry)},
+	} {
+		if f.v < 0 {
+			return cfg, fmt.Errorf("%w: %s must not be negative, got %d", ErrInvalidConfig, f.name, f.v)
+		}
+	}
+	cfg.Concurrency = orInt(cfg.Concurrency, 64)
+	cfg.TenantConcurrency = orInt(cfg.TenantConcurrency, max(1, cfg.Concurrency/4))
+	cfg.TenantConcurrency = min(cfg.TenantConcurrency, cfg.Concurrency)
+	cfg.MaxParkedPerTenant = orInt(cfg.MaxParkedPerTenant, 1000)
+	cfg.MaxParked = orInt(cfg.MaxParked, 100000)
+	cfg.MaxQueuedPerPartition = orInt(cfg.MaxQueuedPerPartition, 10000)
+	cfg.MaxQueuedPerTenant = orInt(cfg.MaxQueuedPerTenant, max(1, cfg.MaxQueuedPerPartition/8))
+	if cfg.StuckAfter == 0 {
+		cfg.StuckAfter = 10 * time.Second
+	}
+	cfg.RefeedWindow = orInt(cfg.RefeedWindow, 64)
+	cfg.PoisonProbes = orInt(cfg.PoisonProbes, 3)
+	cfg.MaxTenantLen = orInt(cfg.MaxTenantLen, 4096)
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.DLQRetry == 0 {
+		cfg.DLQRetry = 100 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg, nil
+}
+
+// isNilValue reports whether v is an interface holding a nil pointer, map,
+// slice, func or channel: a typed nil that passes a == nil check and panics
+// at first use.
+func isNilValue(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
+func orInt(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}

@@ -1,0 +1,189 @@
+package consumer
+
+import (
+	"fmt"
+)
+
+// Deliver implements Dispatcher.
+func (c *Consumer) Deliver(m *Message) {
+	one := [1]*Message{m}
+	c.DeliverBatch(one[:])
+}
+
+// DeliverBatch implements Dispatcher. Tenant keys are extracted first, with
+// no lock held; then each run of messages of one partition is queued under
+// that partition's lock alone.
+func (c *Consumer) DeliverBatch(ms []*Message) {
+	for _, m := range ms {
+		c.tenantOf(m)
+	}
+	for len(ms) > 0 {
+		n := 1
+		for n < len(ms) && ms[n].Partition == ms[0].Partition {
+			n++
+		}
+		c.deliverRun(ms[:n])
+		ms = ms[n:]
+	}
+}
+
+// tenantOf extracts m's tenant key into m.st (the key may share m's
+// memory), or the reason it has none.
+func (c *Consumer) tenantOf(m *Message) {
+	key, err := c.cfg.Tenant(m)
+	switch {
+	case err != nil:
+	case key == "":
+		err = ErrNoTenant
+	case len(key) > c.cfg.MaxTenantLen:
+		err = fmt.Errorf("consumer: tenant key of %d bytes exceeds MaxTenantLen %d", len(key), c.cfg.MaxTenantLen)
+	}
+	m.st = msgState{tenantErr: err, key: key}
+}
+
+// deliverRun queues messages of one partition, in order.
+func (c *Consumer) deliverRun(ms []*Message) {
+	sh := c.shardOf(ms[0].Partition)
+	var ev []Event
+	pause := PauseReason(0)
+	now := c.clock()
+	sh.mu.Lock()
+	if sh.dead {
+		// Revoked meanwhile: the new owner reads these again.
+		sh.mu.Unlock()
+		return
+	}
+	for _, m := range ms {
+		none := m.st.tenantErr != nil
+		l := sh.laneFor(m.st.key, none)
+		m.st.key = ""
+		m.st.lane, m.st.gen, m.st.at = l, sh.gen, now
+		sh.wm.pushBack(m)
+		if m.Offset >= sh.next {
+			sh.next = m.Offset + 1
+		}
+		l.seen = true
+		sh.queued++
+		t := l.t
+		t.queued.Add(1)
+		if l.spill.on {
+			m.st.spilled = true
+			l.pend.push(m)
+			c.ensureSpillJob(l)
+		} else {
+			l.q.push(m)
+			if l.parked {
+				t.parked.Add(1)
+				c.parkedTotal.Add(1)
+			}
+			if l.state == laneIdle && !c.draining.Load() {
+				c.makeReady(l)
+			}
+			switch {
+			case l.parked && (t.parked.Load() >= int64(c.cfg.MaxParkedPerTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
+				if !c.requestSpill(l, SpillParked, &ev) && sh.pauseReason == 0 {
+					pause = PauseParkedBound
+				}
+			case !none && l.q.len() > c.cfg.MaxQueuedPerTenant:
+				c.requestSpill(l, SpillBacklog, &ev)
+			}
+		}
+		if sh.queued >= sh.maxQueued && sh.pauseReason == 0 && pause == 0 {
+			pause = PauseQueueFull
+			if l.spill.on && l.spill.fails > 0 {
+				pause = PauseSpillUnavailable
+			}
+		}
+	}
+	if pause != 0 && sh.pauseReason == 0 {
+		sh.pauseReason = pause
+	}
+	sh.mu.Unlock()
+	if pause != 0 {
+		c.applyPause(sh, true)
+	}
+	for i := range ev {
+		c.emit(ev[i])
+	}
+}
+
+// maintain is housekeeping for one shard, every 100ms: it spills the tenant
+// of a message that holds the partition's commit for longer than
+// StuckAfter, retries set-aside dead letters that are due, lifts a pause
+// whose pressure is gone, and sweeps idle lanes.
+func (c *Consumer) maintain(sh *shard, now int64) {
+	var ev []Event
+	var forget []*tenant
+	var aside []*Message
+	resume := false
+	sh.mu.Lock()
+	if sh.dead {
+		sh.mu.Unlock()
+		return
+	}
+	if h := sh.wm.head; h != nil && c.cfg.Spill != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
+		if l := h.st.lane; !l.spill.on && !l.spill.want {
+			c.requestSpill(l, SpillStuck, &ev)
+		}
+	}
+	if len(sh.aside) > 0 && !sh.asideBusy.Load() {
+		for _, m := range sh.aside {
+			if now-m.st.asideAt >= int64(asideRetry) {
+				m.st.asideAt = now
+				aside = append(aside, m)
+			}
+		}
+		if len(aside) > 0 {
+			sh.asideBusy.Store(true)
+		}
+	}
+	if (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound) && c.pressureGone(sh) {
+		sh.pauseReason = 0
+		resume = true
+	}
+	if len(sh.lanes) > sh.sweepAt {
+		for k, l := range sh.lanes {
+			if l.q.len() == 0 && l.pend.len() == 0 && l.state == laneIdle && !l.spill.on && !l.spill.job && l.spill.refed.n == 0 {
+				if l.seen {
+					l.seen = false
+					continue
+				}
+				delete(sh.lanes, k)
+				forget = append(forget, c.dropLane(l))
+			}
+		}
+		sh.sweepAt = max(1024, 2*len(sh.lanes))
+	}
+	sh.mu.Unlock()
+	if resume {
+		c.applyPause(sh, false)
+	}
+	if len(aside) > 0 {
+		go c.retryAside(sh, aside)
+	}
+	for _, t := range forget {
+		c.unpin(t)
+	}
+	for i := range ev {
+		c.emit(ev[i])
+	}
+}
+
+// pressureGone reports whether an engine pause of sh may end. Called with
+// sh.mu held.
+func (c *Consumer) pressureGone(sh *shard) bool {
+	if sh.queued > sh.maxQueued/2 {
+		return false
+	}
+	if sh.pauseReason == PauseParkedBound {
+		if c.parkedTotal.Load() >= int64(c.cfg.MaxParked)*9/10 {
+			return false
+		}
+		for _, l := range sh.lanes {
+			if l.parked && l.t.parked.Load() >= int64(c.cfg.MaxParkedPerTenant)*9/10 {
+				return false
+			}
+		}
+	}
+	return true
+}

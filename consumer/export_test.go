@@ -1,0 +1,26 @@
+package consumer
+
+import "fmt"
+
+// CheckInvariants exposes the engine's invariant checker to the tests of
+// package consumer_test.
+func CheckInvariants(c *Consumer) error { return c.checkInvariants() }
+
+// DumpLanes describes every lane that holds messages, for failing tests.
+func DumpLanes(c *Consumer) []string {
+	var out []string
+	for _, sh := range c.shards() {
+		sh.mu.Lock()
+		for _, l := range sh.lanes {
+			if l.q.len()+l.pend.len() == 0 && !l.spill.on {
+				continue
+			}
+			g := l.t.peekGuard()
+			closed := g == nil || g.Closed()
+			out = append(out, fmt.Sprintf("%v/%s state=%v parked=%v q=%d pend=%d spill{on=%v want=%v job=%v wait=%v fails=%d readPos=%d refed=%d} judge=%q span=%d closed=%v inflight=%d blocked=%d",
+				sh.p, l.key, l.state, l.parked, l.q.len(), l.pend.len(), l.spill.on, l.spill.want, l.spill.job, l.spill.wait, l.spill.fails, l.spill.readPos, l.spill.refed.n, l.judge, l.judgeSpan, closed, l.t.inflight.Load(), l.t.nblocked.Load()))
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}

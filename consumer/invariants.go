@@ -1,0 +1,184 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// checkInvariants verifies that the engine's counts agree with its
+// structures (after otter's checker): every partition's queued count with
+// its lanes, its watermark with its unsettled messages, each tenant's
+// queued, parked, in-flight and spilling counts with its lanes, the parked
+// total, the lanes' scheduling states with the ready queues, and the scope
+// pins with the tenants the engine tracks. Tests run it after every round;
+// it holds every partition lock at once, so it sees one consistent state
+// even while the engine runs.
+func (c *Consumer) checkInvariants() error {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	shards := c.shards()
+	for _, sh := range shards {
+		sh.mu.Lock()
+	}
+	defer func() {
+		for _, sh := range shards {
+			sh.mu.Unlock()
+		}
+	}()
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	type tally struct{ queued, parked, running, spilling, lanes int }
+	per := map[*tenant]*tally{}
+	at := func(t *tenant) *tally {
+		x := per[t]
+		if x == nil {
+			x = &tally{}
+			per[t] = x
+		}
+		return x
+	}
+	var parked int
+	for _, sh := range shards {
+		if sh.dead {
+			continue
+		}
+		inReady := map[*lane]bool{}
+		for i := sh.ready.head; i < len(sh.ready.buf); i++ {
+			inReady[sh.ready.buf[i]] = true
+		}
+		lanes := make([]*lane, 0, len(sh.lanes)+1)
+		for k, l := range sh.lanes {
+			if l.key != k || l.t.key != k || l.t.none {
+				bad("%v: lane under key %q belongs to tenant %q (none=%v)", sh.p, k, l.t.key, l.t.none)
+			}
+			lanes = append(lanes, l)
+		}
+		if sh.none != nil {
+			if !sh.none.t.none || sh.none.t != c.noTenant {
+				bad("%v: no-tenant lane has a real tenant %q", sh.p, sh.none.t.key)
+			}
+			lanes = append(lanes, sh.none)
+		}
+		queued, live, ready := len(sh.aside), len(sh.aside), false
+		for _, l := range lanes {
+			x := at(l.t)
+			x.lanes++
+			n := l.q.len() + l.pend.len()
+			queued += n
+			x.queued += n
+			refed := 0
+			for i := range l.q.len() {
+				m := l.q.at(i)
+				if m.st.lane != l {
+					bad("%v/%q: message at %d of q belongs to another lane", sh.p, l.key, m.Offset)
+				}
+				if m.Refed {
+					refed++
+					if i > 0 && !l.q.at(i-1).Refed {
+						bad("%v/%q: re-fed message %d behind a live one", sh.p, l.key, m.Offset)
+					}
+				} else {
+					live++
+				}
+			}
+			live += l.pend.len()
+			if refed != l.spill.refed.n {
+				bad("%v/%q: %d re-fed messages in q, %d in the spill cursor list", sh.p, l.key, refed, l.spill.refed.n)
+			}
+			if l.pend.len() > 0 && !l.spill.on {
+				bad("%v/%q: %d messages wait to be spilled but the lane is not spilling", sh.p, l.key, l.pend.len())
+			}
+			if l.parked {
+				parked += l.q.len()
+				x.parked += l.q.len()
+			}
+			if l.spill.on {
+				x.spilling++
+			}
+			switch l.state {
+			case laneRunning:
+				if !l.t.none {
+					x.running++
+				}
+			case laneReady:
+				ready = true
+				if !inReady[l] {
+					bad("%v/%q: lane is ready but not in the ready queue", sh.p, l.key)
+				}
+			}
+			if l.dead {
+				bad("%v/%q: dead lane still in a live shard", sh.p, l.key)
+			}
+		}
+		if queued != sh.queued {
+			bad("%v: queued count %d, lanes hold %d", sh.p, sh.queued, queued)
+		}
+		if live != sh.wm.n {
+			bad("%v: watermark holds %d unsettled messages, lanes and aside hold %d live ones", sh.p, sh.wm.n, live)
+		}
+		n := 0
+		for m := sh.wm.head; m != nil; m = m.st.lnext {
+			if n++; n > sh.wm.n {
+				bad("%v: watermark list longer than its count %d", sh.p, sh.wm.n)
+				break
+			}
+			if next := m.st.lnext; next != nil && next.Offset <= m.Offset {
+				bad("%v: watermark out of order: %d before %d", sh.p, m.Offset, next.Offset)
+			}
+		}
+		for _, m := range sh.aside {
+			if m.st.lane.sh != sh {
+				bad("%v: set-aside message %d from another partition", sh.p, m.Offset)
+			}
+			at(m.st.lane.t).queued++
+		}
+		if ready && !sh.inRing {
+			bad("%v: has ready lanes but is not in the scheduler's ring", sh.p)
+		}
+	}
+	if int64(parked) != c.parkedTotal.Load() {
+		bad("parked total %d, lanes hold %d parked messages", c.parkedTotal.Load(), parked)
+	}
+	all := make([]*tenant, 0, len(c.tenants)+1)
+	all = append(all, c.noTenant)
+	pinned := 0
+	for k, t := range c.tenants {
+		if t.key != k {
+			bad("tenant %q filed under %q", t.key, k)
+		}
+		if g := t.guardP.Load(); g != nil && g != c.fallback {
+			pinned++
+		}
+		all = append(all, t)
+	}
+	for _, t := range all {
+		x := at(t)
+		if int64(x.queued) != t.queued.Load() {
+			bad("tenant %q: queued count %d, lanes hold %d", t.key, t.queued.Load(), x.queued)
+		}
+		if int64(x.parked) != t.parked.Load() {
+			bad("tenant %q: parked count %d, lanes hold %d", t.key, t.parked.Load(), x.parked)
+		}
+		if !t.none && int32(x.running)+t.zombies.Load() != t.inflight.Load() {
+			bad("tenant %q: %d in flight, %d running lanes and %d jobs of dropped lanes", t.key, t.inflight.Load(), x.running, t.zombies.Load())
+		}
+		if int32(x.spilling) != t.spillLanes.Load() {
+			bad("tenant %q: %d spilling lanes counted, %d found", t.key, t.spillLanes.Load(), x.spilling)
+		}
+		if x.lanes != t.lanes {
+			bad("tenant %q: lane count %d, %d found", t.key, t.lanes, x.lanes)
+		}
+		delete(per, t)
+	}
+	for t := range per {
+		bad("lanes of tenant %q (none=%v) that the tenant table does not hold", t.key, t.none)
+	}
+	if got := c.scope.Stats().Pinned; got < pinned {
+		bad("scope holds %d pinned keys, the engine pinned %d tenants", got, pinned)
+	}
+	return errors.Join(errs...)
+}

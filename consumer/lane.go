@@ -1,0 +1,236 @@
+package consumer
+
+import (
+	"time"
+
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// lane is one tenant's ordered stream from one partition. Every field is
+// guarded by its shard's mu, except where noted.
+//
+// A lane's messages are in q (runnable, in order: messages re-fed from the
+// spill log first, then live ones) and, while the lane spills, in pend (live
+// messages waiting to be appended to the spill log, newer than everything
+// in q). Only the worker that owns the lane (state laneRunning) touches the
+// head's bookkeeping; the others only append.
+type lane struct {
+	sh  *shard
+	t   *tenant
+	key string // t.key, or "" for the no-tenant bucket
+
+	q    msgRing
+	pend msgRing
+
+	state  laneState
+	parked bool // refused by the breaker; q's messages count as parked
+	dead   bool // dropped (partition revoked or lane swept)
+	seen   bool // touched since the last idle sweep
+	credit int  // fair-share turns left before the lane yields its worker
+
+	// judge, when set, means the head is suspect and says why (exhausted,
+	// panic or poison); see the package doc's "Dead letters". judgeSpan is
+	// how many of the following messages the next judge may try.
+	judge     dlq.Reason
+	judgeSpan int
+
+	// timer wakes the lane after a retry backoff, a park or a spill
+	// back-off; timerSeq tells a stale firing from the current one.
+	timer    *time.Timer
+	timerSeq uint64
+
+	spill laneSpill
+}
+
+// laneState is where a lane is in the scheduler.
+type laneState uint8
+
+const (
+	laneIdle    laneState = iota // nothing runnable, or nothing to do
+	laneReady                    // in its shard's ready queue
+	laneRunning                  // a worker owns the head
+	laneTimer                    // waiting for its timer (retry, park)
+	laneBlocked                  // its tenant is at its bulkhead limit
+)
+
+func (s laneState) String() string {
+	return [...]string{"idle", "ready", "running", "timer", "blocked"}[s]
+}
+
+// laneSpill is a lane's spill state (guarded by the shard's mu, except the
+// commit fields, see commitSync).
+type laneSpill struct {
+	on     bool        // spill mode: live messages go to pend, then the log
+	want   bool        // a trigger asked for spill mode; entered when the lane is not running
+	reason SpillReason // why it spilled, for events and stats
+	job    bool        // a spill job for this lane is queued or running
+	wait   bool        // the job backs off after a failure (timer armed)
+	fails  int         // consecutive failed Append/Read calls
+	// readPos is the next log position to read; -1 means from the
+	// committed cursor (a lane recovered from Pending).
+	readPos int64
+	// refed lists the re-fed messages not yet settled, in log order; its
+	// head is where the cursor may be committed to.
+	refed   msgList
+	maxOrig int64 // highest original offset re-fed (later copies are duplicates)
+	commit  commitSync
+}
+
+// msgRing is a FIFO of messages that can also take out an element in the
+// middle (a judge round handles a message behind the head).
+type msgRing struct {
+	buf  []*Message
+	head int
+}
+
+func (r *msgRing) len() int          { return len(r.buf) - r.head }
+func (r *msgRing) at(i int) *Message { return r.buf[r.head+i] }
+func (r *msgRing) front() *Message   { return r.buf[r.head] }
+
+func (r *msgRing) push(m *Message) {
+	if r.head > 0 && len(r.buf) == cap(r.buf) && r.head*2 >= len(r.buf) {
+		n := copy(r.buf, r.buf[r.head:])
+		clear(r.buf[n:])
+		r.buf = r.buf[:n]
+		r.head = 0
+	}
+	r.buf = append(r.buf, m)
+}
+
+// pushFront puts ms, in order, before the current front.
+func (r *msgRing) pushFront(ms []*Message) {
+	if len(ms) == 0 {
+		return
+	}
+	if r.head >= len(ms) {
+		r.head -= len(ms)
+		copy(r.buf[r.head:], ms)
+		return
+	}
+	rest := r.buf[r.head:]
+	nb := make([]*Message, 0, len(ms)+len(rest)+4)
+	nb = append(nb, ms...)
+	nb = append(nb, rest...)
+	r.buf, r.head = nb, 0
+}
+
+// remove takes out the i-th message from the front.
+func (r *msgRing) remove(i int) *Message {
+	j := r.head + i
+	m := r.buf[j]
+	if i == 0 {
+		r.buf[j] = nil
+		r.head++
+	} else {
+		copy(r.buf[j:], r.buf[j+1:])
+		r.buf[len(r.buf)-1] = nil
+		r.buf = r.buf[:len(r.buf)-1]
+	}
+	if r.head == len(r.buf) {
+		r.buf = r.buf[:0]
+		r.head = 0
+	}
+	return m
+}
+
+// takeFrom removes and returns the messages from index i to the end.
+func (r *msgRing) takeFrom(i int, into []*Message) []*Message {
+	j := r.head + i
+	into = append(into, r.buf[j:]...)
+	clear(r.buf[j:])
+	r.buf = r.buf[:j]
+	if r.head == len(r.buf) {
+		r.buf = r.buf[:0]
+		r.head = 0
+	}
+	return into
+}
+
+// reset drops everything.
+func (r *msgRing) reset() {
+	clear(r.buf)
+	r.buf, r.head = nil, 0
+}
+
+// msgList is an intrusive doubly linked list of messages (through
+// msgState.lprev/lnext): a partition's unsettled live messages in offset
+// order, or a lane's unsettled re-fed messages in log order. Its memory is
+// the messages themselves, so it grows with what is unsettled, never with
+// what was settled behind a stuck message.
+type msgList struct {
+	head, tail *Message
+	n          int
+}
+
+func (l *msgList) pushBack(m *Message) {
+	m.st.lprev, m.st.lnext = l.tail, nil
+	if l.tail != nil {
+		l.tail.st.lnext = m
+	} else {
+		l.head = m
+	}
+	l.tail = m
+	m.st.listed = true
+	l.n++
+}
+
+// remove unlinks m and reports whether it was the head.
+func (l *msgList) remove(m *Message) (wasHead bool) {
+	if !m.st.listed {
+		return false
+	}
+	wasHead = l.head == m
+	if m.st.lprev != nil {
+		m.st.lprev.st.lnext = m.st.lnext
+	} else {
+		l.head = m.st.lnext
+	}
+	if m.st.lnext != nil {
+		m.st.lnext.st.lprev = m.st.lprev
+	} else {
+		l.tail = m.st.lprev
+	}
+	m.st.lprev, m.st.lnext, m.st.listed = nil, nil, false
+	l.n--
+	return wasHead
+}
+
+// reset forgets every message.
+func (l *msgList) reset() {
+	for m := l.head; m != nil; {
+		next := m.st.lnext
+		m.st.lprev, m.st.lnext, m.st.listed = nil, nil, false
+		m = next
+	}
+	*l = msgList{}
+}
+
+// msgState is the engine's bookkeeping for one message. The first group is
+// guarded by the shard's mu; the second is owned by the worker that runs the
+// message's lane (never read under a lock by anyone else).
+type msgState struct {
+	lane         *lane
+	gen          uint64 // partition assignment generation at delivery
+	lprev, lnext *Message
+	listed       bool
+	at           int64  // engine clock at delivery (ns)
+	spilled      bool   // in pend or being appended (not runnable)
+	aside        bool   // set aside: its dead letter cannot be written
+	asideAt      int64  // engine clock of its last set-aside write
+	key          string // tenant key between extraction and queueing (may share the message's memory)
+
+	// Owned by the running worker.
+	tenantErr  error
+	attempts   int           // attempts in the current round
+	total      int           // attempts in all
+	backoff    time.Duration // the last backoff
+	roundStart int64         // engine clock when the current round began
+	first      time.Time
+	last       time.Time
+	lastErr    error
+	panicked   bool
+	probeFails int
+	evidence   bool // failed in a judge round that a later message won
+	dlqReason  dlq.Reason
+	dlqFails   int
+}

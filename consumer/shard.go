@@ -1,0 +1,197 @@
+package consumer
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// shard is the engine's state of one assigned partition: its lanes, the
+// queue of lanes ready to run, and its watermark. Deliveries, scheduling and
+// settles of one partition take only its mu; the engine-wide structures
+// (the tenant table, the scheduler's ring of shards) are touched only when a
+// lane appears or leaves, or the shard runs out of ready lanes.
+type shard struct {
+	c         *Consumer
+	p         Partition
+	gen       uint64 // assignment generation
+	maxQueued int    // MaxQueuedPerPartition, lowered to the source's capacity
+
+	mu     sync.Mutex
+	dead   bool             // revoked
+	lanes  map[string]*lane // by tenant key
+	none   *lane            // the no-tenant bucket's lane
+	ready  laneQueue        // lanes ready to run, in turn order
+	wm     msgList          // unsettled live messages, in offset order
+	next   int64            // offset after the last delivered message; -1 before any
+	queued int              // messages in this partition's lanes (q and pend)
+	// pauseReason is why the engine wants the partition paused (zero: it
+	// does not).
+	pauseReason PauseReason
+	sweepAt     int // lanes count that triggers an idle sweep
+	// aside holds messages whose dead letter cannot be written: out of
+	// their lanes, still unsettled (in wm and queued).
+	aside     []*Message
+	asideBusy atomic.Bool // a retry of aside runs
+
+	inRing bool // in the scheduler's ring; guarded by sched.mu
+
+	pause  pauseSync  // the wish applied to Source.Pause/Resume
+	commit commitSync // watermark commits to Source.Commit
+	gate   settleGate // Source.Settle calls in progress
+}
+
+func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
+	sh := &shard{c: c, p: p, gen: gen, maxQueued: maxQueued, lanes: make(map[string]*lane), next: -1, sweepAt: 1024}
+	sh.commit.init()
+	return sh
+}
+
+// commitPoint is the offset every message below which is settled: the
+// oldest unsettled message, or past the last delivered one.
+func (sh *shard) commitPoint() int64 {
+	if sh.wm.head != nil {
+		return sh.wm.head.Offset
+	}
+	return sh.next
+}
+
+// laneFor returns the lane of key in sh, making it on first sight. Called
+// with sh.mu held; it takes the tenant table's lock when it makes a lane.
+func (sh *shard) laneFor(key string, none bool) *lane {
+	if none {
+		if sh.none == nil {
+			sh.none = &lane{sh: sh, t: sh.c.tenantFor("", true)}
+		}
+		return sh.none
+	}
+	if l := sh.lanes[key]; l != nil {
+		return l
+	}
+	t := sh.c.tenantFor(key, false)
+	l := &lane{sh: sh, t: t, key: t.key}
+	l.spill.readPos = -1
+	l.spill.maxOrig = -1
+	l.spill.commit.init()
+	sh.lanes[t.key] = l
+	return l
+}
+
+// laneQueue is a FIFO of lanes.
+type laneQueue struct {
+	buf  []*lane
+	head int
+}
+
+func (q *laneQueue) len() int { return len(q.buf) - q.head }
+
+func (q *laneQueue) push(l *lane) {
+	if q.head > 0 && len(q.buf) == cap(q.buf) && q.head*2 >= len(q.buf) {
+		n := copy(q.buf, q.buf[q.head:])
+		clear(q.buf[n:])
+		q.buf = q.buf[:n]
+		q.head = 0
+	}
+	q.buf = append(q.buf, l)
+}
+
+func (q *laneQueue) pop() *lane {
+	l := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head++
+	if q.head == len(q.buf) {
+		q.buf = q.buf[:0]
+		q.head = 0
+	}
+	return l
+}
+
+func (q *laneQueue) reset() {
+	clear(q.buf)
+	q.buf, q.head = nil, 0
+}
+
+// sched hands shards with ready lanes to workers. Its ring holds exactly
+// the shards whose ready queue is not empty (kept so under both locks: a
+// shard enters or leaves only while its own mu and sched.mu are held). Idle
+// workers wait on cond; a shard entering the ring wakes one, and a worker
+// that takes a lane while more are ready wakes the next (a chain), so a
+// burst wakes workers without a signal per message.
+type sched struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	ring   []*shard
+	cursor int
+	idle   int  // workers waiting on cond
+	stop   bool // draining: workers return
+	// idleN mirrors idle for a lock-free look: a lane made ready while
+	// workers sleep must wake one even if its shard is in the ring.
+	idleN atomic.Int32
+}
+
+// enter adds sh to the ring. Called with sh.mu held.
+func (s *sched) enter(sh *shard) {
+	s.mu.Lock()
+	if !sh.inRing {
+		sh.inRing = true
+		s.ring = append(s.ring, sh)
+		if s.idle > 0 {
+			s.cond.Signal()
+		}
+	}
+	s.mu.Unlock()
+}
+
+// leave removes sh from the ring. Called with sh.mu held.
+func (s *sched) leave(sh *shard) {
+	s.mu.Lock()
+	if sh.inRing {
+		sh.inRing = false
+		for i, x := range s.ring {
+			if x == sh {
+				last := len(s.ring) - 1
+				s.ring[i] = s.ring[last]
+				s.ring[last] = nil
+				s.ring = s.ring[:last]
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+}
+
+// chain wakes one more idle worker if any waits: called by a worker that
+// took a lane while more were ready.
+func (s *sched) chain() {
+	s.mu.Lock()
+	if s.idle > 0 && len(s.ring) > 0 {
+		s.cond.Signal()
+	}
+	s.mu.Unlock()
+}
+
+// next returns a shard with ready lanes, in turn, waiting while there is
+// none; nil once the engine drains.
+func (s *sched) next() *shard {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.ring) == 0 && !s.stop {
+		s.idle++
+		s.idleN.Add(1)
+		s.cond.Wait()
+		s.idle--
+		s.idleN.Add(-1)
+	}
+	if s.stop {
+		return nil
+	}
+	s.cursor++
+	return s.ring[s.cursor%len(s.ring)]
+}
+
+// shutdown makes every worker return once it finishes its job.
+func (s *sched) shutdown() {
+	s.mu.Lock()
+	s.stop = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}

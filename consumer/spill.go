@@ -1,0 +1,441 @@
+package consumer
+
+import (
+	"sync"
+	"time"
+)
+
+// spillWorkers is how many goroutines run spill jobs (appends, re-feed
+// reads and cursor commits), each job one lane at a time.
+const spillWorkers = 4
+
+// spillBatch caps the messages of one Append.
+const spillBatch = 256
+
+// SpillReason says why a lane spilled.
+type SpillReason uint8
+
+// Spill reasons.
+const (
+	SpillParked    SpillReason = iota + 1 // parked at MaxParkedPerTenant (or MaxParked in total)
+	SpillStuck                            // its oldest message held the partition's commit for StuckAfter
+	SpillBacklog                          // its backlog in the partition passed MaxQueuedPerTenant
+	SpillRecovered                        // its spill log had entries when the partition was assigned
+)
+
+func (r SpillReason) String() string {
+	switch r {
+	case SpillParked:
+		return "parked-bound"
+	case SpillStuck:
+		return "stuck"
+	case SpillBacklog:
+		return "backlog"
+	case SpillRecovered:
+		return "recovered"
+	}
+	return "none"
+}
+
+// spillQueue holds lanes whose spill job must run. Its mu is a leaf lock.
+type spillQueue struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	q    []*lane
+	stop bool
+}
+
+func (s *spillQueue) push(l *lane) {
+	s.mu.Lock()
+	s.q = append(s.q, l)
+	s.cond.Signal()
+	s.mu.Unlock()
+}
+
+func (s *spillQueue) pop() *lane {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.q) == 0 && !s.stop {
+		s.cond.Wait()
+	}
+	if s.stop {
+		return nil
+	}
+	l := s.q[0]
+	s.q[0] = nil
+	s.q = s.q[1:]
+	return l
+}
+
+func (s *spillQueue) shutdown() {
+	s.mu.Lock()
+	s.stop = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// spillable reports whether l may spill at all.
+func (c *Consumer) spillable(l *lane) bool {
+	return c.cfg.Spill != nil && !l.t.none && !l.dead
+}
+
+// requestSpill asks for l to spill, for reason. A lane that is not running
+// enters spill mode at once; a running one when its step finishes. It
+// reports false when l cannot spill (no SpillLog, or the no-tenant bucket).
+// Called with l's shard mu held.
+func (c *Consumer) requestSpill(l *lane, reason SpillReason, ev *[]Event) bool {
+	if !c.spillable(l) {
+		return false
+	}
+	if l.spill.on {
+		return true
+	}
+	l.spill.reason = reason
+	if l.state == laneRunning {
+		l.spill.want = true
+		return true
+	}
+	c.enterSpill(l, ev)
+	return true
+}
+
+// enterSpill puts an idle lane in spill mode: its live messages (the tail
+// of q, behind any re-fed ones) move to pend, in order, to be appended to
+// its spill log; later live messages follow them there until the log is
+// read back to its end. Called with l's shard mu held, l not running.
+func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
+	l.spill.want = false
+	if !c.spillable(l) {
+		return
+	}
+	if l.state == laneTimer {
+		c.disarm(l)
+	}
+	i := 0
+	for n := l.q.len(); i < n && l.q.at(i).Refed; i++ {
+	}
+	if n := l.q.len() - i; n > 0 {
+		var moved []*Message
+		moved = l.q.takeFrom(i, moved)
+		if i == 0 {
+			l.judge, l.judgeSpan = "", 0
+		}
+		if l.parked {
+			l.t.parked.Add(-int64(n))
+			c.parkedTotal.Add(-int64(n))
+		}
+		for _, m := range moved {
+			m.st.spilled = true
+		}
+		l.pend.pushFront(moved)
+	}
+	if !l.spill.on {
+		l.spill.on = true
+		l.t.spillLanes.Add(1)
+		*ev = append(*ev, Event{Kind: EventSpilling, Tenant: l.key, Partition: l.sh.p, Spill: l.spill.reason})
+	}
+	if l.state == laneIdle && l.q.len() > 0 && !c.draining.Load() {
+		c.makeReady(l) // re-fed messages stay runnable (a cancelled wait ends)
+	}
+	c.ensureSpillJob(l)
+}
+
+// needsSpillWork reports whether l's spill job has something to do.
+// Called with l's shard mu held.
+func (c *Consumer) needsSpillWork(l *lane) bool {
+	if l.spill.commit.want.Load() > l.spill.commit.done.Load() {
+		return true
+	}
+	return l.spill.on && (l.pend.len() > 0 || c.refeedRoom(l) > 0)
+}
+
+// ensureSpillJob queues l's spill job if it has work and none is queued,
+// running or backing off. Called with l's shard mu held.
+func (c *Consumer) ensureSpillJob(l *lane) {
+	if l.dead || l.spill.job || l.spill.wait || c.cfg.Spill == nil || !c.needsSpillWork(l) {
+		return
+	}
+	l.spill.job = true
+	c.spillQ.push(l)
+}
+
+// queueSpill is ensureSpillJob for callers holding no lock.
+func (c *Consumer) queueSpill(l *lane) {
+	l.sh.mu.Lock()
+	c.ensureSpillJob(l)
+	l.sh.mu.Unlock()
+}
+
+// raiseSpillCursor moves l's commit point in its spill log to the oldest
+// re-fed message not yet settled (or past the last one read) and queues the
+// commit. Called with l's shard mu held.
+func (c *Consumer) raiseSpillCursor(l *lane) {
+	next := l.spill.readPos
+	if h := l.spill.refed.head; h != nil {
+		next = h.SpillPos
+	}
+	if next >= 0 && l.spill.commit.raise(next) {
+		c.ensureSpillJob(l)
+	}
+}
+
+// spillLoop runs spill jobs until the engine drains.
+func (c *Consumer) spillLoop() {
+	for {
+		l := c.spillQ.pop()
+		if l == nil {
+			return
+		}
+		c.spillWork(l)
+	}
+}
+
+// spillWork runs l's spill job: it commits the spill cursor, appends pending
+// messages (then settles their originals), and reads the log back into q
+// while the tenant may run, until nothing is left to do; a lane whose log is
+// read to its end with nothing pending leaves spill mode. Every SpillLog
+// call is made with no lock held.
+func (c *Consumer) spillWork(l *lane) {
+	sh, t := l.sh, l.t
+	sl := SpillLane{Tenant: l.key, Partition: sh.p}
+	var batch []*Message
+	var ev []Event
+	defer func() {
+		for i := range ev {
+			c.emit(ev[i])
+		}
+	}()
+	for {
+		if l.spill.commit.want.Load() > l.spill.commit.done.Load() {
+			err := l.spill.commit.run(func(next int64) error { return c.cfg.Spill.Commit(c.hctx, sl, next) })
+			if err != nil && c.hctx.Err() == nil {
+				c.log.Warn("consumer: spill cursor commit failed; retried at the next settle", "tenant", l.key, "partition", sh.p, "err", err)
+			}
+		}
+		sh.mu.Lock()
+		if l.dead || c.draining.Load() {
+			l.spill.job = false
+			sh.mu.Unlock()
+			return
+		}
+		switch {
+		case l.pend.len() > 0:
+			batch = batch[:0]
+			for i, n := 0, min(l.pend.len(), spillBatch); i < n; i++ {
+				batch = append(batch, l.pend.at(i))
+			}
+			sh.mu.Unlock()
+			if err := c.cfg.Spill.Append(c.hctx, sl, batch); err != nil {
+				c.spillFailed(l, "append", err, &ev)
+				return
+			}
+			for _, m := range batch {
+				c.settleSource(sh, m)
+			}
+			sh.mu.Lock()
+			if l.dead {
+				sh.mu.Unlock()
+				return
+			}
+			l.spill.fails = 0
+			moved := false
+			for range batch {
+				m := l.pend.remove(0)
+				sh.queued--
+				t.queued.Add(-1)
+				if c.unlist(sh, l, m) {
+					moved = true
+				}
+			}
+			t.spilled.Add(uint64(len(batch)))
+			c.stats.spilled.Add(uint64(len(batch)))
+			resume := sh.pauseReason != 0 && sh.pauseReason != PauseDraining && sh.queued <= sh.maxQueued/2
+			if resume {
+				sh.pauseReason = 0
+			}
+			sh.mu.Unlock()
+			clear(batch)
+			if moved {
+				c.syncCommit(sh)
+			}
+			if resume {
+				c.applyPause(sh, false)
+			}
+		case l.spill.on && c.refeedRoom(l) > 0:
+			n := c.refeedRoom(l)
+			from := l.spill.readPos
+			sh.mu.Unlock()
+			msgs, err := c.cfg.Spill.Read(c.hctx, sl, from, n)
+			if err != nil {
+				c.spillFailed(l, "read", err, &ev)
+				return
+			}
+			sh.mu.Lock()
+			if l.dead {
+				sh.mu.Unlock()
+				return
+			}
+			l.spill.fails = 0
+			if len(msgs) == 0 {
+				if l.pend.len() > 0 {
+					sh.mu.Unlock()
+					continue // live messages arrived meanwhile: append them first
+				}
+				// The log is read to its end and nothing waits to be
+				// appended: the lane's messages flow directly again,
+				// behind the re-fed ones still in q.
+				l.spill.on = false
+				t.spillLanes.Add(-1)
+				ev = append(ev, Event{Kind: EventSpillDrained, Tenant: l.key, Partition: sh.p})
+				l.spill.job = false
+				if l.spill.commit.want.Load() > l.spill.commit.done.Load() {
+					l.spill.job = true // one more pass for the cursor
+					sh.mu.Unlock()
+					continue
+				}
+				sh.mu.Unlock()
+				return
+			}
+			c.refeed(l, msgs)
+			sh.mu.Unlock()
+		default:
+			l.spill.job = false
+			if c.needsSpillWork(l) && l.spill.commit.want.Load() > l.spill.commit.done.Load() {
+				l.spill.job = true
+				sh.mu.Unlock()
+				continue
+			}
+			sh.mu.Unlock()
+			return
+		}
+	}
+}
+
+// refeedRoom is how many entries l may read back now: a window while its
+// tenant's breaker is closed; while it is not, only what a probe needs: the
+// head, and as many behind it as a judge round of a suspect head may try
+// (a poison head must not keep its tenant parked for lack of a message to
+// compare it with). Called with l's shard mu held.
+func (c *Consumer) refeedRoom(l *lane) int {
+	want := c.cfg.RefeedWindow
+	if g := l.t.peekGuard(); g != nil && !g.Closed() {
+		want = 1
+	}
+	if l.judge != "" {
+		// The judge's span may pass the window (it is bounded by
+		// maxJudgeSpan): a run of bad messages longer than the window must
+		// not hide the good one behind them.
+		want = max(want, l.judgeSpan+1)
+	}
+	return max(want-l.q.len(), 0)
+}
+
+// refeed puts messages read from l's spill log into q, dropping copies of
+// messages re-fed already (a crash or a failed append may have written one
+// twice). Called with l's shard mu held.
+func (c *Consumer) refeed(l *lane, msgs []*Message) {
+	sh, t := l.sh, l.t
+	now := c.clock()
+	for _, m := range msgs {
+		if m.SpillPos >= l.spill.readPos {
+			l.spill.readPos = m.SpillPos + 1
+		}
+		if m.Offset <= l.spill.maxOrig && m.Partition == sh.p {
+			c.stats.duplicates.Add(1)
+			continue
+		}
+		l.spill.maxOrig = m.Offset
+		m.Refed = true
+		m.st = msgState{lane: l, gen: sh.gen, at: now}
+		l.spill.refed.pushBack(m)
+		l.q.push(m)
+		sh.queued++
+		t.queued.Add(1)
+		t.refed.Add(1)
+		c.stats.refed.Add(1)
+		if l.parked {
+			t.parked.Add(1)
+			c.parkedTotal.Add(1)
+		}
+	}
+	if l.spill.refed.head == nil {
+		c.raiseSpillCursor(l) // all duplicates: move the cursor past them
+	}
+	if l.state == laneIdle && l.q.len() > 0 && !c.draining.Load() {
+		c.makeReady(l)
+	}
+}
+
+// spillFailed backs l's spill job off after a failed call: the messages stay
+// where they are (pend, unsettled), and the job runs again after a doubling
+// wait. A partition whose memory bound is reached meanwhile is paused, with
+// reason PauseSpillUnavailable.
+func (c *Consumer) spillFailed(l *lane, op string, err error, ev *[]Event) {
+	sh := l.sh
+	c.stats.spillFails.Add(1)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	l.spill.job = false
+	if l.dead || c.hctx.Err() != nil {
+		return
+	}
+	l.spill.fails++
+	wait := min(c.cfg.DLQRetry<<min(l.spill.fails-1, 8), 30*time.Second)
+	l.spill.wait = true
+	time.AfterFunc(wait, func() {
+		sh.mu.Lock()
+		l.spill.wait = false
+		c.ensureSpillJob(l)
+		sh.mu.Unlock()
+	})
+	if l.spill.fails == 1 || l.spill.fails%10 == 0 {
+		c.log.Warn("consumer: spill log failing; the tenant's messages stay unsettled", "op", op, "tenant", l.key, "partition", sh.p, "fails", l.spill.fails, "retry_in", wait, "err", err)
+	}
+	*ev = append(*ev, Event{Kind: EventSpillFailed, Tenant: l.key, Partition: sh.p, Err: err, Delay: wait})
+}
+
+// recoverSpills asks the spill log which of sh's tenants have spilled
+// messages left and puts their lanes in spill mode before any live message
+// of the partition arrives, so that each tenant's order holds across a
+// restart or a rebalance. It retries until it knows or the engine stops.
+func (c *Consumer) recoverSpills(sh *shard) {
+	var lanes []SpillLane
+	for attempt := 1; ; attempt++ {
+		var err error
+		lanes, err = c.cfg.Spill.Pending(c.hctx, sh.p)
+		if err == nil {
+			break
+		}
+		if c.hctx.Err() != nil {
+			return
+		}
+		wait := min(c.cfg.DLQRetry<<min(attempt-1, 8), 5*time.Second)
+		c.log.Warn("consumer: cannot list spilled tenants of an assigned partition; retrying before delivering it", "partition", sh.p, "attempt", attempt, "retry_in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-c.hctx.Done():
+			t.Stop()
+			return
+		}
+	}
+	var ev []Event
+	sh.mu.Lock()
+	for _, sl := range lanes {
+		if sl.Partition != sh.p || sh.dead {
+			continue
+		}
+		l := sh.laneFor(sl.Tenant, false)
+		if !l.spill.on {
+			l.spill.on = true
+			l.spill.reason = SpillRecovered
+			l.t.spillLanes.Add(1)
+			ev = append(ev, Event{Kind: EventSpilling, Tenant: l.key, Partition: sh.p, Spill: SpillRecovered})
+		}
+		c.ensureSpillJob(l)
+	}
+	sh.mu.Unlock()
+	for i := range ev {
+		c.emit(ev[i])
+	}
+}

@@ -1,0 +1,210 @@
+package consumer
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/ringfence/ringfence/policy"
+)
+
+// TenantStats is a snapshot of one tenant.
+type TenantStats struct {
+	Tenant string
+	// NoTenant marks the reserved bucket of messages without a usable
+	// tenant key (Tenant is then "").
+	NoTenant     bool
+	Handled      uint64
+	Failed       uint64
+	DeadLettered uint64
+	Retried      uint64
+	// Spilled counts its messages appended to its spill logs; Refed those
+	// read back.
+	Spilled, Refed uint64
+	// Unwritable counts its dead letters the DLQ refused for good (set
+	// aside).
+	Unwritable uint64
+	// Parked is how many of its messages wait behind an open breaker now.
+	Parked int
+	// Queued is how many of its messages are in the engine now (parked and
+	// waiting-to-spill ones included).
+	Queued int
+	// InFlight is how many of its messages are being handled now; Limit its
+	// bulkhead limit now.
+	InFlight, Limit int
+	// Spilling is how many of its lanes (one per partition) spill now.
+	Spilling int
+	// CommitLag is how many offsets of its partitions' logs its oldest
+	// unsettled messages hold back from being committed.
+	CommitLag int64
+	State     policy.State
+	// Latency is its guard's latency estimate.
+	Latency time.Duration
+}
+
+// PartitionStats is a snapshot of one assigned partition.
+type PartitionStats struct {
+	Partition Partition
+	// Queued is how many of its messages are in memory; Unsettled how many
+	// delivered messages are not settled (in memory, being spilled, or set
+	// aside).
+	Queued, Unsettled int
+	// Paused says the engine asked the source to stop fetching it, and
+	// PauseReason why.
+	Paused      bool
+	PauseReason PauseReason
+	// Committed is the last commit point passed to Source.Commit (-1 none);
+	// Next the offset after the last delivered message (-1 none).
+	Committed, Next int64
+	// CommitLag is Next minus the commit point: how many offsets a crash
+	// now would deliver again.
+	CommitLag int64
+	// Oldest is how long its oldest unsettled message has been in the
+	// engine, and OldestTenant whose it is.
+	Oldest       time.Duration
+	OldestTenant string
+	// Lanes is how many tenants it has lanes for.
+	Lanes int
+}
+
+// Stats is a snapshot of the engine.
+type Stats struct {
+	Handled, Failed, DeadLettered, Retried, Panics uint64
+	// Spilled, Refed: messages appended to and read back from spill logs;
+	// SpillFailures: failed spill log calls; Duplicates: copies dropped on
+	// re-feed.
+	Spilled, Refed, SpillFailures, Duplicates uint64
+	// Unwritable counts dead letters the DLQ refused for good.
+	Unwritable               uint64
+	Parked, Queued, InFlight int
+	PausedPartitions         int
+	SpillingTenants          int
+	// Partitions lists the assigned partitions, in order.
+	Partitions []PartitionStats
+	// Tenants lists the tenants the engine tracks now, sorted by key (the
+	// no-tenant bucket first). Idle tenants may be dropped from it; the
+	// totals above stay.
+	Tenants []TenantStats
+}
+
+// Stats returns a snapshot of the engine and its tenants. It takes each
+// partition's lock briefly, one at a time, and calls no user code.
+func (c *Consumer) Stats() Stats {
+	s := Stats{
+		Handled:       c.stats.handled.Load(),
+		Failed:        c.stats.failed.Load(),
+		DeadLettered:  c.stats.dead.Load(),
+		Retried:       c.stats.retried.Load(),
+		Panics:        c.stats.panics.Load(),
+		Spilled:       c.stats.spilled.Load(),
+		Refed:         c.stats.refed.Load(),
+		SpillFailures: c.stats.spillFails.Load(),
+		Duplicates:    c.stats.duplicates.Load(),
+		Unwritable:    c.stats.unwritable.Load(),
+		InFlight:      int(c.stats.inflight.Load()),
+		Parked:        int(c.parkedTotal.Load()),
+	}
+	lag := map[*tenant]int64{}
+	now := c.clock()
+	for _, sh := range c.shards() {
+		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.done.Load()}
+		sh.mu.Lock()
+		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.queued, sh.wm.n, sh.next, len(sh.lanes)
+		ps.PauseReason = sh.pauseReason
+		ps.Paused = sh.pauseReason != 0
+		if sh.next >= 0 {
+			ps.CommitLag = sh.next - sh.commitPoint()
+		}
+		if h := sh.wm.head; h != nil {
+			ps.Oldest = time.Duration(max(now-h.st.at, 0))
+			ps.OldestTenant = h.st.lane.key
+			// The lag is held by the tenants of the oldest messages: each
+			// unsettled message holds back the offsets up to the next one.
+			// (The first 1024 unsettled messages are looked at.)
+			n := 0
+			for m := h; m != nil && n < 1024; m, n = m.st.lnext, n+1 {
+				to := sh.next
+				if m.st.lnext != nil {
+					to = m.st.lnext.Offset
+				}
+				lag[m.st.lane.t] += to - m.Offset
+			}
+		}
+		sh.mu.Unlock()
+		s.Queued += ps.Queued
+		if ps.Paused {
+			s.PausedPartitions++
+		}
+		s.Partitions = append(s.Partitions, ps)
+	}
+	slices.SortFunc(s.Partitions, func(a, b PartitionStats) int {
+		return cmp.Or(cmp.Compare(a.Partition.Topic, b.Partition.Topic), cmp.Compare(a.Partition.ID, b.Partition.ID))
+	})
+	c.tmu.Lock()
+	ts := make([]*tenant, 0, len(c.tenants)+1)
+	if c.noTenant.lanes > 0 || c.noTenant.queued.Load() > 0 || c.noTenant.dead.Load() > 0 {
+		ts = append(ts, c.noTenant)
+	}
+	for _, t := range c.tenants {
+		ts = append(ts, t)
+	}
+	c.tmu.Unlock()
+	for _, t := range ts {
+		x := c.tenantStats(t)
+		x.CommitLag = lag[t]
+		if x.Spilling > 0 {
+			s.SpillingTenants++
+		}
+		s.Tenants = append(s.Tenants, x)
+	}
+	slices.SortFunc(s.Tenants, func(a, b TenantStats) int {
+		if a.NoTenant != b.NoTenant {
+			if a.NoTenant {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.Tenant, b.Tenant)
+	})
+	return s
+}
+
+// tenantStats reads one tenant's counters (without its commit lag).
+func (c *Consumer) tenantStats(t *tenant) TenantStats {
+	x := TenantStats{
+		Tenant:       t.key,
+		NoTenant:     t.none,
+		Handled:      t.handled.Load(),
+		Failed:       t.failed.Load(),
+		DeadLettered: t.dead.Load(),
+		Retried:      t.retried.Load(),
+		Spilled:      t.spilled.Load(),
+		Refed:        t.refed.Load(),
+		Unwritable:   t.unwritable.Load(),
+		Parked:       int(t.parked.Load()),
+		Queued:       int(t.queued.Load()),
+		InFlight:     int(t.inflight.Load()),
+		Spilling:     int(t.spillLanes.Load()),
+		State:        policy.Closed,
+	}
+	if !t.none {
+		x.Limit = int(c.limitOf(t))
+	}
+	if g := t.peekGuard(); g != nil && g != c.fallback {
+		x.State = g.State()
+		x.Latency = g.Latency()
+	}
+	return x
+}
+
+// Tenant returns the snapshot of one tenant, if the engine tracks it. Its
+// CommitLag is not computed (see Stats).
+func (c *Consumer) Tenant(key string) (TenantStats, bool) {
+	c.tmu.Lock()
+	t := c.tenants[key]
+	c.tmu.Unlock()
+	if t == nil {
+		return TenantStats{}, false
+	}
+	return c.tenantStats(t), true
+}

@@ -1,0 +1,461 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+)
+
+// This file is the engine's effects: a worker's step on its lane's head,
+// run with no lock held. It asks the guard, calls the handler, writes dead
+// letters and settles with the source; the decisions come from decide.go,
+// and finish (worker.go) applies the result to the lane under its shard's
+// lock.
+
+// step makes one move on w.job: a dead letter for the no-tenant bucket or a
+// failed dead-letter write; otherwise a permit from the tenant's guard, then
+// an attempt, or a judge round for a suspect head.
+func (c *Consumer) step(w *worker) {
+	j := &w.job
+	r := &w.res
+	*r = stepResult{settled: r.settled[:0]}
+	m := j.m
+	t := j.l.t
+	if t.none {
+		reason := dlq.ReasonNoTenant
+		if !errors.Is(m.st.tenantErr, ErrNoTenant) {
+			reason = dlq.ReasonInvalidTenant
+		}
+		c.deadLetter(w, m, reason, m.st.tenantErr)
+		return
+	}
+	if m.st.dlqReason != "" {
+		c.deadLetter(w, m, m.st.dlqReason, m.st.lastErr)
+		return
+	}
+	g := c.guard(t)
+	permit, err := g.Allow(c.hctx)
+	if err != nil {
+		r.park = true
+		r.wait = decideRefused(c.retryAfter(g, err)).delay
+		return
+	}
+	r.unpark = true
+	if err := g.BeforeAttempt(c.hctx, m.st.attempts+1); err != nil {
+		// The hook refused this attempt: not the dependency's failure (the
+		// breaker does not count it), not the message's either unless
+		// permanent. Wait a backoff and ask again.
+		permit.Release()
+		if policy.IsPermanent(err) {
+			c.noteFailure(w, m, err, false)
+			c.deadLetter(w, m, dlq.ReasonPermanent, err)
+			return
+		}
+		r.wait = max(g.Backoff(1, err, m.st.backoff), time.Millisecond)
+		return
+	}
+	jf := judgeFacts{reason: j.judge, probe: permit.Probe(), behind: len(j.span)}
+	if j.judge != "" {
+		jf.evidence = m.st.evidence
+	}
+	if judge, headFirst := decideJudgeStart(jf); judge {
+		c.judge(w, g, &permit, jf, headFirst)
+		return
+	}
+	o := c.attempt(w, g, &permit, m)
+	v := decideAttempt(o, limits{poisonProbes: c.cfg.PoisonProbes})
+	if v.act == actAskRetry {
+		rd := g.NextRetry(m.st.attempts, o.err, m.st.backoff)
+		v = decideRetry(rd, c.retryFacts(g, m))
+	}
+	c.carryOut(w, g, m, o.err, v)
+}
+
+// attempt runs the handler on the head m under permit and reports the
+// outcome (the permit is done).
+func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) outcome {
+	probe := permit.Probe()
+	err, panicked := c.call(w, g, m)
+	permit.Done(err)
+	o := outcome{err: err, panicked: panicked, probe: probe}
+	if err == nil {
+		m.st.probeFails = 0
+		return o
+	}
+	c.noteFailure(w, m, err, panicked)
+	if probe {
+		m.st.probeFails++
+	}
+	o.permanent = policy.IsPermanent(err)
+	o.closed = g.Closed()
+	o.probeFails = m.st.probeFails
+	return o
+}
+
+// retryFacts gathers decideRetry's inputs for m.
+func (c *Consumer) retryFacts(g *policy.Guard, m *Message) retryFacts {
+	f := retryFacts{
+		attempts:     m.st.attempts,
+		maxAttempts:  g.MaxAttempts(),
+		panicked:     m.st.panicked,
+		deadlineLeft: -1,
+	}
+	if d := g.Deadline(); d > 0 {
+		f.deadlineLeft = max(d-time.Duration(c.clock()-m.st.roundStart), 0)
+	}
+	f.longBackoff = g.Backoff(g.MaxAttempts(), m.st.lastErr, 1<<62)
+	return f
+}
+
+// carryOut applies a verdict on the head m.
+func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v verdict) {
+	r := &w.res
+	if v.newRound {
+		m.st.attempts, m.st.backoff = 0, 0
+	}
+	if v.suspect != "" {
+		r.suspect = v.suspect
+	}
+	switch v.act {
+	case actSettle:
+		c.handled(w, m)
+	case actDeadLetter:
+		c.deadLetter(w, m, v.reason, err)
+	case actRetry:
+		m.st.backoff = v.delay
+		r.wait = v.delay
+		c.stats.retried.Add(1)
+		m.st.lane.t.retried.Add(1)
+		c.emit(Event{Kind: EventRetried, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err, Delay: v.delay})
+	case actPark:
+		r.park = true
+		r.wait = max(g.RetryAfter(), time.Millisecond)
+	case actSuspect:
+		r.suspect = v.reason // judged at its next step, at once
+	case actWait:
+		c.wait(w, g, m, err)
+	}
+}
+
+// wait starts a new round for a head without evidence: after a backoff that
+// grows round to round, or behind the breaker if it is not closed.
+func (c *Consumer) wait(w *worker, g *policy.Guard, m *Message, err error) {
+	d := max(g.Backoff(g.MaxAttempts(), err, m.st.backoff), time.Millisecond)
+	v := decideWait(g.Closed(), d)
+	m.st.attempts = 0
+	m.st.backoff = d
+	r := &w.res
+	if v.act == actPark {
+		r.park = true
+		r.wait = max(g.RetryAfter(), time.Millisecond)
+		return
+	}
+	r.wait = v.delay
+}
+
+// judge runs a judge round on the suspect head: see the package doc's
+// "Dead letters". The permit covers the whole round; its outcome is the
+// round's.
+func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f judgeFacts, headFirst bool) {
+	j, r := &w.job, &w.res
+	m := j.m
+	if headFirst {
+		err, panicked := c.call(w, g, m)
+		o := outcome{err: err, panicked: panicked}
+		if err != nil {
+			c.noteFailure(w, m, err, panicked)
+			o.permanent = policy.IsPermanent(err)
+		}
+		v := decideJudgeHead(o, f)
+		if v.act != actJudgeNext {
+			permit.Done(err)
+			c.carryOut(w, g, m, err, v)
+			return
+		}
+	}
+	var lastErr error
+	for i, alt := range j.span {
+		aerr, panicked := c.call(w, g, alt)
+		if aerr != nil {
+			c.noteFailure(w, alt, aerr, panicked)
+			lastErr = aerr
+			continue
+		}
+		// alt won: the head, and the messages that failed before alt in
+		// this round, failed while the dependency worked.
+		m.st.evidence = true
+		for _, bad := range j.span[:i] {
+			bad.st.evidence = true
+		}
+		permit.Done(nil)
+		c.handled(w, alt)
+		c.emit(Event{Kind: EventReordered, Tenant: j.l.key, Partition: alt.Partition, Offset: alt.Offset, Reason: f.reason})
+		last, err := g.Allow(c.hctx)
+		if err != nil {
+			// Refused (other lanes of the tenant are failing): the evidence
+			// stays for the next judge.
+			r.park = true
+			r.wait = decideRefused(c.retryAfter(g, err)).delay
+			return
+		}
+		herr, hpanicked := c.call(w, g, m)
+		last.Done(herr)
+		o := outcome{err: herr, panicked: hpanicked}
+		if herr != nil {
+			c.noteFailure(w, m, herr, hpanicked)
+			o.permanent = policy.IsPermanent(herr)
+		}
+		c.carryOut(w, g, m, herr, decideJudgeEnd(true, o, false, f))
+		return
+	}
+	permit.Done(lastErr)
+	// Everything failed: the tenant is failing broadly now.
+	m.st.evidence = false
+	for _, alt := range j.span {
+		alt.st.evidence = false
+	}
+	r.cleared = true
+	c.carryOut(w, g, m, lastErr, decideJudgeEnd(false, outcome{}, false, f))
+}
+
+// retryAfter is how long a refused lane waits before asking again: the
+// breaker's open period, or DLQRetry for an Admit refusal.
+func (c *Consumer) retryAfter(g *policy.Guard, refusal error) time.Duration {
+	var oe *policy.OpenError
+	if errors.As(refusal, &oe) {
+		return oe.RetryAfter()
+	}
+	if errors.Is(refusal, policy.ErrAdmitRefused) {
+		return c.cfg.DLQRetry
+	}
+	return g.RetryAfter()
+}
+
+// call runs the handler on m under the attempt's context, turning a panic
+// into an error.
+func (c *Consumer) call(w *worker, g *policy.Guard, m *Message) (err error, panicked bool) {
+	now := c.clock()
+	if m.st.attempts == 0 {
+		m.st.roundStart = now
+	}
+	timeout := g.AttemptTimeout()
+	if d := g.Deadline(); d > 0 {
+		left := max(d-time.Duration(now-m.st.roundStart), time.Millisecond)
+		if timeout <= 0 || left < timeout {
+			timeout = left
+		}
+	}
+	var deadline int64
+	if timeout > 0 {
+		deadline = now + int64(timeout)
+	}
+	ctx := w.ctx()
+	ctx.begin(deadline)
+	c.stats.inflight.Add(1)
+	defer func() {
+		c.stats.inflight.Add(-1)
+		if !ctx.end() {
+			w.cur.Store(newCallCtx(c))
+		}
+		if r := recover(); r != nil {
+			buf := make([]byte, 2048)
+			buf = buf[:runtime.Stack(buf, false)]
+			err = &PanicError{Value: r, Stack: string(buf)}
+			panicked = true
+		}
+	}()
+	return c.cfg.Handler.Handle(ctx, m), false
+}
+
+// PanicError is the failure recorded when a handler panics.
+type PanicError struct {
+	Value any
+	Stack string
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("consumer: handler panic: %v", e.Value) }
+
+// noteFailure records a failed attempt of m.
+func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) {
+	now := time.Now()
+	c.stats.failed.Add(1)
+	m.st.lane.t.failed.Add(1)
+	m.st.attempts++
+	m.st.total++
+	if m.st.first.IsZero() {
+		m.st.first = now
+	}
+	m.st.last = now
+	m.st.lastErr = err
+	m.st.panicked = panicked
+	if panicked {
+		c.stats.panics.Add(1)
+		c.emit(Event{Kind: EventPanicked, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err})
+	}
+}
+
+// handled settles m after its handler succeeded.
+func (c *Consumer) handled(w *worker, m *Message) {
+	c.stats.handled.Add(1)
+	m.st.lane.t.handled.Add(1)
+	m.st.probeFails = 0
+	c.settleSource(m.st.lane.sh, m)
+	w.res.settled = append(w.res.settled, m)
+}
+
+// settleSource tells the source that m is settled (a re-fed message's
+// original was settled when it was spilled). It makes no call for a
+// partition revoked since m's delivery.
+func (c *Consumer) settleSource(sh *shard, m *Message) {
+	if m.Refed || m.st.gen != sh.gen || !sh.gate.enter() {
+		return
+	}
+	defer sh.gate.exit()
+	if err := c.src.Settle(c.bg, m); err != nil {
+		c.log.Warn("consumer: settle failed; the message may be redelivered", "partition", m.Partition, "offset", m.Offset, "err", err)
+	}
+}
+
+// deadLetter writes m to its tenant's DLQ and settles it. While the DLQ
+// fails, m stays unsettled at the head of its lane and the write is retried
+// after a doubling wait; a record the sink says can never be written is set
+// aside (see setAside).
+func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause error) {
+	l := m.st.lane
+	rec := c.record(l, m, reason, cause)
+	err := c.cfg.DLQ.Write(c.hctx, rec)
+	if err != nil {
+		m.st.dlqReason = reason
+		m.st.dlqFails++
+		wait, aside := decideDLQFailed(m.st.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
+		if aside {
+			c.stats.unwritable.Add(1)
+			l.t.unwritable.Add(1)
+			c.log.Error("consumer: dead letter cannot be written; message set aside, holding its partition's commit", "tenant", l.key, "partition", m.Partition, "offset", m.Offset, "reason", reason, "err", err)
+			c.emit(Event{Kind: EventDLQUnwritable, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason})
+			w.res.aside = m
+			return
+		}
+		if c.hctx.Err() == nil {
+			c.log.Warn("consumer: dead-letter write failed; message kept unsettled", "tenant", l.key, "offset", m.Offset, "err", err, "retry_in", wait)
+		}
+		c.emit(Event{Kind: EventDLQFailed, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason, Delay: wait})
+		w.res.wait = wait
+		return
+	}
+	c.stats.dead.Add(1)
+	l.t.dead.Add(1)
+	c.settleSource(l.sh, m)
+	w.res.settled = append(w.res.settled, m)
+	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
+}
+
+// record builds m's dead-letter record.
+func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *dlq.Record {
+	rec := &dlq.Record{
+		Key:          m.Key,
+		Value:        m.Value,
+		Headers:      m.Headers,
+		Source:       m.Topic,
+		Partition:    m.Partition.ID,
+		Offset:       m.Offset,
+		Group:        c.cfg.Group,
+		Attempts:     m.st.total,
+		FirstFailure: m.st.first,
+		LastFailure:  m.st.last,
+		Reason:       reason,
+	}
+	if !l.t.none {
+		rec.Tenant = l.key
+	}
+	if rec.FirstFailure.IsZero() {
+		now := time.Now()
+		rec.FirstFailure, rec.LastFailure = now, now
+	}
+	if cause != nil {
+		rec.Error, rec.ErrorType = dlq.CapError(cause)
+	}
+	rec.Redrive = dlq.RedriveCount(m.Headers)
+	if m.Stream != "" {
+		rec.Stream, rec.Sequence = m.Stream, uint64(m.Offset)
+		rec.Offset = -1
+	}
+	return rec
+}
+
+// setAside takes a head whose dead letter cannot be written out of its lane,
+// so its tenant moves on; it stays unsettled (holding its partition's
+// commit, as at-least-once requires) and its write is tried again every
+// asideRetry, in case the DLQ's limits change. Called with sh.mu held.
+func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
+	for i, n := 0, l.q.len(); i < n; i++ {
+		if l.q.at(i) == m {
+			l.q.remove(i)
+			if i == 0 {
+				l.judge, l.judgeSpan = "", 0
+			}
+			break
+		}
+	}
+	if l.parked {
+		l.t.parked.Add(-1)
+		c.parkedTotal.Add(-1)
+	}
+	m.st.aside = true
+	m.st.asideAt = c.clock()
+	sh.aside = append(sh.aside, m)
+}
+
+// asideRetry is how often a set-aside dead letter is tried again.
+const asideRetry = time.Minute
+
+// retryAside tries to write the dead letters of sh's set-aside messages
+// that are due, settling those that succeed. Run by housekeeping on its own
+// goroutine, with no lock held.
+func (c *Consumer) retryAside(sh *shard, ms []*Message) {
+	defer sh.asideBusy.Store(false)
+	var done []*Message
+	for _, m := range ms {
+		l := m.st.lane
+		rec := c.record(l, m, m.st.dlqReason, m.st.lastErr)
+		if err := c.cfg.DLQ.Write(c.hctx, rec); err != nil {
+			continue
+		}
+		c.stats.dead.Add(1)
+		l.t.dead.Add(1)
+		c.settleSource(sh, m)
+		done = append(done, m)
+		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.lastErr, Reason: m.st.dlqReason})
+	}
+	if len(done) == 0 {
+		return
+	}
+	moved := false
+	sh.mu.Lock()
+	if !sh.dead {
+		for _, m := range done {
+			for i, x := range sh.aside {
+				if x == m {
+					sh.aside = append(sh.aside[:i], sh.aside[i+1:]...)
+					break
+				}
+			}
+			sh.queued--
+			m.st.lane.t.queued.Add(-1)
+			if sh.wm.remove(m) && sh.commit.raise(sh.commitPoint()) {
+				moved = true
+			}
+		}
+	}
+	sh.mu.Unlock()
+	if moved {
+		c.syncCommit(sh)
+	}
+}
+
+var _ context.Context = (*callCtx)(nil)

@@ -1,0 +1,405 @@
+package consumer
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// shardTurn is how many jobs a worker takes from one shard before it lets
+// the scheduler pick the next shard: fairness across partitions without a
+// trip through the scheduler's lock per message.
+const shardTurn = 16
+
+// maxJudgeSpan caps how many following messages one judge round tries.
+const maxJudgeSpan = 64
+
+// worker is one of Config.Concurrency goroutines that run lanes. Its
+// fields are its own; cur is read by housekeeping (to end calls past their
+// deadline).
+type worker struct {
+	c    *Consumer
+	cur  atomic.Pointer[callCtx]
+	job  job
+	res  stepResult
+	turn int // jobs taken from the current shard
+
+	// Deferred until the shard lock is released.
+	events  []Event
+	recheck []*tenant // tenants whose blocked lanes may run now
+	commit  *shard    // shard whose commit point moved
+	resume  *shard    // shard whose pause may end
+	spills  []*lane   // lanes whose spill job must be queued
+	chain   bool      // more lanes were ready when this worker took one
+}
+
+// job is one step of one lane: its head message and, for a judge round, the
+// messages behind it.
+type job struct {
+	l     *lane
+	sh    *shard
+	m     *Message
+	judge dlq.Reason
+	span  []*Message
+}
+
+// stepResult is what a step did, applied to the lane by finish under the
+// shard's lock.
+type stepResult struct {
+	settled []*Message    // settled (handled or dead-lettered), to take out of the lane
+	aside   *Message      // the head, set aside: its dead letter cannot be written
+	wait    time.Duration // > 0: the lane waits this long before its next step
+	park    bool          // the wait is a park (the breaker refused or opened)
+	unpark  bool          // the breaker gave a permit: the lane is not parked any more
+	suspect dlq.Reason    // the head becomes suspect
+	cleared bool          // a judge round found no evidence: clear the judge, widen its span
+}
+
+func newWorker(c *Consumer) *worker {
+	w := &worker{c: c}
+	w.cur.Store(newCallCtx(c))
+	return w
+}
+
+func (w *worker) ctx() *callCtx { return w.cur.Load() }
+
+// work is a worker goroutine: it takes ready lanes from shards in turn and
+// steps them, until the engine drains.
+func (c *Consumer) work(w *worker) {
+	var sh *shard
+	for {
+		if sh == nil {
+			if sh = c.sched.next(); sh == nil {
+				return
+			}
+			w.turn = 0
+		}
+		sh.mu.Lock()
+		has := !c.draining.Load() && c.take(sh, w)
+		sh.mu.Unlock()
+		w.flush()
+		for has {
+			c.step(w)
+			sh.mu.Lock()
+			has = c.finish(sh, w)
+			sh.mu.Unlock()
+			w.flush()
+		}
+		sh = nil
+	}
+}
+
+// take pops the next lane of sh that may run and loads its head into w.job.
+// Called with sh.mu held. A lane whose tenant is at its bulkhead limit is
+// parked in the tenant's blocked list and skipped; a shard with no ready
+// lane leaves the scheduler's ring.
+func (c *Consumer) take(sh *shard, w *worker) bool {
+	for sh.ready.len() > 0 {
+		l := sh.ready.pop()
+		if l.dead || l.state != laneReady {
+			continue
+		}
+		if l.q.len() == 0 {
+			l.state = laneIdle
+			continue
+		}
+		if !l.t.none && !l.t.tryAcquire(c.limitOf(l.t)) {
+			l.state = laneBlocked
+			l.t.block(l)
+			w.recheck = append(w.recheck, l.t)
+			continue
+		}
+		l.state = laneRunning
+		if l.credit <= 0 {
+			l.credit = c.weightOf(l.t)
+		}
+		w.load(l)
+		if sh.ready.len() > 0 {
+			w.chain = true
+		}
+		w.turn++
+		return true
+	}
+	if sh.inRing {
+		c.sched.leave(sh)
+	}
+	return false
+}
+
+// load points w.job at l's head. Called with l's shard lock held.
+func (w *worker) load(l *lane) {
+	j := &w.job
+	j.l, j.sh, j.m, j.judge = l, l.sh, l.q.front(), l.judge
+	j.span = j.span[:0]
+	if l.judge != "" {
+		n := min(l.judgeSpan, l.q.len()-1)
+		for i := 1; i <= n; i++ {
+			j.span = append(j.span, l.q.at(i))
+		}
+	}
+}
+
+// finish applies w.res to the lane of w.job and loads the next job: the same
+// lane if it keeps its turn, or the next ready lane of sh. Called with sh.mu
+// held; it reports whether w.job holds a new job.
+func (c *Consumer) finish(sh *shard, w *worker) bool {
+	j, r := &w.job, &w.res
+	l, t := j.l, j.l.t
+	if l.dead {
+		if !t.none {
+			t.zombies.Add(-1)
+		}
+		c.releaseSlot(w, t)
+		return false
+	}
+	for _, m := range r.settled {
+		if c.removeSettled(sh, l, m) {
+			w.commit = sh
+		}
+	}
+	if r.aside != nil {
+		c.setAside(sh, l, r.aside)
+	}
+	if r.unpark && l.parked {
+		c.unparkLane(l)
+		w.events = append(w.events, Event{Kind: EventResumed, Tenant: l.key, Partition: sh.p})
+	}
+	if r.suspect != "" {
+		l.judge = r.suspect
+		l.judgeSpan = max(l.judgeSpan, 1)
+	}
+	if r.cleared {
+		l.judge = ""
+		l.judgeSpan = min(2*max(l.judgeSpan, 1), maxJudgeSpan)
+	}
+	if r.park && !l.parked {
+		c.parkLane(l)
+		w.events = append(w.events, Event{Kind: EventParked, Tenant: l.key, Partition: sh.p, Delay: r.wait})
+	}
+	if sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh) {
+		w.resume = sh
+	}
+	if l.spill.on && !l.spill.job && (l.q.len() < max(c.cfg.RefeedWindow/2, 1) || l.judge != "") && c.refeedRoom(l) > 0 {
+		w.spills = append(w.spills, l)
+	}
+
+	switch {
+	case c.draining.Load():
+		l.state = laneIdle
+	case r.wait > 0:
+		c.arm(l, r.wait)
+	case l.spill.want:
+		l.state = laneIdle
+		c.enterSpill(l, &w.events)
+	case l.q.len() > 0:
+		l.credit--
+		if (l.credit > 0 || sh.ready.len() == 0) && w.turn < shardTurn && t.inflight.Load() <= c.limitOf(t) {
+			// Keep the lane (and its bulkhead slot).
+			w.load(l)
+			w.turn++
+			return true
+		}
+		c.makeReady(l)
+	default:
+		l.state = laneIdle
+	}
+	c.releaseSlot(w, t)
+	if c.draining.Load() || w.turn >= shardTurn {
+		return false
+	}
+	return c.take(sh, w)
+}
+
+// releaseSlot gives back the bulkhead slot of a finished job.
+func (c *Consumer) releaseSlot(w *worker, t *tenant) {
+	if t.none {
+		return
+	}
+	t.inflight.Add(-1)
+	if t.nblocked.Load() > 0 {
+		w.recheck = append(w.recheck, t)
+	}
+}
+
+// limitOf is t's bulkhead limit now.
+func (c *Consumer) limitOf(t *tenant) int32 {
+	g := t.peekGuard()
+	if g == nil {
+		return int32(c.cfg.TenantConcurrency)
+	}
+	return int32(min(max(g.Concurrency(c.cfg.TenantConcurrency), 1), c.cfg.Concurrency))
+}
+
+// weightOf is t's fair-share weight (turns in a row).
+func (c *Consumer) weightOf(t *tenant) int {
+	if g := t.peekGuard(); g != nil {
+		return max(g.Weight(), 1)
+	}
+	return 1
+}
+
+// flush does what the last locked section deferred: events, blocked lanes
+// to recheck, the source calls for a commit or resume, spill jobs, and a
+// chained wake-up. Called with no lock held.
+func (w *worker) flush() {
+	c := w.c
+	if w.chain {
+		w.chain = false
+		c.sched.chain()
+	}
+	for _, t := range w.recheck {
+		c.unblock(t)
+	}
+	clear(w.recheck)
+	w.recheck = w.recheck[:0]
+	for _, l := range w.spills {
+		c.queueSpill(l)
+	}
+	clear(w.spills)
+	w.spills = w.spills[:0]
+	if w.commit != nil {
+		c.syncCommit(w.commit)
+		w.commit = nil
+	}
+	if w.resume != nil {
+		c.maybeResume(w.resume)
+		w.resume = nil
+	}
+	for i := range w.events {
+		c.emit(w.events[i])
+	}
+	clear(w.events)
+	w.events = w.events[:0]
+}
+
+// unblock moves blocked lanes of t back to their ready queues while t has
+// free bulkhead slots. Called with no lock held.
+func (c *Consumer) unblock(t *tenant) {
+	for t.nblocked.Load() > 0 && t.inflight.Load() < c.limitOf(t) {
+		l := t.unblockOne()
+		if l == nil {
+			return
+		}
+		sh := l.sh
+		sh.mu.Lock()
+		if !l.dead && l.state == laneBlocked {
+			c.makeReady(l)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// makeReady queues an idle lane to run. Called with its shard's mu held.
+func (c *Consumer) makeReady(l *lane) {
+	sh := l.sh
+	l.state = laneReady
+	sh.ready.push(l)
+	if !sh.inRing || c.sched.idleN.Load() > 0 {
+		c.sched.enter(sh)
+	}
+}
+
+// arm makes the lane wait d before its next step. Called with its shard's
+// mu held.
+func (c *Consumer) arm(l *lane, d time.Duration) {
+	l.state = laneTimer
+	l.timerSeq++
+	seq := l.timerSeq
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.timer = time.AfterFunc(d, func() { c.wake(l, seq) })
+}
+
+// disarm cancels a lane's pending timer. Called with its shard's mu held.
+func (c *Consumer) disarm(l *lane) {
+	l.timerSeq++
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	if l.state == laneTimer {
+		l.state = laneIdle
+	}
+}
+
+// wake ends a lane's wait.
+func (c *Consumer) wake(l *lane, seq uint64) {
+	sh := l.sh
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if l.dead || l.timerSeq != seq || l.state != laneTimer {
+		return
+	}
+	l.state = laneIdle
+	if l.q.len() > 0 && !c.draining.Load() {
+		c.makeReady(l)
+	}
+}
+
+// removeSettled takes a settled message out of its lane, its partition's
+// watermark or its lane's spill cursor, and the counts. Called with sh.mu
+// held; it reports whether the partition's commit point moved.
+func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
+	for i, n := 0, l.q.len(); i < n; i++ {
+		if l.q.at(i) == m {
+			l.q.remove(i)
+			if i == 0 {
+				l.judge, l.judgeSpan = "", 0
+			}
+			break
+		}
+	}
+	sh.queued--
+	l.t.queued.Add(-1)
+	if l.parked {
+		l.t.parked.Add(-1)
+		c.parkedTotal.Add(-1)
+	}
+	return c.unlist(sh, l, m)
+}
+
+// unlist takes a settled message out of the list that tracks its commit:
+// the partition's watermark (live) or the lane's spill cursor (re-fed).
+// Called with sh.mu held; it reports whether the partition's commit point
+// moved (the caller then calls syncCommit once unlocked). A moved spill
+// cursor is handed to the lane's spill job.
+func (c *Consumer) unlist(sh *shard, l *lane, m *Message) bool {
+	if m.Refed {
+		if l.spill.refed.remove(m) {
+			c.raiseSpillCursor(l)
+		}
+		return false
+	}
+	return sh.wm.remove(m) && sh.commit.raise(sh.commitPoint())
+}
+
+// parkLane starts counting l's messages as parked. Called with sh.mu held.
+func (c *Consumer) parkLane(l *lane) {
+	l.parked = true
+	n := int64(l.q.len())
+	l.t.parked.Add(n)
+	c.parkedTotal.Add(n)
+}
+
+// unparkLane stops counting l's messages as parked. Called with sh.mu held.
+func (c *Consumer) unparkLane(l *lane) {
+	l.parked = false
+	n := int64(l.q.len())
+	l.t.parked.Add(-n)
+	c.parkedTotal.Add(-n)
+}
+
+// maybeResume lifts an engine pause of sh whose pressure is gone.
+func (c *Consumer) maybeResume(sh *shard) {
+	sh.mu.Lock()
+	ok := !sh.dead && sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh)
+	if ok {
+		sh.pauseReason = 0
+	}
+	sh.mu.Unlock()
+	if ok {
+		c.applyPause(sh, false)
+	}
+}
