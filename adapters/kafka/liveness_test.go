@@ -16,20 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ringfence/ringfence/consumer/consumertest"
-	"github.com/ringfence/ringfence/internal/kafkatest"
 )
-
-// startStrictCluster is startCluster without topic auto-creation, so that
-// an unknown topic stays unknown.
-func startStrictCluster(t testing.TB, opts ...kfake.Opt) *kafkatest.Cluster {
-	t.Helper()
-	base := []kfake.Opt{
-		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
-		kfake.DefaultNumPartitions(1),
-		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
-	}
-	return kafkatest.MustStart(t, append(base, opts...)...)
-}
 
 // logRecorder is a slog.Handler that keeps the messages of records at Warn
 // and above. Safe for concurrent use.
