@@ -160,10 +160,15 @@ func (s *Source) topicNeedsRebalance(ctx context.Context, gen *kafkago.Generatio
 	if err == nil {
 		err = md.Topics[0].Error
 	}
-	if err != nil {
-		if ctx.Err() == nil && !s.failed(err) {
-			s.log.Warn("kafka: topic metadata", "err", err)
-		}
+	switch {
+	case err == nil:
+	case ctx.Err() != nil, s.failed(err):
+		return false
+	case unknownTopic(err):
+		s.log.Warn("kafka: topic does not exist; waiting for it", "timeout", s.watch.grace)
+		return false
+	default:
+		s.log.Warn("kafka: topic metadata failed; retrying", "err", err)
 		return false
 	}
 	s.watch.seen()

@@ -169,7 +169,7 @@ func TestRunWaitsForLateTopic(t *testing.T) {
 	col.src = src
 	r := consumertest.RunSource(t, src, col)
 	ctx := testCtx(t, 60*time.Second)
-	eventually(t, ctx, "the source to find the topic missing", func() bool { return logs.count("topic metadata") > 0 })
+	eventually(t, ctx, "the source to find the topic missing", func() bool { return logs.count("topic does not exist") > 0 })
 	r.StillRunning(t, "while the topic is missing")
 	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
 	if err := createTopic(testCtx(t, 10*time.Second), cl, topic, 2, -1); err != nil {
