@@ -19,6 +19,45 @@
 // broker restart ends the generation too; the fetchers reconnect with
 // backoff and resume from the committed offset.
 //
+// # Errors
+//
+// Run returns an error, instead of retrying for ever, when the source can
+// never work until someone fixes something; the engine's Run then drains
+// and returns the same error. Everything else is retried, each failure
+// logged at Warn:
+//
+//	terminal (Run returns at once)         error wraps
+//	SASL authentication failed             kafka-go SASLAuthenticationFailed
+//	SASL mechanism unsupported / illegal   UnsupportedSASLMechanism, IllegalSASLState
+//	no ACL for the topic                   TopicAuthorizationFailed
+//	no ACL for the group                   GroupAuthorizationFailed
+//	no ACL for the cluster                 ClusterAuthorizationFailed
+//	group id refused                       InvalidGroupId
+//	session timeout outside broker limits  InvalidSessionTimeout
+//	topic name refused                     InvalidTopic
+//
+//	terminal after a grace                 error wraps
+//	topic unknown for UnknownTopicTimeout  ErrUnknownTopic, UnknownTopicOrPartition
+//
+//	transient (retried, logged at Warn)
+//	no broker reachable, however long; a broker restarting; coordinator
+//	not available or moved; rebalance in progress; leader election; request
+//	timeouts; an inconsistent group protocol (another member's deployment)
+//
+// A broker outage is never terminal: the source keeps trying to join the
+// group (every JoinBackoff) and to reach each partition leader (backoff
+// from 100ms to 5s), so a restarted cluster is picked up again.
+//
+// An unknown topic is not terminal at once, because a topic may be
+// auto-created or created by a deployment after the consumer starts: Run
+// gives up only once the topic was reported unknown, with no sighting of it
+// in between, for WithUnknownTopicTimeout (default 1 minute). It then
+// returns within 5s more: fetchers retry at least every 5s, and a member
+// that the group gave no partition checks the topic every quarter of the
+// timeout (at most 5s). Such a member also notices a topic created after
+// the group leader looked for it (the topic has partitions that no member
+// was given) and rejoins, so that the group assigns them.
+//
 // # Dead letters
 //
 // Sink writes dead-letter records to a topic per tenant,

@@ -35,6 +35,18 @@ func startCluster(t testing.TB, opts ...kfake.Opt) *kafkatest.Cluster {
 	return kafkatest.MustStart(t, append(base, opts...)...)
 }
 
+// startStrictCluster is startCluster without topic auto-creation, so that
+// an unknown topic stays unknown.
+func startStrictCluster(t testing.TB, opts ...kfake.Opt) *kafkatest.Cluster {
+	t.Helper()
+	base := []kfake.Opt{
+		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
+		kfake.DefaultNumPartitions(1),
+		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
+	}
+	return kafkatest.MustStart(t, append(base, opts...)...)
+}
+
 // fastOpts are source options for tests: quick heartbeats, short fetch
 // waits, frequent commits.
 func fastOpts(extra ...SourceOption) []SourceOption {

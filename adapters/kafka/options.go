@@ -33,6 +33,7 @@ type sourceConfig struct {
 	maxWait           time.Duration
 	maxBytes          int
 	startOffset       int64
+	topicGrace        time.Duration
 	logger            *slog.Logger
 }
 
@@ -48,6 +49,7 @@ func defaultSourceConfig() sourceConfig {
 		maxWait:           500 * time.Millisecond,
 		maxBytes:          1 << 20,
 		startOffset:       kafkago.FirstOffset,
+		topicGrace:        time.Minute,
 		logger:            slog.Default(),
 	}
 }
@@ -180,6 +182,24 @@ func WithStartOffset(offset int64) SourceOption {
 			return invalid("start offset %d is neither FirstOffset nor LastOffset", offset)
 		}
 		c.startOffset = offset
+		return nil
+	}
+}
+
+// WithUnknownTopicTimeout sets how long the source topic may stay unknown
+// to the cluster (never created, or deleted) before Run gives up and
+// returns an error wrapping ErrUnknownTopic. The clock starts at the first
+// UnknownTopicOrPartition answer and restarts whenever the topic is seen,
+// so a topic that is auto-created, or created by a deployment a little
+// after the consumer starts, is waited for and then consumed. While it is
+// unknown the source checks it every quarter of d (at most every 5s).
+// Default: 1 minute.
+func WithUnknownTopicTimeout(d time.Duration) SourceOption {
+	return func(c *sourceConfig) error {
+		if d <= 0 {
+			return invalid("unknown topic timeout %v is not positive", d)
+		}
+		c.topicGrace = d
 		return nil
 	}
 }

@@ -31,6 +31,8 @@ type Source struct {
 	cfg     sourceConfig
 	log     *slog.Logger
 	client  *kafkago.Client
+	watch   topicWatch // how long the topic has been unknown
+	fatal   fatal      // the terminal error that ends Run
 
 	started atomic.Bool
 	// parts is the current generation's partitions by ID; replaced (never
@@ -98,6 +100,7 @@ func NewSource(brokers []string, topic, group string, opts ...SourceOption) (*So
 		cfg:     cfg,
 		log:     cfg.logger.With("topic", topic, "group", group),
 		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: transportFor(cfg.dialer)},
+		watch:   topicWatch{grace: cfg.topicGrace},
 		left:    make(chan struct{}),
 	}
 	empty := map[int32]*partition{}
@@ -139,15 +142,23 @@ func (s *Source) Group() string { return s.group }
 // TenantFromHeader, for consumer.New.
 func (s *Source) Tenant() consumer.TenantFunc { return s.cfg.tenant }
 
-// Run joins the group and fetches until ctx is cancelled. On return it has
-// committed what was settled and left the group; what the engine settles
-// afterwards is still committed by Commit while the group has no other
-// member.
+// Run joins the group and fetches until ctx is cancelled, and returns nil
+// then. It returns an error when the source can never work (see the
+// package documentation, "Errors"): bad credentials or ACLs, an invalid
+// group or session timeout, or a topic that stayed unknown for
+// UnknownTopicTimeout. Anything else (brokers down or restarting,
+// rebalances) is retried and logged at Warn. On return it has committed
+// what was settled and left the group; what the engine settles afterwards
+// is still committed by Commit while the group has no other member.
 func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
 	defer close(s.left)
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.fatal.cancel = cancel
 	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{
 		ID:                s.group,
 		Brokers:           s.brokers,
@@ -174,7 +185,7 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	for {
 		gen, err := cg.Next(ctx)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
+			if ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) || s.failed(err) {
 				break
 			}
 			s.log.Warn("kafka: joining consumer group failed; retrying", "err", err)
@@ -191,7 +202,10 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 		<-closed
 	}
 	s.ended.Store(true)
-	return nil
+	if parent.Err() != nil {
+		return nil
+	}
+	return s.fatal.get()
 }
 
 // runGeneration fetches the generation's partitions and returns once all of
@@ -216,6 +230,14 @@ func (s *Source) runGeneration(ctx context.Context, gen *kafkago.Generation, d c
 		defer close(finished)
 		s.commitLoop(ctx, genCtx, gen, parts, &fetching, d)
 	})
+	if len(parts) == 0 {
+		gen.Start(func(genCtx context.Context) {
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(genCtx, cancel)()
+			s.watchTopic(wctx, gen)
+		})
+	}
 	for _, ps := range parts {
 		gen.Start(func(genCtx context.Context) {
 			fctx, cancel := context.WithCancel(ctx)
@@ -277,7 +299,9 @@ func (s *Source) commitGeneration(gen *kafkago.Generation, parts map[int32]*part
 	if err := gen.CommitOffsets(map[string]map[int]int64{s.topic: offsets}); err != nil {
 		// The messages stay uncommitted and are redelivered if the
 		// partition moves; the next tick retries.
-		s.log.Warn("kafka: commit failed", "generation", gen.ID, "err", err)
+		if !s.failed(err) {
+			s.log.Warn("kafka: commit failed", "generation", gen.ID, "err", err)
+		}
 		return
 	}
 	for id, off := range offsets {
@@ -416,12 +440,13 @@ func (s *Source) fetch(ctx context.Context, ps *partition, d consumer.Dispatcher
 			attempt++
 			c, start, err := s.dial(ctx, int(ps.id.ID), offset)
 			if err != nil {
-				if ctx.Err() != nil {
+				if ctx.Err() != nil || s.failed(err) {
 					return
 				}
 				s.log.Warn("kafka: connecting to partition leader failed; retrying", "partition", ps.id.ID, "attempt", attempt, "err", err)
 				continue
 			}
+			s.watch.seen()
 			conn, offset = c, start
 			stopClose = context.AfterFunc(ctx, func() { _ = c.Close() })
 		}
@@ -438,6 +463,8 @@ func (s *Source) fetch(ctx context.Context, ps *partition, d consumer.Dispatcher
 			// reconnecting re-resolves the offset against the log's range.
 			s.log.Warn("kafka: offset out of range", "partition", ps.id.ID, "offset", offset)
 			closeConn()
+		case s.failed(err):
+			return
 		default:
 			s.log.Warn("kafka: fetch failed; reconnecting", "partition", ps.id.ID, "offset", offset, "err", err)
 			closeConn()

@@ -42,6 +42,7 @@ func TestNewSourceValidates(t *testing.T) {
 		{"zero max bytes", ok, "t", "g", []SourceOption{WithMaxBytes(0)}},
 		{"bad start offset", ok, "t", "g", []SourceOption{WithStartOffset(5)}},
 		{"nil logger", ok, "t", "g", []SourceOption{WithLogger(nil)}},
+		{"zero unknown topic timeout", ok, "t", "g", []SourceOption{WithUnknownTopicTimeout(0)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -103,6 +103,15 @@ func (h *harness) DeadLetters(t testing.TB, tenant string) []dlq.Record {
 
 func (h *harness) NoTenantLetters(t testing.TB) []dlq.Record { return h.DeadLetters(t, "") }
 
+// KillSource deletes the durable consumer under the running source.
+func (h *harness) KillSource(t testing.TB) error {
+	t.Helper()
+	if err := h.f.js.DeleteConsumer(testCtx(t), h.f.stream, h.f.durable); err != nil {
+		t.Fatal(err)
+	}
+	return ErrConsumerGone
+}
+
 // TestConformance runs alone (not parallel): the suite's parking cases time
 // outages by wall clock, and a loaded machine stretches them.
 func TestConformance(t *testing.T) {

@@ -80,6 +80,41 @@
 // redelivered later); Pause on a re-feed partition stops re-feeding that
 // tenant.
 //
+// # Errors
+//
+// Run returns an error when the consumer can never deliver again; the
+// engine's Run then drains and returns the same error. Everything else is
+// retried by nats.go, and logged at Warn:
+//
+//	terminal                                   error wraps
+//	durable consumer deleted                   ErrConsumerGone, jetstream.ErrConsumerDeleted or ErrConsumerNotFound
+//	stream deleted                             ErrConsumerGone, jetstream.ErrConsumerDeleted or ErrStreamNotFound
+//	JetStream disabled for the account         ErrConsumerGone, jetstream.ErrJetStreamNotEnabledForAccount
+//	JetStream reported not enabled             ErrConsumerGone, jetstream.ErrJetStreamNotEnabled
+//	connection closed (Close, or reconnect     nats.ErrConnectionClosed
+//	attempts used up)
+//	pull request refused by the server         jetstream.ErrBadRequest
+//
+//	transient (retried, logged at Warn)
+//	disconnected / reconnecting; server shutdown (a restart); missed
+//	heartbeats; no responders; leadership change; timeouts
+//
+// How long a closed connection takes is the connection's choice: nats.go
+// gives up after MaxReconnects attempts (60 by default, 2s apart); pass
+// nats.MaxReconnects(-1) to wait for the server for ever. "No responders"
+// from the JetStream API stays transient: it is what a server without
+// JetStream answers, but also what a leaf node answers while its link to
+// the JetStream domain is down, and the two cannot be told apart.
+//
+// Bounds: a consumer or stream deleted while a pull request waits on the
+// server (the normal state) ends Run at once, with the server's "consumer
+// deleted". Otherwise (the Source paused and its consume callback blocked,
+// or the client reconnecting when it happened) the liveness check finds it:
+// every WithLivenessCheck (default 5s) while connected, and right after a
+// reconnect, Run asks for the consumer's info, so it returns within the
+// interval plus the request's timeout (the interval, at least 1s): 10s
+// with the defaults. A closed connection ends Run at once.
+//
 // # Dead letters
 //
 // NewDLQ opens (or creates, with file storage) the DLQ stream, by default

@@ -32,6 +32,23 @@ type sourceOptions struct {
 	logger       *slog.Logger
 	spillBackoff time.Duration
 	spillAfter   time.Duration
+	liveness     time.Duration
+}
+
+// WithLivenessCheck sets how often Run asks the server whether the durable
+// consumer still exists (one consumer info request). A consumer deleted
+// while a pull request waits on the server ends Run at once; the check
+// finds one deleted while none waited (the Source paused, the client
+// reconnecting), so Run returns within d plus the request's timeout (d,
+// at least 1s) of such a deletion. Default: 5s.
+func WithLivenessCheck(d time.Duration) SourceOption {
+	return func(o *sourceOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: liveness check interval %v is not positive", ErrInvalidOption, d)
+		}
+		o.liveness = d
+		return nil
+	}
 }
 
 // WithSpillAfter sets how long a tenant at its limit must go without

@@ -158,6 +158,7 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 		logger:       slog.Default(),
 		spillBackoff: 50 * time.Millisecond,
 		spillAfter:   250 * time.Millisecond,
+		liveness:     5 * time.Second,
 	}
 	if o.extendEvery <= 0 {
 		o.extendEvery = 10 * time.Second
@@ -255,8 +256,12 @@ func (s *Source) JetStream() jetstream.JetStream { return s.js }
 // Partition is the engine partition of the consumer's own messages.
 func (s *Source) Partition() consumer.Partition { return s.part }
 
-// Run consumes until ctx is cancelled. It returns nil then, or the error
-// that stopped it.
+// Run consumes until ctx is cancelled, and returns nil then. It returns an
+// error when the consumer can never deliver again: the error wraps
+// ErrConsumerGone when the durable, its stream or the account's JetStream
+// is gone, and nats.ErrConnectionClosed when the connection was closed (see
+// the package documentation, "Errors"). Transient faults are retried and
+// logged at Warn.
 func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	s.mu.Lock()
 	if s.ran {
@@ -280,18 +285,18 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	wg.Go(func() { s.refeedLoop(ctx, d) })
 	s.nudge() // re-feed tenants recovered from the park stream at once
 
+	live := newLiveness()
 	cc, err := s.cons.Consume(func(msg jetstream.Msg) { s.onMsg(ctx, d, msg) },
 		jetstream.PullMaxMessages(s.opt.pullMax),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			s.log.Debug("ringfence nats: consume", "err", err)
-		}))
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { s.onConsumeErr(live, err) }))
 	if err != nil {
 		return fmt.Errorf("nats: consume: %w", err)
 	}
-	<-ctx.Done()
+	err = s.watch(ctx, cc, live)
+	cancel() // a consume callback blocked by Pause returns
 	cc.Stop()
 	<-cc.Closed()
-	return nil
+	return err
 }
 
 // onMsg runs on the consume goroutine, one message at a time.

@@ -311,6 +311,7 @@ func TestNewSourceRejectsUnusableConsumers(t *testing.T) {
 		"pull max 0":          WithPullMaxMessages(0),
 		"nil logger":          WithLogger(nil),
 		"extend non-positive": WithExtendEvery(0),
+		"liveness check 0":    WithLivenessCheck(0),
 	} {
 		if _, err := NewSource(ctx, f.js, f.consumer(t), tenant, opt); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)

@@ -39,3 +39,14 @@ type Harness interface {
 	// DeadLetters reads back every record in the tenant's DLQ, oldest first.
 	DeadLetters(t testing.TB, tenant string) []dlq.Record
 }
+
+// Killer is implemented by harnesses that can make the broker side of
+// their sources dead for good while a source runs: the NATS durable
+// consumer deleted, the Kafka topic deleted. The suite's DeadSource case
+// needs it and is skipped for harnesses without it.
+type Killer interface {
+	// KillSource kills what every source of the harness reads. It returns
+	// an error that the error of the source's Run, and so of the engine's
+	// Run, must match with errors.Is (nil: any error will do).
+	KillSource(t testing.TB) error
+}

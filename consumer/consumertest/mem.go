@@ -83,7 +83,7 @@ func (b *Broker) commit(group string, p int, next int64) {
 // Source returns a new source reading every partition for group, from the
 // group's committed offsets.
 func (b *Broker) Source(group string) *Source {
-	s := &Source{b: b, group: group, paused: make(map[int32]bool), revoke: make(chan int32, 16)}
+	s := &Source{b: b, group: group, paused: make(map[int32]bool), revoke: make(chan int32, 16), killed: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
@@ -101,6 +101,19 @@ type Source struct {
 	settled   int
 	delivered int
 	revoke    chan int32
+
+	killOnce sync.Once
+	killed   chan struct{} // closed by Kill
+	killErr  error         // written before killed is closed
+}
+
+// Kill makes the source dead, as a broker whose topic or consumer was
+// deleted: Run stops delivering and returns err (which must not be nil).
+func (s *Source) Kill(err error) {
+	s.killOnce.Do(func() {
+		s.killErr = err
+		close(s.killed)
+	})
 }
 
 // Pauses counts Pause calls.
@@ -145,13 +158,21 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 			s.cond.Broadcast()
 			s.mu.Unlock()
 		})
+		killed := false
 		select {
 		case <-ctx.Done():
 		case <-s.revoke:
+		case <-s.killed:
+			killed = true
 		}
 		cancel()
 		wg.Wait()
 		stop()
+		if killed {
+			// A dead broker revokes nothing: the engine drains what it
+			// holds, as it does after any source error.
+			return s.killErr
+		}
 		for p := range s.b.logs {
 			d.Revoked(consumer.Partition{Topic: s.b.topic, ID: int32(p)})
 		}
@@ -290,12 +311,21 @@ func (s *Sink) Total() int {
 }
 
 // MemHarness is the in-memory Harness: a Broker, a Sink and a Spill log.
+// It implements Killer and Spiller.
 type MemHarness struct {
 	B     *Broker
 	S     *Sink
 	Sp    *Spill
 	Group string
+
+	mu      sync.Mutex
+	sources []*Source // made by NewSource, for KillSource
+	dead    bool
 }
+
+// ErrKilled is the error the in-memory harness's sources end with after
+// KillSource.
+var ErrKilled = errors.New("consumertest: source killed")
 
 // NewMemHarness returns a harness with the given partitions.
 func NewMemHarness(partitions int) *MemHarness {
@@ -323,7 +353,28 @@ func (h *MemHarness) Produce(t testing.TB, msgs ...Msg) {
 }
 
 // NewSource implements Harness.
-func (h *MemHarness) NewSource(t testing.TB) consumer.Source { return h.B.Source(h.Group) }
+func (h *MemHarness) NewSource(t testing.TB) consumer.Source {
+	s := h.B.Source(h.Group)
+	h.mu.Lock()
+	h.sources = append(h.sources, s)
+	if h.dead {
+		s.Kill(ErrKilled)
+	}
+	h.mu.Unlock()
+	return s
+}
+
+// KillSource implements Killer: every source made by NewSource, and every
+// later one, ends Run with ErrKilled.
+func (h *MemHarness) KillSource(t testing.TB) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dead = true
+	for _, s := range h.sources {
+		s.Kill(ErrKilled)
+	}
+	return ErrKilled
+}
 
 // Sink implements Harness.
 func (h *MemHarness) Sink(t testing.TB) dlq.Sink { return h.S }

@@ -37,8 +37,10 @@ var WaitTimeout = 60 * time.Second
 // errors, missing and hostile tenant keys each land in the right DLQ only);
 // at-least-once across a restart (a second source on the same group
 // handles everything the first did not settle); backpressure (a parked
-// tenant over its bound pauses its partition and nothing is lost); and,
-// when the source implements Rebalancer, revocation.
+// tenant over its bound pauses its partition and nothing is lost); when
+// the source implements Rebalancer, revocation; and, when the harness
+// implements Killer, a dead source (the engine's Run ends with the
+// source's error instead of waiting for ever).
 func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("Order", func(t *testing.T) { testOrder(t, newHarness(t)) })
 	t.Run("ParkingIsolation", func(t *testing.T) { testParking(t, newHarness(t)) })
@@ -46,6 +48,7 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("AtLeastOnceAcrossRestart", func(t *testing.T) { testRestart(t, newHarness(t)) })
 	t.Run("Backpressure", func(t *testing.T) { testBackpressure(t, newHarness(t)) })
 	t.Run("Revocation", func(t *testing.T) { testRevocation(t, newHarness(t)) })
+	t.Run("DeadSource", func(t *testing.T) { testDeadSource(t, newHarness(t)) })
 }
 
 // FastPolicy trips after 3 consecutive failures and probes after 20ms, so
@@ -166,6 +169,21 @@ func (r *running) stop(t testing.TB) {
 		}
 	case <-time.After(WaitTimeout):
 		t.Errorf("Run did not return within %v of cancel", WaitTimeout)
+	}
+}
+
+// ended waits for the engine's Run to return by itself (it was not
+// cancelled) and returns its error; it fails the test after WaitTimeout.
+func (r *running) ended(t testing.TB) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.cancel()
+		r.cancel = nil
+		return err
+	case <-time.After(WaitTimeout):
+		t.Fatalf("the engine's Run still running %v after its source died", WaitTimeout)
+		return nil
 	}
 }
 
@@ -431,4 +449,28 @@ func testRevocation(t *testing.T, h Harness) {
 	Eventually(t, "x handled after the rebalance", func() bool { return rec.Distinct() == total })
 	checkOrder(t, "x", rec.Order("x"))
 	r.stop(t)
+}
+
+// testDeadSource kills the broker side of a running source: the engine's
+// Run must end with the source's error, not block for ever (a consumer that
+// silently consumes nothing) nor return nil (a clean stop).
+func testDeadSource(t *testing.T, h Harness) {
+	k, ok := h.(Killer)
+	if !ok {
+		t.Skip("harness does not implement Killer")
+	}
+	total := produceTenants(t, h, []string{"a", "b"}, 10)
+	rec := NewRecorder()
+	r := start(t, h, h.NewSource(t), consumer.Config{Handler: recordHandler(rec, h.Tenant(), nil)})
+	Eventually(t, "every message handled", func() bool { return rec.Distinct() == total })
+	want := k.KillSource(t)
+	err := r.ended(t)
+	switch {
+	case err == nil:
+		t.Fatal("the engine's Run returned nil after its source died; want the source's error")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		t.Fatalf("the engine's Run returned %v after its source died; want the source's error", err)
+	case want != nil && !errors.Is(err, want):
+		t.Fatalf("the engine's Run returned %v; want an error matching %v", err, want)
+	}
 }
