@@ -371,16 +371,22 @@ func (c *Consumer) requestPause(sh *shard, reason PauseReason) {
 		sh.mu.Unlock()
 		return
 	}
-	sh.pauseReason = reason
+	c.setPause(sh, reason)
 	sh.mu.Unlock()
-	c.applyPause(sh, reason != 0)
+	c.syncPause(sh)
 }
 
-// applyPause makes the Source's pause state follow the engine's wish.
-func (c *Consumer) applyPause(sh *shard, want bool) {
-	if !sh.pause.set(want) {
-		return
-	}
+// setPause records why the engine wants sh paused (zero: it does not).
+// Called with sh.mu held, so that the wish and the decision behind it
+// change together; syncPause applies it once the lock is released.
+func (c *Consumer) setPause(sh *shard, reason PauseReason) {
+	sh.pauseReason = reason
+	sh.pause.set(reason != 0)
+}
+
+// syncPause makes the Source's pause state follow the engine's last wish,
+// one call at a time and with no lock held.
+func (c *Consumer) syncPause(sh *shard) {
 	for _, paused := range sh.pause.run(func(pause bool) {
 		if pause {
 			c.src.Pause(sh.p)

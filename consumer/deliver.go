@@ -96,11 +96,11 @@ func (c *Consumer) deliverRun(ms []*Message) {
 		}
 	}
 	if pause != 0 && sh.pauseReason == 0 {
-		sh.pauseReason = pause
+		c.setPause(sh, pause)
 	}
 	sh.mu.Unlock()
 	if pause != 0 {
-		c.applyPause(sh, true)
+		c.syncPause(sh)
 	}
 	for i := range ev {
 		c.emit(ev[i])
@@ -138,7 +138,7 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 		}
 	}
 	if (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound) && c.pressureGone(sh) {
-		sh.pauseReason = 0
+		c.setPause(sh, 0)
 		resume = true
 	}
 	if len(sh.lanes) > sh.sweepAt {
@@ -156,7 +156,7 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 	}
 	sh.mu.Unlock()
 	if resume {
-		c.applyPause(sh, false)
+		c.syncPause(sh)
 	}
 	if len(aside) > 0 {
 		go c.retryAside(sh, aside)

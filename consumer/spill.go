@@ -251,7 +251,7 @@ func (c *Consumer) spillWork(l *lane) {
 			c.stats.spilled.Add(uint64(len(batch)))
 			resume := sh.pauseReason != 0 && sh.pauseReason != PauseDraining && sh.queued <= sh.maxQueued/2
 			if resume {
-				sh.pauseReason = 0
+				c.setPause(sh, 0)
 			}
 			sh.mu.Unlock()
 			clear(batch)
@@ -259,7 +259,7 @@ func (c *Consumer) spillWork(l *lane) {
 				c.syncCommit(sh)
 			}
 			if resume {
-				c.applyPause(sh, false)
+				c.syncPause(sh)
 			}
 		case l.spill.on && c.refeedRoom(l) > 0:
 			n := c.refeedRoom(l)

@@ -396,10 +396,10 @@ func (c *Consumer) maybeResume(sh *shard) {
 	sh.mu.Lock()
 	ok := !sh.dead && sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh)
 	if ok {
-		sh.pauseReason = 0
+		c.setPause(sh, 0)
 	}
 	sh.mu.Unlock()
 	if ok {
-		c.applyPause(sh, false)
+		c.syncPause(sh)
 	}
 }

@@ -1,0 +1,442 @@
+package consumer_test
+
+// Regression tests for the engine defects of issue 14, each seen failing on
+// the engine before the rewrite (see the issue's closing note).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+// genSource delivers n generated messages on one partition, honouring
+// Pause, keeping none of them: what the engine holds is all that is held.
+type genSource struct {
+	n      int
+	gen    func(i int) *consumer.Message
+	settle func(m *consumer.Message) error
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	paused  bool
+	commits atomic.Int64
+}
+
+func newGenSource(n int, gen func(i int) *consumer.Message) *genSource {
+	s := &genSource{n: n, gen: gen}
+	s.cond = sync.NewCond(&s.mu)
+	s.commits.Store(-1)
+	return s
+}
+
+var genPart = consumer.Partition{Topic: "gen", ID: 0}
+
+func (s *genSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	d.Assigned(genPart)
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	batch := make([]*consumer.Message, 0, 64)
+	for i := 0; i < s.n && ctx.Err() == nil; {
+		s.mu.Lock()
+		for s.paused && ctx.Err() == nil {
+			s.cond.Wait()
+		}
+		s.mu.Unlock()
+		batch = batch[:0]
+		for ; i < s.n && len(batch) < cap(batch); i++ {
+			m := s.gen(i)
+			m.Partition, m.Offset, m.Topic = genPart, int64(i), genPart.Topic
+			batch = append(batch, m)
+		}
+		d.DeliverBatch(batch)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (s *genSource) Settle(ctx context.Context, m *consumer.Message) error {
+	if s.settle != nil {
+		return s.settle(m)
+	}
+	return nil
+}
+
+func (s *genSource) Commit(ctx context.Context, p consumer.Partition, next int64) error {
+	s.commits.Store(next)
+	return nil
+}
+
+func (s *genSource) Pause(consumer.Partition) { s.mu.Lock(); s.paused = true; s.mu.Unlock() }
+func (s *genSource) Resume(consumer.Partition) {
+	s.mu.Lock()
+	s.paused = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+func tenantMsg(tenant string, value string) *consumer.Message {
+	return &consumer.Message{Key: []byte(tenant), Value: []byte(value)}
+}
+
+// startWith runs an engine over src and stops it at the end of the test.
+func startWith(t *testing.T, cfg consumer.Config, src consumer.Source) *consumer.Consumer {
+	t.Helper()
+	if cfg.Tenant == nil {
+		cfg.Tenant = consumer.FromKey()
+	}
+	if cfg.DLQ == nil {
+		cfg.DLQ = consumertest.NewSink()
+	}
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, src) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Errorf("Run did not return within 20s of cancel")
+		}
+	})
+	return c
+}
+
+// Defect 1: a handler whose error wraps policy.ErrOpen (it called a
+// downstream through a guard of its own) was taken for the tenant's own
+// breaker refusing: its attempts reset and its lane parked, and with no
+// breaker it was retried for ever. The handler's errors are the handler's:
+// the message uses its attempts and is dead-lettered on evidence.
+func TestHandlerErrorWrappingErrOpenIsTheHandlers(t *testing.T) {
+	for _, withBreaker := range []bool{false, true} {
+		t.Run(fmt.Sprintf("breaker=%v", withBreaker), func(t *testing.T) {
+			p := policy.Policy{Retry: policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}}}
+			if withBreaker {
+				p.Breaker = &policy.Breaker{ConsecutiveFailures: 50, OpenTimeout: 20 * time.Millisecond}
+			}
+			sink := consumertest.NewSink()
+			var calls atomic.Int64
+			src := newGenSource(2, func(i int) *consumer.Message { return tenantMsg("acme", []string{"inventory", "next"}[i]) })
+			c := startWith(t, consumer.Config{
+				Scope: scope.New(p, scope.Options[string]{}),
+				DLQ:   sink,
+				Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+					if string(m.Value) == "inventory" {
+						calls.Add(1)
+						return fmt.Errorf("inventory service: %w", policy.ErrOpen)
+					}
+					return nil
+				}),
+			}, src)
+			consumertest.Eventually(t, "the inventory message dead-lettered", func() bool { return len(sink.Records("acme", false)) == 1 })
+			rec := sink.Records("acme", false)[0]
+			if rec.Reason != dlq.ReasonExhausted || string(rec.Value) != "inventory" {
+				t.Fatalf("dead letter %q reason %q, want the inventory message, exhausted", rec.Value, rec.Reason)
+			}
+			if n := calls.Load(); n > 10 {
+				t.Fatalf("the handler was called %d times for one message with 3 attempts", n)
+			}
+			if s := c.Stats(); s.Handled != 1 {
+				t.Fatalf("handled %d, want the message behind it", s.Handled)
+			}
+		})
+	}
+}
+
+// Defect 2: one lone failing message held a watermark entry for every
+// message delivered after it (a million successes of another tenant cost
+// 16 MiB and zero commits). Memory must follow what is unsettled, and the
+// commit lag the stuck tenant causes must show in Stats.
+func TestLoneStuckMessageHoldsOnlyItself(t *testing.T) {
+	n := 400_000
+	if testing.Short() {
+		n = 100_000
+	}
+	var handled atomic.Int64
+	src := newGenSource(n+1, func(i int) *consumer.Message {
+		if i == 0 {
+			return tenantMsg("stuck", "lone")
+		}
+		return tenantMsg("busy", "ok")
+	})
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	c := startWith(t, consumer.Config{
+		Scope:       scope.New(policy.Policy{Retry: policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: 10 * time.Millisecond}}}, scope.Options[string]{}),
+		Concurrency: 4,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "lone" {
+				return errors.New("waits for evidence")
+			}
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "the busy tenant's messages handled", func() bool { return handled.Load() == int64(n) })
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	growth := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap growth with %d messages settled behind one stuck message: %d KiB", n, growth/1024)
+	if growth > 2<<20 {
+		t.Fatalf("heap grew by %d KiB for %d settled messages behind one unsettled one", growth/1024, n)
+	}
+	s := c.Stats()
+	if len(s.Partitions) != 1 {
+		t.Fatalf("partitions %+v", s.Partitions)
+	}
+	ps := s.Partitions[0]
+	if ps.Unsettled != 1 || ps.CommitLag != int64(n+1) || ps.OldestTenant != "stuck" {
+		t.Fatalf("partition stats %+v, want 1 unsettled, commit lag %d, held by stuck", ps, n+1)
+	}
+	for _, ts := range s.Tenants {
+		if ts.Tenant == "stuck" && ts.CommitLag != int64(n+1) {
+			t.Fatalf("the stuck tenant's commit lag is %d, want %d", ts.CommitLag, n+1)
+		}
+	}
+}
+
+// Defect 3: an OnEvent hook that calls Stats (the obvious metrics hook)
+// deadlocked when an event was emitted under the engine lock.
+func TestOnEventMayCallTheConsumer(t *testing.T) {
+	const n = 3000
+	var c *consumer.Consumer
+	var events, resumed atomic.Int64
+	var ready atomic.Bool
+	src := newGenSource(n, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%d", i%7), "v") })
+	release := make(chan struct{})
+	var handled atomic.Int64
+	c = startWith(t, consumer.Config{
+		Concurrency:           2,
+		MaxQueuedPerPartition: 20, // pauses and resumes the partition over and over
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			<-release
+			handled.Add(1)
+			return nil
+		}),
+		OnEvent: func(e consumer.Event) {
+			if !ready.Load() {
+				return
+			}
+			_ = c.Stats()
+			_, _ = c.Tenant(e.Tenant)
+			events.Add(1)
+			if e.Kind == consumer.EventResumedPartition {
+				resumed.Add(1)
+			}
+		},
+	}, src)
+	ready.Store(true)
+	close(release)
+	if !within(20*time.Second, func() bool { return handled.Load() == n }) {
+		t.Fatalf("not every message handled with a hook calling Stats: %d of %d; stats %+v; lanes %v", handled.Load(), n, c.Stats().Partitions, consumer.DumpLanes(c))
+	}
+	if resumed.Load() == 0 {
+		t.Fatalf("the partition was never resumed (%d events): the test exercised nothing", events.Load())
+	}
+}
+
+// Defect 4: Settle and Commit ran under the partition's lock, which
+// delivery waited for while holding the global lock: settles were fully
+// serial and Stats stalled behind a slow Settle. Settles of one partition
+// must overlap, and Stats must answer while a Settle is blocked.
+func TestSettleIsNotUnderALock(t *testing.T) {
+	const tenants = 16
+	var inSettle, most atomic.Int64
+	block := make(chan struct{})
+	src := newGenSource(tenants*4, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%02d", i%tenants), "v") })
+	var settled atomic.Int64
+	src.settle = func(m *consumer.Message) error {
+		n := inSettle.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		<-block
+		inSettle.Add(-1)
+		settled.Add(1)
+		return nil
+	}
+	c := startWith(t, consumer.Config{
+		Concurrency: 8,
+		Handler:     consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error { return nil }),
+	}, src)
+	consumertest.Eventually(t, "settles of one partition overlapping", func() bool { return most.Load() >= 4 })
+	stats := make(chan consumer.Stats, 1)
+	go func() { stats <- c.Stats() }()
+	select {
+	case s := <-stats:
+		if s.Handled == 0 {
+			t.Fatalf("stats %+v", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stats did not return while Settle calls were blocked")
+	}
+	close(block)
+	consumertest.Eventually(t, "every message settled", func() bool { return settled.Load() == tenants*4 })
+}
+
+// Defect 6: a tenant key equal to the engine's old reserved bucket name
+// was dead-lettered as invalid-tenant and never handled. The no-tenant
+// bucket is kept apart by type: every key is a tenant.
+func TestNoKeyIsReserved(t *testing.T) {
+	h := consumertest.NewMemHarness(1)
+	for _, key := range []string{"\x00ringfence:no-tenant", "\x00", "no-tenant"} {
+		h.Produce(t, consumertest.Msg{Tenant: key, Value: []byte(key)})
+	}
+	h.Produce(t, consumertest.Msg{Value: []byte("orphan")})
+	rec := consumertest.NewRecorder()
+	c := startWith(t, consumer.Config{
+		Tenant: h.Tenant(),
+		DLQ:    h.S,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			rec.Add("", string(m.Value))
+			return nil
+		}),
+	}, h.NewSource(t))
+	consumertest.Eventually(t, "three tenants handled, the orphan dead-lettered", func() bool {
+		return rec.Distinct() == 3 && len(h.S.Records("", true)) == 1
+	})
+	if n := h.S.Total(); n != 1 {
+		t.Fatalf("%d dead letters, want only the orphan", n)
+	}
+	var none, named int
+	for _, ts := range c.Stats().Tenants {
+		if ts.NoTenant {
+			none++
+		} else {
+			named++
+		}
+	}
+	if none != 1 || named != 3 {
+		t.Fatalf("stats list %d no-tenant buckets and %d tenants, want 1 and 3", none, named)
+	}
+}
+
+// Defect 8: a typed nil DLQ (or handler, or spill log) passed New and
+// panicked a worker at the first dead letter.
+func TestNewRefusesTypedNils(t *testing.T) {
+	var sink *consumertest.Sink
+	var spill *consumertest.Spill
+	var hf consumer.HandlerFunc
+	ok := consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil })
+	for _, tc := range []struct {
+		name string
+		cfg  consumer.Config
+	}{
+		{"nil *Sink as DLQ", consumer.Config{Handler: ok, Tenant: consumer.FromKey(), DLQ: sink}},
+		{"nil HandlerFunc", consumer.Config{Handler: hf, Tenant: consumer.FromKey(), DLQ: consumertest.NewSink()}},
+		{"nil *Spill as Spill", consumer.Config{Handler: ok, Tenant: consumer.FromKey(), DLQ: consumertest.NewSink(), Spill: spill}},
+	} {
+		if _, err := consumer.New(tc.cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: New returned %v, want ErrInvalidConfig", tc.name, err)
+		}
+	}
+}
+
+// Defect 8: with more active tenants than the scope keeps, a failing
+// tenant's guard was evicted between its failures and never tripped. The
+// engine pins the guards of the tenants it tracks.
+func TestFailingTenantTripsAmongManyTenants(t *testing.T) {
+	const n = 4000 // every fourth message is t00's; the others each a new tenant
+	src := newGenSource(n, func(i int) *consumer.Message {
+		if i%4 == 0 {
+			return tenantMsg("t00", "v")
+		}
+		return tenantMsg(fmt.Sprintf("u%05d", i), "v")
+	})
+	var parked atomic.Bool
+	p := policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 8, OpenTimeout: time.Hour},
+		Retry:   policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
+	}
+	var good atomic.Int64
+	startWith(t, consumer.Config{
+		Scope:       scope.New(p, scope.Options[string]{MaxKeys: 2}),
+		Concurrency: 8,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Key) == "t00" {
+				return errors.New("t00's dependency is down")
+			}
+			good.Add(1)
+			return nil
+		}),
+		OnEvent: func(e consumer.Event) {
+			if e.Kind == consumer.EventParked && e.Tenant == "t00" {
+				parked.Store(true)
+			}
+		},
+	}, src)
+	consumertest.Eventually(t, "the others handled", func() bool { return good.Load() == n*3/4 })
+	consumertest.Eventually(t, "t00's breaker tripped and parked it", parked.Load)
+}
+
+// Defect 8: Deadline meant "across all attempts" in Guard.Run and "per
+// attempt" in the engine. Now both read it as the time budget of a round of
+// attempts, and AttemptTimeout bounds each attempt.
+func TestAttemptTimeoutAndDeadline(t *testing.T) {
+	t.Run("AttemptTimeout ends a hanging call", func(t *testing.T) {
+		var calls atomic.Int64
+		src := newGenSource(1, func(int) *consumer.Message { return tenantMsg("a", "hang") })
+		p := policy.Policy{AttemptTimeout: 30 * time.Millisecond, Retry: policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}}}
+		var errs sync.Map
+		startWith(t, consumer.Config{
+			Scope: scope.New(p, scope.Options[string]{}),
+			Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+				if calls.Add(1) <= 2 {
+					<-ctx.Done()
+					errs.Store(calls.Load(), ctx.Err())
+					return ctx.Err()
+				}
+				return nil
+			}),
+		}, src)
+		consumertest.Eventually(t, "a third call after two timed out", func() bool { return calls.Load() >= 3 })
+		if err, _ := errs.Load(int64(1)); !errors.Is(err.(error), context.DeadlineExceeded) {
+			t.Fatalf("the hanging call ended with %v, want DeadlineExceeded", err)
+		}
+	})
+	t.Run("Deadline is the round's budget", func(t *testing.T) {
+		sink := consumertest.NewSink()
+		var calls atomic.Int64
+		src := newGenSource(2, func(i int) *consumer.Message { return tenantMsg("a", []string{"bad", "good"}[i]) })
+		// 100 attempts allowed, 40ms apart, but only 100ms for the round: it
+		// ends (and is judged) after about three.
+		p := policy.Policy{Deadline: 100 * time.Millisecond, Retry: policy.Retry{MaxAttempts: 100, Backoff: policy.Backoff{Kind: policy.Constant, Base: 40 * time.Millisecond}}}
+		startWith(t, consumer.Config{
+			Scope: scope.New(p, scope.Options[string]{}),
+			DLQ:   sink,
+			Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+				if string(m.Value) == "bad" {
+					calls.Add(1)
+					return errors.New("bad")
+				}
+				return nil
+			}),
+		}, src)
+		consumertest.Eventually(t, "bad dead-lettered", func() bool { return len(sink.Records("a", false)) == 1 })
+		if n := calls.Load(); n > 6 {
+			t.Fatalf("%d attempts within a 100ms deadline at 40ms apart", n)
+		}
+	})
+}
