@@ -177,6 +177,9 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		c.parkLane(l)
 		w.events = append(w.events, Event{Kind: EventParked, Tenant: l.key, Partition: sh.p, Delay: r.wait})
 	}
+	if l.parked && !l.spill.on && (t.parked.Load() >= int64(c.cfg.MaxParkedPerTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
+		l.spill.want, l.spill.reason = true, SpillParked
+	}
 	if sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh) {
 		w.resume = sh
 	}
@@ -187,11 +190,14 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	switch {
 	case c.draining.Load():
 		l.state = laneIdle
-	case r.wait > 0:
-		c.arm(l, r.wait)
 	case l.spill.want:
 		l.state = laneIdle
 		c.enterSpill(l, &w.events)
+		if l.state == laneIdle && r.wait > 0 && l.q.len() > 0 {
+			c.arm(l, r.wait) // re-fed messages keep their wait
+		}
+	case r.wait > 0:
+		c.arm(l, r.wait)
 	case l.q.len() > 0:
 		l.credit--
 		if (l.credit > 0 || sh.ready.len() == 0) && w.turn < shardTurn && t.inflight.Load() <= c.limitOf(t) {

@@ -40,7 +40,11 @@ var WaitTimeout = 60 * time.Second
 // tenant over its bound pauses its partition and nothing is lost); when
 // the source implements Rebalancer, revocation; and, when the harness
 // implements Killer, a dead source (the engine's Run ends with the
-// source's error instead of waiting for ever).
+// source's error instead of waiting for ever); and, when it implements
+// Spiller, spilling: a tenant down past its parked bound spills without
+// pausing its partition and is re-fed in order after recovery, across a
+// restart too, and a lone stuck message stops holding its partition's
+// commit after StuckAfter.
 func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("Order", func(t *testing.T) { testOrder(t, newHarness(t)) })
 	t.Run("ParkingIsolation", func(t *testing.T) { testParking(t, newHarness(t)) })
@@ -49,6 +53,9 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("Backpressure", func(t *testing.T) { testBackpressure(t, newHarness(t)) })
 	t.Run("Revocation", func(t *testing.T) { testRevocation(t, newHarness(t)) })
 	t.Run("DeadSource", func(t *testing.T) { testDeadSource(t, newHarness(t)) })
+	t.Run("Spill", func(t *testing.T) { testSpill(t, newHarness(t)) })
+	t.Run("SpillRestart", func(t *testing.T) { testSpillRestart(t, newHarness(t)) })
+	t.Run("StuckHead", func(t *testing.T) { testStuckHead(t, newHarness(t)) })
 }
 
 // FastPolicy trips after 3 consecutive failures and probes after 20ms, so
