@@ -13,6 +13,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
 )
 
 const (
@@ -46,7 +47,7 @@ type Inspector struct {
 	cfg    sinkConfig
 	tr     *kafkago.Transport
 	client *kafkago.Client
-	limits flights[int] // source topic -> max.message.bytes, for replays
+	limits flight.Group[int] // source topic -> max.message.bytes, for replays
 }
 
 // NewInspector returns an Inspector for the dead letters of source, reached
@@ -309,7 +310,7 @@ func (in *Inspector) republish(ctx context.Context, recs []dlq.Record) error {
 		if d.topic == "" {
 			d.topic = in.source
 		}
-		limit, err := in.limits.do(ctx, d.topic, func(ctx context.Context) (int, error) {
+		limit, err := in.limits.Do(ctx, d.topic, func(ctx context.Context) (int, error) {
 			return topicLimit(ctx, in.client, d.topic)
 		})
 		if err != nil {

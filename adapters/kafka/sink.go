@@ -12,6 +12,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
 )
 
 // SinkOption configures a Sink or an Inspector. Each option checks its own
@@ -147,8 +148,8 @@ type Sink struct {
 	tr     *kafkago.Transport
 	client *kafkago.Client
 
-	sources flights[int]      // source topic -> its max.message.bytes
-	topics  flights[dlqTopic] // DLQ topic -> what the sink knows of it
+	sources flight.Group[int]      // source topic -> its max.message.bytes
+	topics  flight.Group[dlqTopic] // DLQ topic -> what the sink knows of it
 }
 
 // dlqTopic is what a Sink knows of one of its DLQ topics.
@@ -223,7 +224,7 @@ func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
 		}
 		// The topic's limit may have been lowered since it was read: read
 		// it again, raise it if needed, and try once more.
-		s.topics.forget(topic, nil)
+		s.topics.Forget(topic, nil)
 		if attempt > 0 {
 			return fmt.Errorf("kafka: write dead letter to %s: the broker refuses a %d-byte record although the topic's max.message.bytes is %d (is the broker's socket.request.max.bytes lower?): %w: %w", topic, need, t.limit, dlq.ErrUnwritable, err)
 		}
@@ -239,7 +240,7 @@ func (s *Sink) raise(ctx context.Context, topic string, t dlqTopic, need int) (d
 		return t, err
 	}
 	t.limit = need
-	s.topics.set(topic, t)
+	s.topics.Set(topic, t)
 	return t, nil
 }
 
@@ -251,8 +252,8 @@ func (s *Sink) Close() error {
 
 // topic returns what the sink knows of topic, creating it on first use.
 func (s *Sink) topic(ctx context.Context, topic, source string) (dlqTopic, error) {
-	return s.topics.do(ctx, topic, func(ctx context.Context) (dlqTopic, error) {
-		src, err := s.sources.do(ctx, source, func(ctx context.Context) (int, error) {
+	return s.topics.Do(ctx, topic, func(ctx context.Context) (dlqTopic, error) {
+		src, err := s.sources.Do(ctx, source, func(ctx context.Context) (int, error) {
 			return topicLimit(ctx, s.client, source)
 		})
 		if err != nil {
