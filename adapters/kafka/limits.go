@@ -76,15 +76,19 @@ func varintLen(v int64) int {
 	return n
 }
 
-// limitOf returns the max.message.bytes in a DescribeConfigs resource.
-func limitOf(res kafkago.DescribeConfigResponseResource, name string) (int, bool) {
+// configSourceTopic is DescribeConfigs' DYNAMIC_TOPIC_CONFIG: a value set
+// on the topic itself.
+const configSourceTopic = 1
+
+// limitOf returns the config's value in a DescribeConfigs resource.
+func limitOf(res kafkago.DescribeConfigResponseResource, name string) (n int, source int8, ok bool) {
 	for _, e := range res.ConfigEntries {
 		if e.ConfigName == name {
 			n, err := strconv.Atoi(e.ConfigValue)
-			return n, err == nil && n > 0
+			return n, e.ConfigSource, err == nil && n > 0
 		}
 	}
-	return 0, false
+	return 0, 0, false
 }
 
 // topicLimit reads topic's effective max.message.bytes. A topic that does
@@ -96,17 +100,26 @@ func topicLimit(ctx context.Context, cl *kafkago.Client, topic string) (int, err
 		Resources: []kafkago.DescribeConfigRequestResource{{
 			ResourceType: kafkago.ResourceTypeTopic,
 			ResourceName: topic,
-			ConfigNames:  []string{"max.message.bytes"},
+			ConfigNames:  []string{"max.message.bytes", "message.max.bytes"},
 		}},
 	})
 	if err != nil {
 		return 0, fmt.Errorf("kafka: describe topic %s: %w", topic, err)
 	}
 	for _, res := range resp.Resources {
-		if res.ResourceName == topic && res.Error == nil {
-			if n, ok := limitOf(res, "max.message.bytes"); ok {
-				return n, nil
-			}
+		if res.ResourceName != topic || res.Error != nil {
+			continue
+		}
+		// Kafka reports the effective max.message.bytes of a topic. Some
+		// brokers (kfake) report the topic default there and a broker
+		// override under the broker's name: a value not set on the topic
+		// then gives way to the broker's.
+		n, src, ok := limitOf(res, "max.message.bytes")
+		if b, _, bok := limitOf(res, "message.max.bytes"); bok && (!ok || src != configSourceTopic) {
+			return b, nil
+		}
+		if ok {
+			return n, nil
 		}
 	}
 	return brokerLimit(ctx, cl)
@@ -134,7 +147,7 @@ func brokerLimit(ctx context.Context, cl *kafkago.Client) (int, error) {
 	if err == nil {
 		for _, res := range resp.Resources {
 			if res.Error == nil {
-				if n, ok := limitOf(res, "message.max.bytes"); ok {
+				if n, _, ok := limitOf(res, "message.max.bytes"); ok {
 					return n, nil
 				}
 			}
