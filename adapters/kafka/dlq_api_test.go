@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,4 +104,19 @@ func TestSinkRaisesItsTopicsLimit(t *testing.T) {
 	if n, err := topicLimit(ctx, cl, topic); err != nil || n <= 8192 {
 		t.Fatalf("topic limit after the write = %d, %v", n, err)
 	}
+}
+
+// A MarkerMoved record read from a DLQ decodes to IDs without blank ones,
+// whatever its bytes.
+func FuzzMovedLetters(f *testing.F) {
+	f.Add("acme", []byte("orders/0/41\norders/1/7"))
+	f.Add("", []byte("\n\n@0/3\n"))
+	f.Fuzz(func(t *testing.T, token string, value []byte) {
+		hs := []dlq.Header{{Key: dlq.HeaderMarker, Value: []byte(dlq.MarkerMoved)}, {Key: dlq.HeaderTenantToken, Value: []byte(token)}}
+		for _, l := range movedLetters(hs, value) {
+			if l.id == "" || strings.Contains(l.id, "\n") || l.token != token {
+				t.Fatalf("letter %+v from %q", l, value)
+			}
+		}
+	})
 }

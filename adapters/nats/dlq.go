@@ -34,6 +34,9 @@ const (
 	// window drops a copy of a dead letter written again after a
 	// redelivery.
 	msgIDPrefix = "ringfence-dlq:"
+	// maxHeaderBlock is the largest header block JetStream stores (its
+	// length is kept in 16 bits).
+	maxHeaderBlock = 65535
 	// maxInlineTenant is the longest tenant key kept in the HeaderTenant
 	// of a record stored out of line (the full key is in the body).
 	maxInlineTenant = 1024
@@ -253,7 +256,7 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 	h := natsHeader(r.EncodeHeaders(), id)
 	data := r.Value
 	var body string
-	if !carriable(r) || msgSize(h, data) > limit {
+	if !carriable(r) || msgSize(h, data) > limit || msgSize(h, nil) > maxHeaderBlock {
 		var err error
 		if body, err = q.putBody(ctx, r); err != nil {
 			return err
@@ -266,9 +269,9 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 		}
 		hs = append(hs, dlq.Header{Key: hdrBody, Value: []byte(body)})
 		h, data = natsHeader(hs, id), nil
-		if n := msgSize(h, nil); n > limit {
+		if n := msgSize(h, nil); n > min(limit, maxHeaderBlock) {
 			q.dropBody(ctx, body)
-			return fmt.Errorf("nats: dlq write: even the record pointing to the stored body is %d bytes, more than the %d the server or stream %s accepts: %w", n, limit, q.name, dlq.ErrUnwritable)
+			return fmt.Errorf("nats: dlq write: even the record pointing to the stored body is %d bytes, more than the %d the server or stream %s accepts: %w", n, min(limit, maxHeaderBlock), q.name, dlq.ErrUnwritable)
 		}
 	}
 	ack, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: q.Subject(r.Bucket()), Header: h, Data: data})
@@ -323,7 +326,8 @@ func (q *DLQ) limit() int64 {
 }
 
 // msgSize is the size a message counts against max payload: its header
-// block as nats.go writes it, plus the data.
+// block as nats.go writes it, plus the data (with nil data: the header
+// block alone, which JetStream caps at maxHeaderBlock).
 func msgSize(h nats.Header, data []byte) int64 {
 	n := int64(len(data))
 	if len(h) == 0 {
@@ -768,8 +772,8 @@ func (q *DLQ) Replay(ctx context.Context, tenant string, opt dlq.ReplayOptions) 
 			}
 			h[x.Key] = append(h[x.Key], string(x.Value))
 		}
-		if msgSize(h, r.Value) > maxPayload {
-			delete(h, dlq.HeaderRedrive) // the message was at the limit: replay it as it was
+		if msgSize(h, r.Value) > maxPayload || msgSize(h, nil) > maxHeaderBlock {
+			delete(h, dlq.HeaderRedrive) // the message was at a limit: replay it as it was
 		}
 		if _, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: r.Source, Header: h, Data: r.Value}); err != nil {
 			return recs[:i], fmt.Errorf("nats: dlq replay to %s: %w", r.Source, err)
