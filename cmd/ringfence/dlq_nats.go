@@ -30,6 +30,10 @@ func openNATSInspector(ctx context.Context, f *dlqFlags) (dlq.Inspector, func(),
 	// nats.Timeout bounds the dial and the INFO/CONNECT handshake.
 	nc, err := nats.Connect(f.nats, nats.Timeout(handshakeTimeout), nats.MaxReconnects(0), nats.Name("ringfence dlq"))
 	if err != nil {
+		var ne net.Error
+		if errors.Is(err, nats.ErrTimeout) || errors.As(err, &ne) && ne.Timeout() {
+			err = fmt.Errorf("connected but no answer within %v (is it a NATS server?)", handshakeTimeout)
+		}
 		return nil, nil, fmt.Errorf("nats server %s: %w", f.nats, err)
 	}
 	fail := func(err error) (dlq.Inspector, func(), error) {

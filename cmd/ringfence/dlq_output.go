@@ -205,18 +205,19 @@ func (p *printer) tenants(ts []dlq.TenantSummary) {
 		fmt.Fprintln(p.w, "no dead letters")
 		return
 	}
+	// TOKEN last: it is as long as 180 characters for a hashed key.
 	tw := tabwriter.NewWriter(p.w, 2, 4, 2, ' ', 0)
 	if p.copies {
-		fmt.Fprintln(tw, "TENANT\tTOKEN\tCOUNT\tRECORDS\tOLDEST\tNEWEST\tREASON\tLAST ERROR")
+		fmt.Fprintln(tw, "TENANT\tCOUNT\tRECORDS\tOLDEST\tNEWEST\tREASON\tLAST ERROR\tTOKEN")
 	} else {
-		fmt.Fprintln(tw, "TENANT\tTOKEN\tCOUNT\tOLDEST\tNEWEST\tREASON\tLAST ERROR")
+		fmt.Fprintln(tw, "TENANT\tCOUNT\tOLDEST\tNEWEST\tREASON\tLAST ERROR\tTOKEN")
 	}
 	for _, t := range ts {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t", tenantLabel(t.Tenant), t.Token, t.Count)
+		fmt.Fprintf(tw, "%s\t%d\t", tenantLabel(t.Tenant), t.Count)
 		if p.copies {
 			fmt.Fprintf(tw, "%d\t", t.Records)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", stamp(t.Oldest), stamp(t.Newest), t.Reason, printable(t.LastError, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", stamp(t.Oldest), stamp(t.Newest), t.Reason, printable(t.LastError, 60), t.Token)
 	}
 	tw.Flush()
 }
