@@ -138,8 +138,8 @@ type TenantSummary struct {
 	Count int
 	// Records is how many records are stored, copies included (>= Count).
 	Records int
-	Oldest time.Time
-	Newest time.Time
+	Oldest  time.Time
+	Newest  time.Time
 	// Reason is the most common reason among the records.
 	Reason Reason
 	// LastError is the newest record's error text.
