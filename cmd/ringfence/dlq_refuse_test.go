@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -13,6 +15,8 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	rfkafka "github.com/ringfence/ringfence/adapters/kafka"
+	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/kafkatest"
 	"github.com/ringfence/ringfence/internal/natstest"
 )
@@ -166,12 +170,113 @@ func TestDLQSilentBrokerFailsFast(t *testing.T) {
 		code, out, errs := cli(t, args...)
 		el := time.Since(start)
 		t.Logf("%v: %v, %s", args[2], el, strings.TrimSpace(errs))
-		if code != 1 || out != "" || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
-			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		// The handshake bound, not a request's own timeout, ends it.
+		if code != 1 || out != "" || strings.Count(strings.TrimSpace(errs), "\n") != 0 || !strings.Contains(errs, "no answer within 3s") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 1 saying there was no answer within 3s", args, code, out, errs)
 		}
 		// Not a speed assertion: a hang would take the 60s --timeout.
 		if el > 30*time.Second {
 			t.Errorf("%v took %v: it waited for --timeout, not for the handshake bound", args, el)
 		}
+	}
+}
+
+// --json is JSON Lines for every command, and lossless: two invalid UTF-8
+// keys stay apart and come back byte for byte, and repeated headers are
+// all kept (issue 15 item 3).
+func TestDLQJSONIsLossless(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sink, err := rfkafka.NewSink(c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	keys := []string{"\xff", "\xfe"}
+	for i, k := range keys {
+		r := &dlq.Record{
+			Tenant: k, Value: []byte("v"), Source: "orders", Offset: int64(i), Reason: dlq.ReasonPermanent,
+			Headers: []dlq.Header{{Key: "h", Value: []byte("1")}, {Key: "h", Value: []byte("2")}},
+		}
+		if err := sink.Write(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := []string{"--kafka", c.Addrs()[0], "--topic", "orders"}
+	objects := func(out string) []map[string]any {
+		t.Helper()
+		var objs []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var o map[string]any
+			if err := json.Unmarshal([]byte(line), &o); err != nil {
+				t.Fatalf("line %q is not a JSON object: %v", line, err)
+			}
+			objs = append(objs, o)
+		}
+		return objs
+	}
+	code, out, errs := cli(t, append([]string{"dlq", "ls", "--json"}, base...)...)
+	if code != 0 {
+		t.Fatalf("ls --json: exit %d %s", code, errs)
+	}
+	seen := map[string]bool{}
+	for _, o := range objects(out) {
+		tn, _ := o["tenant"].(map[string]any)
+		b64, _ := tn["key_base64"].(string)
+		raw, err := base64.StdEncoding.DecodeString(b64)
+		if o["type"] != "tenant" || err != nil {
+			t.Fatalf("ls --json line %v: want type tenant and the key in base64", o)
+		}
+		seen[string(raw)] = true
+	}
+	if len(seen) != 2 || !seen["\xff"] || !seen["\xfe"] {
+		t.Fatalf("ls --json keys %v, want both invalid UTF-8 keys apart", seen)
+	}
+	code, out, errs = cli(t, append([]string{"dlq", "peek", "--json", "--tenant", "\xff"}, base...)...)
+	if code != 0 {
+		t.Fatalf("peek --json: exit %d %s", code, errs)
+	}
+	objs := objects(out)
+	hs, _ := objs[0]["headers"].([]any)
+	if len(objs) != 1 || len(hs) != 2 {
+		t.Fatalf("peek --json: %s; want one record with both h headers", out)
+	}
+}
+
+// ls names the no-tenant bucket, with its token, and sorts rows by key
+// (issue 15 item 6).
+func TestDLQLsNamesTheNoTenantBucketAndSortsByKey(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sink, err := rfkafka.NewSink(c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	for i, k := range []string{"b", "a.b", "", "A"} {
+		r := &dlq.Record{Tenant: k, Value: []byte("v"), Source: "orders", Offset: int64(i), Reason: dlq.ReasonPermanent}
+		if k == "" {
+			r.Reason = dlq.ReasonNoTenant
+		}
+		if err := sink.Write(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errs := cli(t, "dlq", "ls", "--kafka", c.Addrs()[0], "--topic", "orders")
+	if code != 0 {
+		t.Fatalf("ls: exit %d %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	want := []string{"(no tenant) ", "A ", "a.b ", "b "}
+	ok := len(lines) == 5 && strings.Contains(lines[1], "_none")
+	for i := 0; ok && i < len(want); i++ {
+		ok = strings.HasPrefix(lines[i+1], want[i])
+	}
+	if !ok {
+		t.Fatalf("ls:\n%s\nwant the rows (no tenant) [token _none], A, a.b, b", out)
 	}
 }
