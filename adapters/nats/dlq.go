@@ -45,6 +45,9 @@ const (
 	// scanIdle is how many empty fetches in a row end a scan that has not
 	// seen its last message.
 	scanIdle = 3
+	// scanInactive is when the server removes a scan's consumer that was
+	// not deleted (the inspector died).
+	scanInactive = 30 * time.Second
 )
 
 // Stream metadata that marks a ringfence DLQ stream.
@@ -469,14 +472,18 @@ type stored struct {
 // scan reads the headers of every message on subjects matching filter, in
 // stream order, and calls fn for each under the DLQ's prefix.
 func (q *DLQ) scan(ctx context.Context, filter string, fn func(*stored)) error {
-	cons, err := q.js.OrderedConsumer(ctx, q.name, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, HeadersOnly: true})
+	cons, err := q.js.OrderedConsumer(ctx, q.name, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, HeadersOnly: true, InactiveThreshold: scanInactive,
+	})
 	if err != nil {
 		return fmt.Errorf("nats: dlq read %s: %w", filter, err)
 	}
 	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = q.js.DeleteConsumer(dctx, q.name, cons.CachedInfo().Name)
+		if ci := cons.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = q.js.DeleteConsumer(dctx, q.name, ci.Name)
+		}
 	}()
 	for idle := 0; idle < scanIdle; {
 		batch, err := cons.FetchNoWait(scanBatch)
