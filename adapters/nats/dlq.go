@@ -282,7 +282,7 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 		if body != "" {
 			q.dropBody(ctx, body)
 		}
-		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) {
+		if tooLarge(err) {
 			return fmt.Errorf("nats: dlq write: %w: %w", dlq.ErrUnwritable, err)
 		}
 		return fmt.Errorf("nats: dlq write: %w", err)
@@ -291,6 +291,20 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 		q.dropBody(ctx, body) // the copy already stored has its own
 	}
 	return nil
+}
+
+// jsHeaderTooLarge is JetStream's error code for a header block over 64 KiB
+// (nats.go names no constant for it).
+const jsHeaderTooLarge jetstream.ErrorCode = 10097
+
+// tooLarge reports whether a publish failed for a size the record will
+// always have: retrying cannot help.
+func tooLarge(err error) bool {
+	var api *jetstream.APIError
+	if errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum || api.ErrorCode == jsHeaderTooLarge) {
+		return true
+	}
+	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg)
 }
 
 // msgID is the Nats-Msg-Id of r, "" when r has no ID.

@@ -207,3 +207,24 @@ func FuzzBody(f *testing.F) {
 		_, _, _, _, _ = decodeBody(append([]byte(bodyMagic), value...))
 	})
 }
+
+func TestTooLarge(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		err  error
+		want bool
+	}{
+		{&jetstream.APIError{ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, true},
+		{&jetstream.APIError{ErrorCode: jsHeaderTooLarge}, true},
+		{nats.ErrMaxPayload, true},
+		{&jetstream.APIError{ErrorCode: jetstream.JSErrCodeStreamNotFound}, false},
+		{nats.ErrTimeout, false},
+		{context.DeadlineExceeded, false},
+		{jetstream.ErrNoStreamResponse, false},
+	}
+	for _, tc := range cases {
+		if got := tooLarge(tc.err); got != tc.want {
+			t.Errorf("tooLarge(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
