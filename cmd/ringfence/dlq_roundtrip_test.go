@@ -335,3 +335,32 @@ func countKafka(t *testing.T, addrs []string, topic string, v []byte) int {
 	}
 	return n
 }
+
+// The CLI peeks and replays a dead letter as large as its broker allows
+// byte for byte (issue 15 item 1).
+func TestDLQBigMessageRoundTrip(t *testing.T) {
+	t.Parallel()
+	for name, open := range map[string]func(*testing.T) (dlqBroker, int){
+		"kafka": func(t *testing.T) (dlqBroker, int) { return kafkaBroker(t), 1048000 }, // near the default 1 MiB limit
+		"nats":  func(t *testing.T) (dlqBroker, int) { return natsBroker(t), 1 << 20 },  // the default max payload
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b, size := open(t)
+			value := bytes.Repeat([]byte{0xff, 0, 'x', '\n'}, size/4)
+			b.write(t, &dlq.Record{Tenant: "acme", Value: value, Source: b.source, Offset: 5, Reason: dlq.ReasonPermanent})
+			code, out, errs := cli(t, append([]string{"dlq", "peek", "--json", "--tenant", "acme"}, b.base...)...)
+			recs := jsonLines[recordLine](t, out, "record")
+			if code != 0 || len(recs) != 1 || !bytes.Equal(rawBytes(t, recs[0].Value), value) {
+				t.Fatalf("peek --json: exit %d %s, %d records", code, errs, len(recs))
+			}
+			code, out, errs = cli(t, append([]string{"dlq", "replay", "--tenant", "acme"}, b.base...)...)
+			if code != 0 || !strings.Contains(out, "replayed 1") {
+				t.Fatalf("replay: exit %d %q %s", code, out, errs)
+			}
+			if n := b.sourceCount(t, value); n != 1 {
+				t.Fatalf("the source holds the value byte for byte %d times, want 1", n)
+			}
+		})
+	}
+}
