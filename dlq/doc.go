@@ -57,10 +57,19 @@
 //	ringfence-reason         Reason        if set; "permanent", "exhausted", "poison", ...
 //	ringfence-redrive        Redrive       if set; times replayed from a DLQ
 //
+// Adapters add headers of their own under the same prefix (the NATS DLQ's
+// "ringfence-nats-body", naming a body stored out of line); DecodeRecord
+// drops ringfence- headers it does not know.
+//
 // When a replayed message fails again, the engine passes its headers as they
 // came: EncodeHeaders drops the stale ringfence- ones (matched ignoring ASCII
 // case), so each appears once, and RedriveCount reads the count that
 // Record.ReplayHeaders raised.
+//
+// A record whose headers include HeaderMarker is a marker, not a dead
+// letter: MarkerDLQ marks a Kafka DLQ topic at creation, MarkerMoved lists
+// the IDs of dead letters replayed or purged from a Kafka DLQ. DecodeRecord
+// returns ErrMarker for it.
 //
 // # Filling a record
 //
@@ -70,4 +79,39 @@
 // times, Error and ErrorType from CapError(lastErr), Reason, and Redrive from
 // RedriveCount(message headers). It then calls Sink.Write and settles the
 // message only once Write returned nil.
+//
+// # Writing errors
+//
+// Sink.Write's error says whether to try again. An error wrapping
+// ErrUnwritable means the record can never be written as it is (larger than
+// the DLQ accepts even after the adapter stored its body out of line or
+// raised the DLQ topic's limit): the engine sets the message aside, says
+// why once, counts it, and keeps the other tenants and the partition's
+// other messages flowing. Any other error is transient (the DLQ is down): the
+// message stays unsettled and is written again later. A message at its
+// broker's own size limit is always writable: the Kafka sink sizes its DLQ
+// topics from the source topic, the NATS DLQ stores what does not fit one
+// message in an object store.
+//
+// # Dead-letter identity
+//
+// A message can be dead-lettered more than once: a redelivery after a
+// crash, a rebalance or an expired ack wait fails again and is written
+// again. Each copy carries the same ID (Record.ID): the source topic,
+// partition and offset on Kafka, the stream and sequence on JetStream.
+// Inspectors treat the copies of one ID, within one tenant, as one dead
+// letter: Tenants counts it once (TenantSummary.Count; Records counts the
+// copies), Peek returns it once with Record.Copies listing every copy,
+// Replay republishes it once and removes every copy, Purge removes every
+// copy. Collapse does this grouping for a list of records. The NATS DLQ
+// also gives each record a Nats-Msg-Id made of its tenant token and ID, so
+// the stream's duplicate window stores a copy written within it only once.
+//
+// # Refusing what is not a DLQ
+//
+// Inspectors only touch streams and topics that are ringfence DLQs: marked
+// at creation (NATS stream metadata; a Kafka MarkerDLQ record), or made by
+// an older ringfence and holding only records with ringfence- headers. Any
+// other is refused with an error wrapping ErrNotDLQ before anything changes,
+// so an inspector pointed at live data cannot replay or purge it.
 package dlq

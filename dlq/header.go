@@ -28,6 +28,23 @@ const (
 	HeaderErrorType    = "ringfence-error-type"
 	HeaderReason       = "ringfence-reason"
 	HeaderRedrive      = "ringfence-redrive"
+
+	// HeaderMarker marks a marker record: not a dead letter but a note an
+	// adapter keeps in a DLQ, such as "this topic is a ringfence DLQ"
+	// (MarkerDLQ) or "these dead letters were replayed or purged"
+	// (MarkerMoved). Its value is the marker's kind.
+	HeaderMarker = "ringfence-marker"
+)
+
+// Marker kinds (values of HeaderMarker).
+const (
+	// MarkerDLQ is written first into a DLQ topic when it is created, so
+	// that a topic can be told to be a ringfence DLQ before it holds a dead
+	// letter.
+	MarkerDLQ = "dlq"
+	// MarkerMoved lists the IDs of dead letters that were replayed or
+	// purged, so that their remaining copies are not shown again.
+	MarkerMoved = "moved"
 )
 
 // numHeaders is how many ringfence- headers EncodeHeaders can write.
@@ -48,7 +65,21 @@ var (
 	// ErrMalformedRecord: a ringfence- header has a value that cannot be
 	// decoded, or appears twice.
 	ErrMalformedRecord = errors.New("dlq: malformed record")
+	// ErrMarker: the message is a marker record (HeaderMarker), which
+	// belongs in the DLQ but is not a dead letter.
+	ErrMarker = errors.New("dlq: marker record, not a dead letter")
 )
+
+// MarkerKind returns the value of the HeaderMarker in headers (matched
+// ignoring ASCII case), and whether there is one.
+func MarkerKind(headers []Header) (kind string, ok bool) {
+	for _, h := range headers {
+		if strings.EqualFold(h.Key, HeaderMarker) {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
 
 // IsRingfenceHeader reports whether key starts with HeaderPrefix, ignoring
 // ASCII case (some transports canonicalise header names).
@@ -239,15 +270,18 @@ func RedriveCount(headers []Header) int {
 // MaxErrorLen as EncodeHeaders would. Times may carry any offset and come
 // back in UTC. The record aliases
 // key, value and the header values. Time and Position are left for the
-// caller. It returns ErrNotRecord when there is no ringfence- header, and an
-// error wrapping ErrMalformedRecord when one cannot be decoded or appears
-// twice.
+// caller. It returns ErrNotRecord when there is no ringfence- header,
+// ErrMarker for a marker record, and an error wrapping ErrMalformedRecord
+// when a header cannot be decoded or appears twice.
 func DecodeRecord(key, value []byte, headers []Header) (Record, error) {
 	r := Record{Key: key, Value: value, Offset: -1}
 	n, found := 0, false
 	for _, h := range headers {
 		if IsRingfenceHeader(h.Key) {
 			found = true
+			if strings.EqualFold(h.Key, HeaderMarker) {
+				return Record{}, ErrMarker
+			}
 		} else {
 			n++
 		}

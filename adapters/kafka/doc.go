@@ -65,15 +65,49 @@
 // use, or to one shared topic keyed by tenant (SinkSharedTopic). It returns
 // only once every in-sync replica acknowledged the record.
 //
+// A message the broker accepted can be dead-lettered. On a DLQ topic's
+// first use the sink reads the source topic's max.message.bytes (falling
+// back to the broker's message.max.bytes) with DescribeConfigs and creates
+// the DLQ topic with twice that plus 64 KiB: room for the ringfence-
+// headers and a tenant key as long as the message itself. Each dead letter
+// is produced in a request of its own, sized exactly; one that still does
+// not fit (an older or hand-made DLQ topic) raises the topic's
+// max.message.bytes. Write fails with an error wrapping dlq.ErrUnwritable
+// only when the broker refuses to raise it, or the record exceeds what a
+// produce request may carry (100 MiB).
+//
+// A DLQ topic is created (with a single-flight per topic name, and no lock
+// shared with other topics, so one slow creation stalls no other tenant)
+// and then marked: a record with the header ringfence-marker: dlq is
+// written into each of its partitions, so it is known as a DLQ before it
+// holds a dead letter. (Kafka topics take no custom configuration, so the
+// mark is a record.)
+//
 // Inspector lists, peeks, replays and purges them. kafka-go has no
 // DeleteRecords call, so removing a record from a DLQ advances a committed
 // cursor instead: the offsets of the consumer group "ringfence-dlq"
 // (DefaultCursorGroup) on the DLQ topic. Counts and peeks start at the
-// cursor. Replay republishes a record to its source topic (with its redrive
-// count raised) and advances the cursor only after the republish was
+// cursor. Replay republishes a dead letter to its source topic (with its
+// redrive count raised, unless that would push a message at the topic's
+// limit over it) and advances the cursor only after the republish was
 // acknowledged, so a crash mid-replay may duplicate a message, never lose
 // one. Purge advances the cursor; with DeleteDrained it also deletes a
-// drained per-tenant topic.
+// drained per-tenant topic. The inspector reads with kafka-go's
+// Client.Fetch, which keeps a null header value apart from an empty one.
+//
+// Copies of one dead letter (same source topic, partition and offset) are
+// shown, counted and replayed once. The cursor can only pass a prefix of
+// the log, so after Replay or Purge the inspector writes a record with
+// ringfence-marker: moved listing the dead letters it moved; their copies
+// further on (and copies written later) stay hidden while the marker is
+// past the cursor.
+//
+// The inspector only reads topics that are DLQs: every record it reads,
+// and the first record of each partition, must carry ringfence- headers (a
+// dead letter or a marker). This accepts DLQ topics made by older
+// versions, which have no marker but only dead letters, and refuses a topic
+// of live data that happens to be named "<source>.dlq.<token>", with an
+// error wrapping dlq.ErrNotDLQ, before anything is changed.
 //
 // On a shared DLQ topic (SinkSharedTopic) each tenant has its own cursor
 // group, "ringfence-dlq.<token>", so replaying or purging one tenant never

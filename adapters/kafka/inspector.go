@@ -1,33 +1,52 @@
 package kafka
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
 )
 
-// replayChunk is how many records Replay republishes before it advances
-// the cursor: the most a crash mid-replay can duplicate.
-const replayChunk = 100
+const (
+	// replayChunk is how many dead letters Replay republishes before it
+	// marks them moved and advances the cursor: the most a crash mid-replay
+	// can duplicate.
+	replayChunk = 100
+	// markerIDs caps how many IDs one MarkerMoved record lists.
+	markerIDs = 5000
+	// fetchMaxBytes is what one fetch of a DLQ partition asks for; a
+	// larger record still comes back whole (a broker returns at least one
+	// batch).
+	fetchMaxBytes = 16 << 20
+	// fetchStalls is how many fetches in a row may return nothing new before
+	// a read gives up on the rest of a partition (a gap, or only control
+	// records left).
+	fetchStalls = 3
+)
 
 // Inspector lists, peeks, replays and purges the dead letters of one
 // source topic. "Removing" a record advances a committed cursor (see the
 // package documentation). Inspector is safe for concurrent use, but two
 // inspectors replaying the same tenant at once may both republish a record.
+//
+// A topic is read as a DLQ only when every record the Inspector reads in it
+// carries ringfence- headers (a dead letter or a marker), including the
+// first record of each partition: anything else is refused with an error
+// wrapping dlq.ErrNotDLQ before anything is changed.
 type Inspector struct {
-	source  string
-	brokers []string
-	cfg     sinkConfig
-	client  *kafkago.Client
-	w       *kafkago.Writer
+	source string
+	cfg    sinkConfig
+	tr     *kafkago.Transport
+	client *kafkago.Client
+	limits flight.Group[int] // source topic -> max.message.bytes, for replays
 }
 
 // NewInspector returns an Inspector for the dead letters of source, reached
@@ -43,44 +62,113 @@ func NewInspector(brokers []string, source string, opts ...SinkOption) (*Inspect
 	}
 	tr := transportFor(cfg.dialer)
 	return &Inspector{
-		source:  source,
-		brokers: append([]string(nil), brokers...),
-		cfg:     cfg,
-		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
-		w: &kafkago.Writer{
-			Addr:         kafkago.TCP(brokers...),
-			Balancer:     samePartition{},
-			RequiredAcks: kafkago.RequireAll,
-			BatchTimeout: cfg.batchTimeout,
-			BatchSize:    replayChunk,
-			Transport:    tr,
-		},
+		source: source,
+		cfg:    cfg,
+		tr:     tr,
+		client: &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
 	}, nil
 }
 
-// Close closes the replay writer.
-func (in *Inspector) Close() error { return in.w.Close() }
+// Close closes the inspector's idle connections.
+func (in *Inspector) Close() error {
+	in.tr.CloseIdleConnections()
+	return nil
+}
 
-// entry is one dead letter with where it lives.
+// Topics returns the source's DLQ topics that exist: the per-tenant topics
+// "<source>.dlq.<token>", or the shared topic. None means that nothing was
+// ever dead-lettered from this source (or the source is misspelt).
+func (in *Inspector) Topics(ctx context.Context) ([]string, error) {
+	if in.cfg.shared == "" {
+		return in.tenantTopics(ctx)
+	}
+	_, ends, err := bounds(ctx, in.client, in.cfg.shared)
+	if errors.Is(err, kafkago.UnknownTopicOrPartition) || err == nil && len(ends) == 0 {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []string{in.cfg.shared}, nil
+}
+
+// entry is one dead-letter record with where it lives.
 type entry struct {
 	rec       dlq.Record
-	topic     string
 	partition int
 	offset    int64
+	moved     bool // a MarkerMoved lists its dead letter
+}
+
+// letter is what identifies a dead letter in a DLQ: its tenant's token and
+// its ID, or for a record without an ID its position.
+type letter struct {
+	token string
+	id    string
+}
+
+func letterOf(e *entry) letter {
+	l := letter{token: dlq.TenantToken(e.rec.Bucket())}
+	if id, ok := e.rec.ID(); ok {
+		l.id = id.String()
+	} else {
+		l.id = "@" + strconv.Itoa(e.partition) + "/" + strconv.FormatInt(e.offset, 10)
+	}
+	return l
 }
 
 // view is what lies beyond the cursor in one DLQ topic for one cursor
-// group.
+// group: every dead-letter record kept, moved or not, in time order.
 type view struct {
-	topic   string
-	group   string
-	entries []entry
-	ends    map[int]int64 // high watermark per partition at read time
+	topic string
+	group string
+	all   []entry
+	ends  map[int]int64 // high watermark per partition at read time
 }
 
-// Tenants lists every tenant with dead letters past the cursor.
+// deadLetter is one dead letter: its first copy, with Copies listing all.
+type deadLetter struct {
+	l   letter
+	rec dlq.Record
+}
+
+// collapse returns one deadLetter per letter among es that is not moved,
+// in order of first copy. It is dlq.Collapse, keyed by letter so that a
+// record without an ID is told apart by its partition too.
+func collapse(es []entry) []deadLetter {
+	at := map[letter]int{}
+	var out []deadLetter
+	for i := range es {
+		e := &es[i]
+		if e.moved {
+			continue
+		}
+		l := letterOf(e)
+		c := dlq.Copy{Position: e.offset, Time: e.rec.Time}
+		if j, ok := at[l]; ok {
+			out[j].rec.Copies = append(out[j].rec.Copies, c)
+			continue
+		}
+		at[l] = len(out)
+		r := e.rec
+		r.Copies = []dlq.Copy{c}
+		out = append(out, deadLetter{l: l, rec: r})
+	}
+	return out
+}
+
+func records(ls []deadLetter) []dlq.Record {
+	out := make([]dlq.Record, len(ls))
+	for i := range ls {
+		out[i] = ls[i].rec
+	}
+	return out
+}
+
+// Tenants lists every tenant with dead letters past the cursor, sorted by
+// raw key. Copies of one message count once in Count.
 func (in *Inspector) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
-	var byTenant map[string][]entry
+	byTenant := map[string][]entry{}
 	if in.cfg.shared != "" {
 		all, err := in.readShared(ctx)
 		if err != nil {
@@ -92,15 +180,16 @@ func (in *Inspector) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
 		if err != nil {
 			return nil, err
 		}
-		byTenant = map[string][]entry{}
 		for _, topic := range topics {
-			v, err := in.read(ctx, topic, in.cfg.cursorGroup, nil, 0)
+			v, err := in.read(ctx, topic, in.cfg.cursorGroup, nil)
 			if err != nil {
 				return nil, err
 			}
-			for _, e := range v.entries {
-				b := e.rec.Bucket()
-				byTenant[b] = append(byTenant[b], e)
+			for _, e := range v.all {
+				if !e.moved {
+					b := e.rec.Bucket()
+					byTenant[b] = append(byTenant[b], e)
+				}
 			}
 		}
 	}
@@ -110,13 +199,14 @@ func (in *Inspector) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
 			out = append(out, summarize(tenant, es))
 		}
 	}
-	slices.SortFunc(out, func(a, b dlq.TenantSummary) int { return cmp.Compare(a.Token, b.Token) })
+	slices.SortFunc(out, func(a, b dlq.TenantSummary) int { return strings.Compare(a.Tenant, b.Tenant) })
 	return out, nil
 }
 
+// summarize describes one tenant's records (copies included, none moved).
 func summarize(tenant string, es []entry) dlq.TenantSummary {
-	s := dlq.TenantSummary{Tenant: tenant, Token: dlq.TenantToken(tenant), Count: len(es)}
-	reasons := map[dlq.Reason]int{}
+	letters := collapse(es)
+	s := dlq.TenantSummary{Tenant: tenant, Token: dlq.TenantToken(tenant), Count: len(letters), Records: len(es)}
 	var newest time.Time
 	for i, e := range es {
 		t := e.rec.Time
@@ -127,9 +217,12 @@ func summarize(tenant string, es []entry) dlq.TenantSummary {
 			newest = t
 			s.LastError = e.rec.Error
 		}
-		reasons[e.rec.Reason]++
 	}
 	s.Newest = newest
+	reasons := map[dlq.Reason]int{}
+	for _, l := range letters {
+		reasons[l.rec.Reason]++
+	}
 	best := 0
 	for r, n := range reasons {
 		if n > best || n == best && r < s.Reason {
@@ -139,86 +232,212 @@ func summarize(tenant string, es []entry) dlq.TenantSummary {
 	return s
 }
 
-// Peek returns up to n of the tenant's oldest records past the cursor
-// (n <= 0: all).
+// Peek returns up to n of the tenant's oldest dead letters past the cursor
+// (n <= 0: all), one record per dead letter with its copies listed.
 func (in *Inspector) Peek(ctx context.Context, tenant string, n int) ([]dlq.Record, error) {
-	es, _, err := in.tenantEntries(ctx, tenant, n)
+	v, err := in.tenantView(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]dlq.Record, len(es))
-	for i := range es {
-		out[i] = es[i].rec
+	letters := collapse(v.all)
+	if n > 0 && len(letters) > n {
+		letters = letters[:n]
 	}
-	return out, nil
+	return records(letters), nil
 }
 
-// Replay republishes the tenant's records to their source topic, on their
-// original partition, with the redrive count raised, and advances the
-// cursor past each chunk only after the broker acknowledged it.
+// Replay republishes the tenant's dead letters to their source topic, on
+// their original partition, once each, with the redrive count raised (left
+// out for a message that would no longer fit its source topic with it).
+// After each chunk is acknowledged it writes a MarkerMoved record listing
+// the chunk's dead letters (so their other copies are not shown again) and
+// advances the cursor past every record that is done.
 func (in *Inspector) Replay(ctx context.Context, tenant string, opt dlq.ReplayOptions) ([]dlq.Record, error) {
-	es, v, err := in.tenantEntries(ctx, tenant, opt.Limit)
+	v, err := in.tenantView(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
-	var moved []dlq.Record
-	if opt.DryRun {
-		for _, e := range es {
-			moved = append(moved, e.rec)
-		}
-		return moved, nil
+	letters := collapse(v.all)
+	if opt.Limit > 0 && len(letters) > opt.Limit {
+		letters = letters[:opt.Limit]
 	}
-	for len(es) > 0 {
-		chunk := es[:min(replayChunk, len(es))]
-		es = es[len(chunk):]
-		msgs := make([]kafkago.Message, len(chunk))
-		for i, e := range chunk {
-			topic := e.rec.Source
-			if topic == "" {
-				topic = in.source
-			}
-			msgs[i] = kafkago.Message{
-				Topic:     topic,
-				Partition: int(e.rec.Partition),
-				Key:       e.rec.Key,
-				Value:     e.rec.Value,
-				Headers:   toKafkaHeaders(e.rec.ReplayHeaders()),
-			}
-		}
-		if err := in.w.WriteMessages(ctx, msgs...); err != nil {
-			return moved, fmt.Errorf("kafka: replay to %s: %w", in.source, err)
-		}
-		if err := in.advance(ctx, v.group, chunk); err != nil {
-			// Republished but still in the DLQ: a later replay duplicates
-			// them, nothing is lost.
+	if opt.DryRun {
+		return records(letters), nil
+	}
+	token := dlq.TenantToken(tenant)
+	done := map[letter]bool{}
+	var moved []dlq.Record
+	for len(letters) > 0 {
+		chunk := letters[:min(replayChunk, len(letters))]
+		letters = letters[len(chunk):]
+		recs := records(chunk)
+		if err := in.republish(ctx, recs); err != nil {
 			return moved, err
 		}
-		for _, e := range chunk {
-			moved = append(moved, e.rec)
+		ls := make(map[letter]bool, len(chunk))
+		for _, l := range chunk {
+			ls[l.l] = true
 		}
+		if err := in.markMoved(ctx, v, token, ls); err != nil {
+			return moved, fmt.Errorf("%w (republished, still in the DLQ: a later replay will duplicate them)", err)
+		}
+		for l := range ls {
+			done[l] = true
+		}
+		if err := in.advance(ctx, v, done); err != nil {
+			return moved, err // marked moved: not shown again, nothing duplicated
+		}
+		moved = append(moved, recs...)
 	}
 	return moved, nil
 }
 
-// Purge advances the tenant's cursor past all its records and returns how
-// many there were. With DeleteDrained, a drained per-tenant topic is
-// deleted.
+// republish writes recs to their source topics and partitions and waits
+// for the acknowledgements.
+func (in *Inspector) republish(ctx context.Context, recs []dlq.Record) error {
+	type dest struct {
+		topic     string
+		partition int
+	}
+	var order []dest
+	byDest := map[dest][]kafkago.Message{}
+	limits := map[string]int{}
+	now := time.Now()
+	for i := range recs {
+		r := &recs[i]
+		d := dest{topic: r.Source, partition: int(r.Partition)}
+		if d.topic == "" {
+			d.topic = in.source
+		}
+		limit, err := in.limits.Do(ctx, d.topic, func(ctx context.Context) (int, error) {
+			return topicLimit(ctx, in.client, d.topic)
+		})
+		if err != nil {
+			return err
+		}
+		limits[d.topic] = limit
+		m := kafkago.Message{Key: r.Key, Value: r.Value, Headers: toKafkaHeaders(r.ReplayHeaders()), Time: now}
+		if batchSize(&m) > limit {
+			// The message was at its topic's limit: replay it as it was,
+			// without the redrive count.
+			m.Headers = m.Headers[:len(m.Headers)-1]
+			if n := batchSize(&m); n > limit {
+				return fmt.Errorf("kafka: replay dead letter at %d: %d bytes, more than %s accepts (max.message.bytes %d)", r.Position, n, d.topic, limit)
+			}
+		}
+		if _, ok := byDest[d]; !ok {
+			order = append(order, d)
+		}
+		byDest[d] = append(byDest[d], m)
+	}
+	for _, d := range order {
+		limit := limits[d.topic]
+		msgs := byDest[d]
+		for len(msgs) > 0 {
+			n, size := 0, batchOverhead
+			for n < len(msgs) {
+				// +2: offset deltas past the first record take up to 2
+				// more bytes than recordSize counts.
+				s := recordSize(&msgs[n]) + 2
+				if n > 0 && size+s > limit {
+					break
+				}
+				size += s
+				n++
+			}
+			if err := produceRecords(ctx, in.client, d.topic, d.partition, msgs[:n]...); err != nil {
+				return fmt.Errorf("kafka: replay to %s/%d: %w", d.topic, d.partition, err)
+			}
+			msgs = msgs[n:]
+		}
+	}
+	return nil
+}
+
+// markMoved writes MarkerMoved records listing ls into the partitions of
+// v's topic that hold a copy of them.
+func (in *Inspector) markMoved(ctx context.Context, v view, token string, ls map[letter]bool) error {
+	ids := map[int][]string{}
+	seen := map[int]map[letter]bool{}
+	for i := range v.all {
+		e := &v.all[i]
+		l := letterOf(e)
+		if !ls[l] || seen[e.partition][l] {
+			continue
+		}
+		if seen[e.partition] == nil {
+			seen[e.partition] = map[letter]bool{}
+		}
+		seen[e.partition][l] = true
+		ids[e.partition] = append(ids[e.partition], l.id)
+	}
+	hs := []kafkago.Header{
+		{Key: dlq.HeaderMarker, Value: []byte(dlq.MarkerMoved)},
+		{Key: dlq.HeaderTenantToken, Value: []byte(token)},
+	}
+	for p, list := range ids {
+		for len(list) > 0 {
+			part := list[:min(markerIDs, len(list))]
+			list = list[len(part):]
+			m := kafkago.Message{Headers: hs, Value: []byte(strings.Join(part, "\n")), Time: time.Now()}
+			if err := produceRecords(ctx, in.client, v.topic, p, m); err != nil {
+				return fmt.Errorf("kafka: mark dead letters moved in %s/%d: %w", v.topic, p, err)
+			}
+		}
+	}
+	return nil
+}
+
+// movedLetters decodes a MarkerMoved record.
+func movedLetters(hs []dlq.Header, value []byte) []letter {
+	var token string
+	for _, h := range hs {
+		if strings.EqualFold(h.Key, dlq.HeaderTenantToken) {
+			token = string(h.Value)
+		}
+	}
+	var out []letter
+	for id := range strings.SplitSeq(string(value), "\n") {
+		if id != "" {
+			out = append(out, letter{token: token, id: id})
+		}
+	}
+	return out
+}
+
+// Purge removes the tenant's dead letters past the cursor, with their
+// copies, and returns how many dead letters there were. It writes a
+// MarkerMoved record listing them, so that a copy written later (a
+// redelivery dead-lettered again) is not shown, and advances the cursor.
+// With DeleteDrained, a drained per-tenant topic is deleted instead of
+// marked.
 func (in *Inspector) Purge(ctx context.Context, tenant string) (int, error) {
-	es, v, err := in.tenantEntries(ctx, tenant, 0)
+	v, err := in.tenantView(ctx, tenant)
 	if err != nil {
 		return 0, err
 	}
-	if len(es) > 0 {
-		if err := in.advance(ctx, v.group, es); err != nil {
+	letters := collapse(v.all)
+	deleting := in.cfg.deleteDrain && in.cfg.shared == "" && v.topic != ""
+	if len(v.all) > 0 {
+		done := make(map[letter]bool, len(letters))
+		for _, l := range letters {
+			done[l.l] = true
+		}
+		if len(letters) > 0 && !deleting {
+			if err := in.markMoved(ctx, v, dlq.TenantToken(tenant), done); err != nil {
+				return 0, err
+			}
+		}
+		if err := in.advance(ctx, v, done); err != nil {
 			return 0, err
 		}
 	}
-	if in.cfg.deleteDrain && in.cfg.shared == "" && v.topic != "" {
+	if deleting {
 		if err := in.deleteDrained(ctx, v); err != nil {
-			return len(es), err
+			return len(letters), err
 		}
 	}
-	return len(es), nil
+	return len(letters), nil
 }
 
 // deleteDrained deletes v's topic if nothing arrived since it was read.
@@ -226,7 +445,7 @@ func (in *Inspector) Purge(ctx context.Context, tenant string) (int, error) {
 // later is read from its start whether or not the broker drops the
 // deleted topic's offsets.
 func (in *Inspector) deleteDrained(ctx context.Context, v view) error {
-	_, ends, err := in.bounds(ctx, v.topic)
+	_, ends, err := bounds(ctx, in.client, v.topic)
 	if err != nil {
 		return err
 	}
@@ -250,296 +469,6 @@ func (in *Inspector) deleteDrained(ctx context.Context, v view) error {
 		return fmt.Errorf("kafka: delete drained %s: %w", v.topic, err)
 	}
 	return nil
-}
-
-// tenantEntries reads up to limit (<= 0: all) of tenant's entries past its
-// cursor.
-func (in *Inspector) tenantEntries(ctx context.Context, tenant string, limit int) ([]entry, view, error) {
-	if in.cfg.shared != "" {
-		group := in.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
-		v, err := in.read(ctx, in.cfg.shared, group, func(r *dlq.Record) bool { return r.Bucket() == tenant }, limit)
-		return v.entries, v, err
-	}
-	topic := dlq.KafkaTopic(in.source, tenant)
-	if err := validTopic(topic); err != nil {
-		return nil, view{}, err
-	}
-	v, err := in.read(ctx, topic, in.cfg.cursorGroup, nil, limit)
-	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
-		return nil, view{}, nil
-	}
-	// A hashed token is shared in theory only; keep the tenant's own.
-	var own []entry
-	for _, e := range v.entries {
-		if e.rec.Bucket() == tenant {
-			own = append(own, e)
-		}
-	}
-	v.entries = own
-	return own, v, err
-}
-
-// readShared groups the shared topic's records by tenant, each from its
-// own cursor.
-func (in *Inspector) readShared(ctx context.Context) (map[string][]entry, error) {
-	v, err := in.read(ctx, in.cfg.shared, "", nil, 0)
-	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	cursors := map[string]map[int]int64{}
-	out := map[string][]entry{}
-	for _, e := range v.entries {
-		tenant := e.rec.Bucket()
-		cur, ok := cursors[tenant]
-		if !ok {
-			group := in.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
-			if cur, err = in.cursor(ctx, group, v.topic, v.ends); err != nil {
-				return nil, err
-			}
-			cursors[tenant] = cur
-		}
-		if e.offset >= cur[e.partition] {
-			out[tenant] = append(out[tenant], e)
-		}
-	}
-	return out, nil
-}
-
-// tenantTopics lists the source's per-tenant DLQ topics.
-func (in *Inspector) tenantTopics(ctx context.Context) ([]string, error) {
-	resp, err := in.client.Metadata(ctx, &kafkago.MetadataRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("kafka: list topics: %w", err)
-	}
-	var out []string
-	for _, t := range resp.Topics {
-		src, tok, ok := dlq.SplitKafkaTopic(t.Name)
-		if !ok || src != in.source {
-			continue
-		}
-		if _, _, err := dlq.ParseTenantToken(tok); err != nil {
-			continue // not a topic the sink names
-		}
-		out = append(out, t.Name)
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
-// read returns topic's records past group's cursor (all records when group
-// is empty) that keep returns true for, up to limit (<= 0: all).
-func (in *Inspector) read(ctx context.Context, topic, group string, keep func(*dlq.Record) bool, limit int) (view, error) {
-	v := view{topic: topic, group: group}
-	starts, ends, err := in.bounds(ctx, topic)
-	if err != nil {
-		return v, err
-	}
-	v.ends = ends
-	if group != "" {
-		cur, err := in.cursor(ctx, group, topic, ends)
-		if err != nil {
-			return v, err
-		}
-		for p, c := range cur {
-			starts[p] = max(starts[p], c)
-		}
-	}
-	parts := make([]int, 0, len(ends))
-	for p := range ends {
-		parts = append(parts, p)
-	}
-	slices.Sort(parts)
-	for _, p := range parts {
-		err := in.readPartition(ctx, topic, p, starts[p], ends[p], func(m *kafkago.Message) bool {
-			rec, err := dlq.DecodeRecord(m.Key, m.Value, fromKafkaHeaders(m.Headers))
-			if err != nil {
-				return true // not a dead letter (or from a broken writer): skip
-			}
-			rec.Time, rec.Position = m.Time, m.Offset
-			if keep != nil && !keep(&rec) {
-				return true
-			}
-			v.entries = append(v.entries, entry{rec: rec, topic: topic, partition: p, offset: m.Offset})
-			return limit <= 0 || len(v.entries) < limit
-		})
-		if err != nil {
-			return v, err
-		}
-		if limit > 0 && len(v.entries) >= limit {
-			break
-		}
-	}
-	if len(parts) > 1 {
-		slices.SortStableFunc(v.entries, func(a, b entry) int { return a.rec.Time.Compare(b.rec.Time) })
-	}
-	return v, nil
-}
-
-// bounds returns each partition's first and next offset.
-func (in *Inspector) bounds(ctx context.Context, topic string) (starts, ends map[int]int64, err error) {
-	md, err := in.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka: metadata of %s: %w", topic, err)
-	}
-	if len(md.Topics) != 1 {
-		return nil, nil, fmt.Errorf("kafka: metadata of %s: %w", topic, kafkago.UnknownTopicOrPartition)
-	}
-	if err := md.Topics[0].Error; err != nil {
-		return nil, nil, fmt.Errorf("kafka: metadata of %s: %w", topic, err)
-	}
-	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
-	for _, p := range md.Topics[0].Partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
-	}
-	resp, err := in.client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka: offsets of %s: %w", topic, err)
-	}
-	starts, ends = map[int]int64{}, map[int]int64{}
-	for _, po := range resp.Topics[topic] {
-		if po.Error != nil {
-			return nil, nil, fmt.Errorf("kafka: offsets of %s/%d: %w", topic, po.Partition, po.Error)
-		}
-		starts[po.Partition], ends[po.Partition] = po.FirstOffset, po.LastOffset
-	}
-	return starts, ends, nil
-}
-
-// cursor returns group's committed offset per partition of topic (absent
-// or -1 read as 0). A cursor past the partition's end is stale (the topic
-// was deleted and made again) and reads as 0.
-func (in *Inspector) cursor(ctx context.Context, group, topic string, ends map[int]int64) (map[int]int64, error) {
-	req := &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{}}
-	for p := range ends {
-		req.Topics[topic] = append(req.Topics[topic], p)
-	}
-	resp, err := in.client.OffsetFetch(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: cursor of %s on %s: %w", group, topic, err)
-	}
-	if errors.Is(resp.Error, kafkago.GroupIdNotFound) {
-		return map[int]int64{}, nil // nothing replayed or purged yet
-	}
-	if resp.Error != nil {
-		return nil, fmt.Errorf("kafka: cursor of %s on %s: %w", group, topic, resp.Error)
-	}
-	out := map[int]int64{}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("kafka: cursor of %s on %s/%d: %w", group, topic, p.Partition, p.Error)
-		}
-		if c := p.CommittedOffset; c > 0 && c <= ends[p.Partition] {
-			out[p.Partition] = c
-		}
-	}
-	return out, nil
-}
-
-// advance moves group's cursor past every entry in es.
-func (in *Inspector) advance(ctx context.Context, group string, es []entry) error {
-	next := map[int]int64{}
-	topic := es[0].topic
-	for _, e := range es {
-		next[e.partition] = max(next[e.partition], e.offset+1)
-	}
-	return in.commit(ctx, group, topic, next)
-}
-
-func (in *Inspector) commit(ctx context.Context, group, topic string, offsets map[int]int64) error {
-	req := &kafkago.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafkago.OffsetCommit{}}
-	for p, off := range offsets {
-		req.Topics[topic] = append(req.Topics[topic], kafkago.OffsetCommit{Partition: p, Offset: off})
-	}
-	resp, err := in.client.OffsetCommit(ctx, req)
-	if err != nil {
-		return fmt.Errorf("kafka: advance cursor %s on %s: %w", group, topic, err)
-	}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return fmt.Errorf("kafka: advance cursor %s on %s/%d: %w", group, topic, p.Partition, p.Error)
-		}
-	}
-	return nil
-}
-
-// readPartition calls fn for each message of topic/partition in [from, to)
-// until fn returns false.
-func (in *Inspector) readPartition(ctx context.Context, topic string, partition int, from, to int64, fn func(*kafkago.Message) bool) error {
-	if from >= to {
-		return nil
-	}
-	var conn *kafkago.Conn
-	var errs []error
-	for _, b := range in.brokers {
-		c, err := in.cfg.dialer.DialLeader(ctx, "tcp", b, topic, partition)
-		if err == nil {
-			conn = c
-			break
-		}
-		errs = append(errs, err)
-	}
-	if conn == nil {
-		return fmt.Errorf("kafka: read %s/%d: %w", topic, partition, errors.Join(errs...))
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	offset := from
-	for stalls := 0; offset < to && stalls < 3; {
-		if _, err := conn.Seek(offset, kafkago.SeekAbsolute|kafkago.SeekDontCheck); err != nil {
-			return err
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		batch := conn.ReadBatchWith(kafkago.ReadBatchConfig{MinBytes: 1, MaxBytes: 4 << 20, MaxWait: 100 * time.Millisecond})
-		before := offset
-		var err error
-		for offset < to {
-			var m kafkago.Message
-			if m, err = batch.ReadMessage(); err != nil {
-				break
-			}
-			if m.Offset < offset {
-				continue
-			}
-			offset = m.Offset + 1
-			if !fn(&m) {
-				_ = batch.Close()
-				return nil
-			}
-		}
-		cerr := batch.Close()
-		if err == nil || errors.Is(err, io.EOF) {
-			err = cerr
-		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("kafka: read %s/%d at %d: %w", topic, partition, offset, err)
-		}
-		if offset == before {
-			stalls++ // only control records or a gap left: give up on the rest
-		} else {
-			stalls = 0
-		}
-	}
-	return nil
-}
-
-// samePartition sends a replayed message back to the partition it came
-// from when that still exists, keeping a tenant's messages together.
-type samePartition struct{}
-
-func (samePartition) Balance(m kafkago.Message, partitions ...int) int {
-	for _, p := range partitions {
-		if p == m.Partition {
-			return p
-		}
-	}
-	return (&kafkago.Hash{}).Balance(m, partitions...)
 }
 
 var (

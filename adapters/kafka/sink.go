@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
 )
 
 // SinkOption configures a Sink or an Inspector. Each option checks its own
@@ -19,22 +20,20 @@ import (
 type SinkOption func(*sinkConfig) error
 
 type sinkConfig struct {
-	dialer       *kafkago.Dialer
-	shared       string
-	partitions   int
-	replication  int
-	batchTimeout time.Duration
-	cursorGroup  string
-	deleteDrain  bool
+	dialer      *kafkago.Dialer
+	shared      string
+	partitions  int
+	replication int
+	cursorGroup string
+	deleteDrain bool
 }
 
 func defaultSinkConfig() sinkConfig {
 	return sinkConfig{
-		dialer:       kafkago.DefaultDialer,
-		partitions:   1,
-		replication:  -1,
-		batchTimeout: 2 * time.Millisecond,
-		cursorGroup:  DefaultCursorGroup,
+		dialer:      kafkago.DefaultDialer,
+		partitions:  1,
+		replication: -1,
+		cursorGroup: DefaultCursorGroup,
 	}
 }
 
@@ -92,18 +91,6 @@ func SinkReplication(n int) SinkOption {
 	}
 }
 
-// SinkBatchTimeout sets how long the writer waits to batch concurrent
-// dead letters before sending. Default: 2ms.
-func SinkBatchTimeout(d time.Duration) SinkOption {
-	return func(c *sinkConfig) error {
-		if d <= 0 {
-			return invalid("batch timeout %v is not positive", d)
-		}
-		c.batchTimeout = d
-		return nil
-	}
-}
-
 // CursorGroup sets the consumer group an Inspector keeps its cursors in.
 // Default: DefaultCursorGroup.
 func CursorGroup(name string) SinkOption {
@@ -150,13 +137,25 @@ func buildSinkConfig(brokers []string, opts []SinkOption) (sinkConfig, error) {
 
 // Sink writes dead-letter records to Kafka. Write returns only after every
 // in-sync replica acknowledged the record. Sink is safe for concurrent use.
+//
+// Each DLQ topic is created on its first dead letter, sized from its
+// source topic (see Write), and marked with a MarkerDLQ record. Creating
+// one tenant's topic never holds up another tenant's dead letters: the
+// sink keeps no lock across a network call, and concurrent first writes to
+// one topic share a single creation.
 type Sink struct {
 	cfg    sinkConfig
+	tr     *kafkago.Transport
 	client *kafkago.Client
-	w      *kafkago.Writer
 
-	mu      sync.Mutex
-	created map[string]bool // topics known to exist; guarded by mu
+	sources flight.Group[int]      // source topic -> its max.message.bytes
+	topics  flight.Group[dlqTopic] // DLQ topic -> what the sink knows of it
+}
+
+// dlqTopic is what a Sink knows of one of its DLQ topics.
+type dlqTopic struct {
+	limit      int // max.message.bytes
+	partitions int
 }
 
 // NewSink returns a Sink writing through brokers (host:port).
@@ -168,15 +167,8 @@ func NewSink(brokers []string, opts ...SinkOption) (*Sink, error) {
 	tr := transportFor(cfg.dialer)
 	return &Sink{
 		cfg:    cfg,
+		tr:     tr,
 		client: &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
-		w: &kafkago.Writer{
-			Addr:         kafkago.TCP(brokers...),
-			Balancer:     tenantBalancer{},
-			RequiredAcks: kafkago.RequireAll,
-			BatchTimeout: cfg.batchTimeout,
-			Transport:    tr,
-		},
-		created: map[string]bool{},
 	}, nil
 }
 
@@ -188,8 +180,18 @@ func (s *Sink) Topic(r *dlq.Record) string {
 	return dlq.KafkaTopic(r.Source, r.Bucket())
 }
 
-// Write writes r to its tenant's DLQ topic, creating the topic on first
-// use, and returns once the broker acknowledged it.
+// Write writes r to its tenant's DLQ topic and returns once the broker
+// acknowledged it.
+//
+// A dead letter must fit wherever its message fitted. On first use of a DLQ
+// topic Write reads the source topic's max.message.bytes (or the broker's
+// message.max.bytes) and creates the DLQ topic with twice that plus 64 KiB,
+// room for the ringfence- headers and a tenant key as long as the message.
+// A record that still does not fit raises the DLQ topic's limit to the
+// record's size. Write returns an error wrapping dlq.ErrUnwritable only when
+// the record cannot be written as it is: larger than a produce request may
+// carry (100 MiB), or larger than the topic accepts while the broker
+// refuses to raise its limit. Every other error is transient.
 func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
 	if r.Source == "" {
 		return errors.New("kafka: dead letter without a source topic")
@@ -198,49 +200,177 @@ func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
 	if err := validTopic(topic); err != nil {
 		return fmt.Errorf("kafka: dead-letter topic for source %q: %w", r.Source, err)
 	}
-	if err := s.ensureTopic(ctx, topic); err != nil {
-		return err
+	msg := kafkago.Message{Key: r.Key, Value: r.Value, Headers: toKafkaHeaders(r.EncodeHeaders()), Time: time.Now()}
+	need := batchSize(&msg)
+	if need > maxTopicLimit {
+		return fmt.Errorf("kafka: dead letter for %s is %d bytes, more than a produce request may carry (%d): %w", topic, need, maxTopicLimit, dlq.ErrUnwritable)
 	}
-	msg := kafkago.Message{
-		Topic:   topic,
-		Key:     r.Key,
-		Value:   r.Value,
-		Headers: toKafkaHeaders(r.EncodeHeaders()),
+	for attempt := 0; ; attempt++ {
+		t, err := s.topic(ctx, topic, r.Source)
+		if err != nil {
+			return err
+		}
+		if need > t.limit {
+			if t, err = s.raise(ctx, topic, t, need); err != nil {
+				return err
+			}
+		}
+		err = produceRecords(ctx, s.client, topic, partitionFor(dlq.TenantToken(r.Bucket()), t.partitions), msg)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, kafkago.MessageSizeTooLarge) && !errors.Is(err, kafkago.RecordListTooLarge) {
+			return fmt.Errorf("kafka: write dead letter to %s: %w", topic, err)
+		}
+		// The topic's limit may have been lowered since it was read: read
+		// it again, raise it if needed, and try once more.
+		s.topics.Forget(topic, nil)
+		if attempt > 0 {
+			return fmt.Errorf("kafka: write dead letter to %s: the broker refuses a %d-byte record although the topic's max.message.bytes is %d (is the broker's socket.request.max.bytes lower?): %w: %w", topic, need, t.limit, dlq.ErrUnwritable, err)
+		}
 	}
-	if err := s.w.WriteMessages(ctx, msg); err != nil {
-		return fmt.Errorf("kafka: write dead letter to %s: %w", topic, err)
+}
+
+// raise sets topic's max.message.bytes to need.
+func (s *Sink) raise(ctx context.Context, topic string, t dlqTopic, need int) (dlqTopic, error) {
+	if err := setTopicLimit(ctx, s.client, topic, need); err != nil {
+		if refused(err) {
+			return t, fmt.Errorf("kafka: dead letter is %d bytes, more than %s accepts (max.message.bytes %d), and the limit may not be raised: %w: %w", need, topic, t.limit, dlq.ErrUnwritable, err)
+		}
+		return t, err
+	}
+	t.limit = need
+	s.topics.Set(topic, t)
+	return t, nil
+}
+
+// Close closes the sink's idle connections.
+func (s *Sink) Close() error {
+	s.tr.CloseIdleConnections()
+	return nil
+}
+
+// topic returns what the sink knows of topic, creating it on first use.
+func (s *Sink) topic(ctx context.Context, topic, source string) (dlqTopic, error) {
+	return s.topics.Do(ctx, topic, func(ctx context.Context) (dlqTopic, error) {
+		src, err := s.sources.Do(ctx, source, func(ctx context.Context) (int, error) {
+			return topicLimit(ctx, s.client, source)
+		})
+		if err != nil {
+			return dlqTopic{}, err
+		}
+		return s.ensureTopic(ctx, topic, source, dlqLimit(src))
+	})
+}
+
+// ensureTopic creates topic with max.message.bytes limit, or reads the
+// settings of the existing topic, and marks it as a DLQ when it is empty.
+func (s *Sink) ensureTopic(ctx context.Context, topic, source string, limit int) (dlqTopic, error) {
+	t := dlqTopic{limit: limit, partitions: s.cfg.partitions}
+	created, err := createTopicWith(ctx, s.client, topic, s.cfg.partitions, s.cfg.replication,
+		kafkago.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(limit)})
+	if err != nil {
+		return t, err
+	}
+	empty := created
+	if !created {
+		// An existing topic keeps its settings: read them.
+		if t.limit, err = topicLimit(ctx, s.client, topic); err != nil {
+			return t, err
+		}
+		starts, ends, err := bounds(ctx, s.client, topic)
+		if err != nil {
+			return t, err
+		}
+		t.partitions, empty = len(ends), true
+		for p, end := range ends {
+			empty = empty && end == starts[p]
+		}
+	}
+	if empty {
+		if err := s.mark(ctx, topic, source, t.partitions); err != nil {
+			return t, err
+		}
+	}
+	return t, nil
+}
+
+// mark writes a MarkerDLQ record into every partition of a new DLQ topic,
+// so that an inspector can tell it is one before it holds a dead letter.
+func (s *Sink) mark(ctx context.Context, topic, source string, partitions int) error {
+	hs := []kafkago.Header{{Key: dlq.HeaderMarker, Value: []byte(dlq.MarkerDLQ)}}
+	if s.cfg.shared == "" {
+		hs = append(hs, kafkago.Header{Key: dlq.HeaderSource, Value: []byte(source)})
+	}
+	for p := range partitions {
+		if err := produceRecords(ctx, s.client, topic, p, kafkago.Message{Headers: hs, Time: time.Now()}); err != nil {
+			return fmt.Errorf("kafka: mark %s as a DLQ: %w", topic, err)
+		}
 	}
 	return nil
 }
 
-// Close flushes and closes the writer.
-func (s *Sink) Close() error { return s.w.Close() }
-
-// ensureTopic creates topic once per Sink; an existing topic is fine.
-func (s *Sink) ensureTopic(ctx context.Context, topic string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.created[topic] {
-		return nil
-	}
-	if err := createTopic(ctx, s.client, topic, s.cfg.partitions, s.cfg.replication); err != nil {
-		return err
-	}
-	s.created[topic] = true
-	return nil
-}
-
+// createTopic creates topic; a topic that already exists is not an error.
 func createTopic(ctx context.Context, cl *kafkago.Client, topic string, partitions, replication int) error {
+	_, err := createTopicWith(ctx, cl, topic, partitions, replication)
+	return err
+}
+
+// createTopicWith creates topic with configs and reports whether it did;
+// a topic that already exists is not an error.
+func createTopicWith(ctx context.Context, cl *kafkago.Client, topic string, partitions, replication int, configs ...kafkago.ConfigEntry) (bool, error) {
 	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
-		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: replication}},
+		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: replication, ConfigEntries: configs}},
 	})
 	if err != nil {
-		return fmt.Errorf("kafka: create topic %s: %w", topic, err)
+		return false, fmt.Errorf("kafka: create topic %s: %w", topic, err)
 	}
-	if err := resp.Errors[topic]; err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
-		return fmt.Errorf("kafka: create topic %s: %w", topic, err)
+	switch err := resp.Errors[topic]; {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, kafkago.TopicAlreadyExists):
+		return false, nil
+	default:
+		return false, fmt.Errorf("kafka: create topic %s: %w", topic, err)
+	}
+}
+
+// produceRecords writes msgs to topic/partition in one request, as one batch, and
+// waits for every in-sync replica. Unlike kafka-go's Writer it never splits
+// or merges batches, so a batch is exactly as large as batchSize says, and
+// it keeps a header value's null apart from an empty one.
+func produceRecords(ctx context.Context, cl *kafkago.Client, topic string, partition int, msgs ...kafkago.Message) error {
+	recs := make([]kafkago.Record, len(msgs))
+	for i, m := range msgs {
+		recs[i] = kafkago.Record{Time: m.Time, Key: kafkago.NewBytes(m.Key), Value: kafkago.NewBytes(m.Value), Headers: m.Headers}
+	}
+	resp, err := cl.Produce(ctx, &kafkago.ProduceRequest{
+		Topic:        topic,
+		Partition:    partition,
+		RequiredAcks: kafkago.RequireAll,
+		Records:      kafkago.NewRecordReader(recs...),
+	})
+	if err != nil {
+		return err
+	}
+	if resp.Error != nil {
+		return resp.Error
+	}
+	for _, err := range resp.RecordErrors {
+		return err
 	}
 	return nil
+}
+
+// partitionFor places a tenant's dead letters on one partition of a
+// topic with n, so that they stay in order.
+func partitionFor(token string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	f := fnv.New32a()
+	_, _ = f.Write([]byte(token))
+	return int(f.Sum32() % uint32(n))
 }
 
 func toKafkaHeaders(hs []dlq.Header) []kafkago.Header {
@@ -260,20 +390,4 @@ func fromKafkaHeaders(hs []kafkago.Header) []dlq.Header {
 		out[i] = dlq.Header{Key: h.Key, Value: h.Value}
 	}
 	return out
-}
-
-// tenantBalancer partitions a shared DLQ topic by tenant token, so one
-// tenant's dead letters stay in order while the original key is kept.
-// Per-tenant topics have one partition, where any choice is the same.
-type tenantBalancer struct{}
-
-func (tenantBalancer) Balance(m kafkago.Message, partitions ...int) int {
-	for _, h := range m.Headers {
-		if h.Key == dlq.HeaderTenantToken {
-			f := fnv.New32a()
-			_, _ = f.Write(h.Value)
-			return partitions[int(f.Sum32()%uint32(len(partitions)))]
-		}
-	}
-	return partitions[0]
 }

@@ -2,9 +2,13 @@ package nats
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"net/textproto"
 	"slices"
 	"strings"
 	"time"
@@ -13,22 +17,79 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
 )
 
-// hdrDLQNats prefixes an original "Nats-" header in a dead letter, so that
-// the DLQ stream does not act on it (a Nats-Msg-Id would make the stream
-// silently drop a second dead-lettering of the same message as a
-// duplicate; a Nats-Expected-* header would make every write fail).
-const hdrDLQNats = "ringfence-nats-h-"
+const (
+	// hdrDLQNats prefixes an original "Nats-" header in a dead letter, so
+	// that the DLQ stream does not act on it (a Nats-Expected-* header
+	// would make every write fail; the original's Nats-Msg-Id would collide
+	// with the DLQ's own).
+	hdrDLQNats = "ringfence-nats-h-"
+	// hdrBody names the object ("<bucket>/<name>") that holds a dead
+	// letter stored out of line (see body.go).
+	hdrBody = "ringfence-nats-body"
+	// msgIDPrefix starts the Nats-Msg-Id of a dead letter:
+	// "ringfence-dlq:<token>:<ID>", so that the DLQ stream's duplicate
+	// window drops a copy of a dead letter written again after a
+	// redelivery.
+	msgIDPrefix = "ringfence-dlq:"
+	// maxHeaderBlock is the largest header block JetStream stores (its
+	// length is kept in 16 bits).
+	maxHeaderBlock = 65535
+	// maxInlineTenant is the longest tenant key kept in the HeaderTenant
+	// of a record stored out of line (the full key is in the body).
+	maxInlineTenant = 1024
+	// scanBatch is how many messages a scan of the DLQ asks for at once.
+	scanBatch = 500
+	// scanIdle is how many empty fetches in a row end a scan that has not
+	// seen its last message.
+	scanIdle = 3
+	// scanInactive is when the server removes a scan's consumer that was
+	// not deleted (the inspector died).
+	scanInactive = 30 * time.Second
+)
+
+// Stream metadata that marks a ringfence DLQ stream.
+const (
+	// MetaDLQ is set ("1") on every DLQ stream NewDLQ creates or adopts;
+	// OpenDLQ and the CLI refuse a stream without it unless it is an older
+	// ringfence DLQ (see OpenDLQ).
+	MetaDLQ = "ringfence.dlq"
+	// MetaPrefix holds the DLQ's subject prefix.
+	MetaPrefix = "ringfence.dlq.prefix"
+	// MetaBodies holds the name of the object store bucket with the bodies
+	// of dead letters stored out of line.
+	MetaBodies = "ringfence.dlq.bodies"
+	dlqFormat  = "1"
+)
 
 // DLQ is a JetStream dead-letter queue: one stream (file storage) with one
 // subject per tenant, dlq.NATSSubject(prefix, tenant). It implements
 // dlq.Sink and dlq.Inspector and is safe for concurrent use.
+//
+// A record that does not fit one message (the server's max payload, or
+// the stream's max message size), or that holds bytes a NATS message cannot
+// carry exactly (a message key, a header value with CR, LF or surrounding
+// spaces, a header name NATS refuses), is stored out of line: the original
+// message in the DLQ's object store bucket (MetaBodies) and, in the stream,
+// a record of its ringfence- headers that names the object. Inspectors
+// restore it byte for byte; replay and purge remove the object too.
 type DLQ struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	name   string
 	prefix string
+	bucket string
+	// marked: the stream carries MetaDLQ. An unmarked stream is an older
+	// ringfence DLQ, opened read-only by OpenDLQ: every message read from it
+	// must be a ringfence record.
+	marked bool
+	// create: the bucket may be created (NewDLQ); OpenDLQ only reads.
+	create bool
+	maxMsg int64 // the stream's max message size; <= 0: none
+
+	stores flight.Group[jetstream.ObjectStore] // bucket -> opened store
 }
 
 var (
@@ -36,30 +97,229 @@ var (
 	_ dlq.Inspector = (*DLQ)(nil)
 )
 
-// NewDLQ opens the DLQ stream, creating it if missing. When the server has
-// no JetStream it fails with an error wrapping ErrCoreNATS.
+// NewDLQ opens the DLQ stream, creating it (file storage, marked with
+// MetaDLQ) if missing. An existing stream without MetaDLQ is adopted and
+// marked when it takes "<prefix>.>" and is empty or begins with a ringfence
+// record (a DLQ made by an older ringfence); any other stream fails with an
+// error wrapping dlq.ErrNotDLQ. When the server has no JetStream it fails
+// with an error wrapping ErrCoreNATS.
 func NewDLQ(ctx context.Context, js jetstream.JetStream, opts ...DLQOption) (*DLQ, error) {
-	o := dlqOptions{stream: DefaultDLQStream, prefix: DefaultDLQPrefix}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
-	}
-	st, err := ensureStream(ctx, js, o.stream, o.prefix)
+	o, err := buildDLQOptions(opts)
 	if err != nil {
 		return nil, err
 	}
-	return &DLQ{js: js, stream: st, name: o.stream, prefix: o.prefix}, nil
+	st, err := js.Stream(ctx, o.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:        o.stream,
+			Description: "ringfence dead letters",
+			Subjects:    []string{o.prefix + ".>"},
+			Storage:     jetstream.FileStorage,
+			Metadata:    map[string]string{MetaDLQ: dlqFormat, MetaPrefix: o.prefix, MetaBodies: o.bucketFor()},
+		})
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a creation race
+			st, err = js.Stream(ctx, o.stream)
+		}
+	}
+	switch {
+	case noJetStream(err):
+		return nil, fmt.Errorf("%w (%v)", ErrCoreNATS, err)
+	case err != nil:
+		return nil, fmt.Errorf("nats: stream %s: %w", o.stream, err)
+	}
+	q, err := openDLQ(ctx, js, st, o, true)
+	if err != nil {
+		return nil, err
+	}
+	q.create = true
+	if !q.marked {
+		cfg := st.CachedInfo().Config
+		cfg.Metadata = maps.Clone(cfg.Metadata)
+		if cfg.Metadata == nil {
+			cfg.Metadata = map[string]string{}
+		}
+		cfg.Metadata[MetaDLQ], cfg.Metadata[MetaPrefix], cfg.Metadata[MetaBodies] = dlqFormat, q.prefix, q.bucket
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("nats: mark stream %s as a ringfence DLQ: %w", o.stream, err)
+		}
+		q.marked = true
+	}
+	return q, nil
+}
+
+// OpenDLQ opens an existing DLQ stream to inspect it; it never creates or
+// changes a stream. A stream marked with MetaDLQ gives its own subject
+// prefix and bucket. An unmarked stream is accepted only as a DLQ of an
+// older ringfence: it takes "<prefix>.>" (the prefix from WithDLQPrefix, or
+// the stream's only subject "<prefix>.>"), its first message is a ringfence
+// record, and so is every message an inspection reads; anything else is
+// refused with an error wrapping dlq.ErrNotDLQ. A missing stream is an
+// error wrapping jetstream.ErrStreamNotFound.
+func OpenDLQ(ctx context.Context, js jetstream.JetStream, opts ...DLQOption) (*DLQ, error) {
+	o, err := buildDLQOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, o.stream)
+	switch {
+	case noJetStream(err):
+		return nil, fmt.Errorf("%w (%v)", ErrCoreNATS, err)
+	case err != nil:
+		return nil, fmt.Errorf("nats: DLQ stream %s: %w", o.stream, err)
+	}
+	return openDLQ(ctx, js, st, o, false)
+}
+
+// openDLQ checks that st is a ringfence DLQ and fills a DLQ from it.
+// adopt: an empty unmarked stream is accepted (NewDLQ will mark it).
+func openDLQ(ctx context.Context, js jetstream.JetStream, st jetstream.Stream, o dlqOptions, adopt bool) (*DLQ, error) {
+	info := st.CachedInfo()
+	cfg := info.Config
+	q := &DLQ{js: js, stream: st, name: cfg.Name, prefix: o.prefix, bucket: o.bucketFor(), maxMsg: int64(cfg.MaxMsgSize)}
+	if cfg.Metadata[MetaDLQ] != "" {
+		q.marked = true
+		if p := cfg.Metadata[MetaPrefix]; p != "" {
+			if o.prefixSet && o.prefix != p {
+				return nil, fmt.Errorf("%w: DLQ stream %s has subject prefix %q, not %q", ErrInvalidOption, q.name, p, o.prefix)
+			}
+			q.prefix = p
+		}
+		if b := cfg.Metadata[MetaBodies]; b != "" {
+			q.bucket = b
+		}
+	} else {
+		if !o.prefixSet && !adopt {
+			if len(cfg.Subjects) != 1 || !strings.HasSuffix(cfg.Subjects[0], ".>") {
+				return nil, fmt.Errorf("%w: stream %s has subjects %q and no %s metadata: not a ringfence DLQ, or give its subject prefix", dlq.ErrNotDLQ, q.name, cfg.Subjects, MetaDLQ)
+			}
+			q.prefix = strings.TrimSuffix(cfg.Subjects[0], ".>")
+		}
+		if err := q.checkLegacy(ctx, info, adopt); err != nil {
+			return nil, err
+		}
+	}
+	if !slices.Contains(cfg.Subjects, q.prefix+".>") {
+		return nil, fmt.Errorf("%w: stream %s does not take subjects %s.>", ErrInvalidOption, q.name, q.prefix)
+	}
+	return q, nil
+}
+
+// checkLegacy accepts an unmarked stream whose first message is a
+// ringfence record (with adopt, an empty stream too).
+func (q *DLQ) checkLegacy(ctx context.Context, info *jetstream.StreamInfo, adopt bool) error {
+	if info.State.Msgs == 0 {
+		if adopt {
+			return nil
+		}
+		return fmt.Errorf("%w: stream %s is empty and not marked as one (no %s metadata)", dlq.ErrNotDLQ, q.name, MetaDLQ)
+	}
+	first, err := q.stream.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(">"))
+	if err != nil {
+		return fmt.Errorf("nats: DLQ stream %s: %w", q.name, err)
+	}
+	if !hasRingfence(first.Header) {
+		return fmt.Errorf("%w: stream %s is not marked as one (no %s metadata) and its first message (sequence %d, subject %s) has no ringfence- headers; refusing to touch it", dlq.ErrNotDLQ, q.name, MetaDLQ, first.Sequence, first.Subject)
+	}
+	return nil
+}
+
+func hasRingfence(h nats.Header) bool {
+	for k := range h {
+		if dlq.IsRingfenceHeader(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // Subject is the DLQ subject of a tenant ("" is the no-tenant bucket).
 func (q *DLQ) Subject(tenant string) string { return dlq.NATSSubject(q.prefix, tenant) }
 
+// Stream is the DLQ stream's name.
+func (q *DLQ) Stream() string { return q.name }
+
+// Prefix is the DLQ's subject prefix.
+func (q *DLQ) Prefix() string { return q.prefix }
+
+// Bucket is the object store bucket that holds the bodies of dead letters
+// stored out of line.
+func (q *DLQ) Bucket() string { return q.bucket }
+
 // Write stores r under its tenant's subject (r.Bucket()) and returns once
-// the server acknowledged it. r.Key is not kept: NATS messages have no key.
+// the server acknowledged it. A record with an ID is published with a
+// Nats-Msg-Id made of its tenant token and ID, so the stream's duplicate
+// window (2 minutes by default) drops a copy written again after a
+// redelivery. A record too large for one message, or with bytes a message
+// cannot carry, is stored out of line (see DLQ); Write fails with an error
+// wrapping dlq.ErrUnwritable only when even the record that points to its
+// body does not fit.
 func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
-	hs := r.EncodeHeaders()
-	h := make(nats.Header, len(hs))
+	limit := q.limit()
+	id := msgID(r)
+	h := natsHeader(r.EncodeHeaders(), id)
+	data := r.Value
+	var body string
+	if !carriable(r) || msgSize(h, data) > limit || msgSize(h, nil) > maxHeaderBlock {
+		var err error
+		if body, err = q.putBody(ctx, r); err != nil {
+			return err
+		}
+		ptr := *r
+		ptr.Headers = nil
+		hs := ptr.EncodeHeaders()
+		if len(r.Tenant) > maxInlineTenant || !exactValue(r.Tenant) {
+			hs = slices.DeleteFunc(hs, func(x dlq.Header) bool { return x.Key == dlq.HeaderTenant })
+		}
+		hs = append(hs, dlq.Header{Key: hdrBody, Value: []byte(body)})
+		h, data = natsHeader(hs, id), nil
+		if n := msgSize(h, nil); n > min(limit, maxHeaderBlock) {
+			q.dropBody(ctx, body)
+			return fmt.Errorf("nats: dlq write: even the record pointing to the stored body is %d bytes, more than the %d the server or stream %s accepts: %w", n, min(limit, maxHeaderBlock), q.name, dlq.ErrUnwritable)
+		}
+	}
+	ack, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: q.Subject(r.Bucket()), Header: h, Data: data})
+	if err != nil {
+		if body != "" {
+			q.dropBody(ctx, body)
+		}
+		if tooLarge(err) {
+			return fmt.Errorf("nats: dlq write: %w: %w", dlq.ErrUnwritable, err)
+		}
+		return fmt.Errorf("nats: dlq write: %w", err)
+	}
+	if ack.Duplicate && body != "" {
+		q.dropBody(ctx, body) // the copy already stored has its own
+	}
+	return nil
+}
+
+// jsHeaderTooLarge is JetStream's error code for a header block over 64 KiB
+// (nats.go names no constant for it).
+const jsHeaderTooLarge jetstream.ErrorCode = 10097
+
+// tooLarge reports whether a publish failed for a size the record will
+// always have: retrying cannot help.
+func tooLarge(err error) bool {
+	var api *jetstream.APIError
+	if errors.As(err, &api) && (api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum || api.ErrorCode == jsHeaderTooLarge) {
+		return true
+	}
+	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg)
+}
+
+// msgID is the Nats-Msg-Id of r, "" when r has no ID.
+func msgID(r *dlq.Record) string {
+	id, ok := r.ID()
+	if !ok {
+		return ""
+	}
+	return msgIDPrefix + dlq.TenantToken(r.Bucket()) + ":" + id.String()
+}
+
+// natsHeader turns record headers into a NATS header: an original "Nats-"
+// header is renamed so the stream does not act on it.
+func natsHeader(hs []dlq.Header, id string) nats.Header {
+	h := make(nats.Header, len(hs)+1)
 	for _, x := range hs {
 		k := x.Key
 		if strings.HasPrefix(k, "Nats-") {
@@ -67,231 +327,163 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 		}
 		h[k] = append(h[k], string(x.Value))
 	}
-	_, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: q.Subject(r.Bucket()), Header: h, Data: r.Value})
+	if id != "" {
+		h[jetstream.MsgIDHeader] = []string{id}
+	}
+	return h
+}
+
+// limit is the largest message the DLQ stream takes.
+func (q *DLQ) limit() int64 {
+	n := q.js.Conn().MaxPayload()
+	if q.maxMsg > 0 && q.maxMsg < n {
+		n = q.maxMsg
+	}
+	return n
+}
+
+// msgSize is the size a message counts against max payload: its header
+// block as nats.go writes it, plus the data (with nil data: the header
+// block alone, which JetStream caps at maxHeaderBlock).
+func msgSize(h nats.Header, data []byte) int64 {
+	n := int64(len(data))
+	if len(h) == 0 {
+		return n
+	}
+	n += int64(len("NATS/1.0\r\n") + len("\r\n"))
+	for k, vs := range h {
+		for _, v := range vs {
+			n += int64(len(k) + len(textproto.TrimString(v)) + len(": \r\n"))
+		}
+	}
+	return n
+}
+
+// carriable reports whether a NATS message carries r's original message
+// and tenant exactly: no key, header names NATS accepts, and values NATS
+// does not trim or rewrite.
+func carriable(r *dlq.Record) bool {
+	if r.Key != nil || !exactValue(r.Tenant) {
+		return false
+	}
+	for _, h := range r.Headers {
+		if dlq.IsRingfenceHeader(h.Key) {
+			continue // replaced by the record's own
+		}
+		if !validHeaderKey(h.Key) || !exactValue(string(h.Value)) {
+			return false
+		}
+	}
+	return true
+}
+
+// exactValue reports whether a NATS header carries v unchanged: nats.go
+// trims surrounding white space and turns CR and LF into spaces.
+func exactValue(v string) bool {
+	return !strings.ContainsAny(v, "\r\n") && textproto.TrimString(v) == v
+}
+
+// validHeaderKey is nats.go's rule: printable ASCII without
+// "\"()/,:;<=>?@[\\]{}".
+func validHeaderKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c < 33 || c > 126 || strings.IndexByte("\"()/,:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// putBody stores r's original message in the DLQ's bucket and returns
+// "<bucket>/<object>".
+func (q *DLQ) putBody(ctx context.Context, r *dlq.Record) (string, error) {
+	store, err := q.objectStore(ctx, q.bucket)
 	if err != nil {
-		return fmt.Errorf("nats: dlq write: %w", err)
+		return "", err
 	}
-	return nil
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	name := dlq.TenantToken(r.Bucket()) + "/" + hex.EncodeToString(b[:])
+	var headers []dlq.Header
+	for _, h := range r.Headers {
+		if !dlq.IsRingfenceHeader(h.Key) {
+			headers = append(headers, h)
+		}
+	}
+	if _, err := store.PutBytes(ctx, name, encodeBody(r.Tenant, r.Key, r.Value, headers)); err != nil {
+		return "", fmt.Errorf("nats: dlq write: store body in %s: %w", q.bucket, err)
+	}
+	return q.bucket + "/" + name, nil
 }
 
-// decode rebuilds a record from a stored message. A message that is not a
-// record (published by something else) comes back with its value and
-// headers only.
-func (q *DLQ) decode(raw *jetstream.RawStreamMsg, tenant string) dlq.Record {
-	hs := make([]dlq.Header, 0, len(raw.Header))
-	for _, x := range fromNATSHeader(raw.Header) {
-		if k, ok := strings.CutPrefix(x.Key, hdrDLQNats); ok {
-			x.Key = k
-		}
-		hs = append(hs, x)
+// dropBody deletes a stored body, best effort: one that outlives its record
+// only takes space.
+func (q *DLQ) dropBody(ctx context.Context, ref string) {
+	bucket, name, ok := strings.Cut(ref, "/")
+	if !ok {
+		return
 	}
-	r, err := dlq.DecodeRecord(nil, raw.Data, hs)
+	if store, err := q.objectStore(ctx, bucket); err == nil {
+		_ = store.Delete(ctx, name)
+	}
+}
+
+// getBody reads a stored body.
+func (q *DLQ) getBody(ctx context.Context, ref string) (tenant string, key, value []byte, headers []dlq.Header, err error) {
+	bucket, name, ok := strings.Cut(ref, "/")
+	if !ok {
+		return "", nil, nil, nil, fmt.Errorf("%w: bad %s %q", errBody, hdrBody, ref)
+	}
+	store, err := q.objectStore(ctx, bucket)
 	if err != nil {
-		r = dlq.Record{Tenant: tenant, Value: raw.Data, Headers: hs, Offset: -1}
+		return "", nil, nil, nil, err
 	}
-	// NATS trims header values and turns CR/LF into spaces, so a key with
-	// such bytes does not survive in the tenant header; the subject's token
-	// holds it exactly unless it was hashed.
-	if tok, ok := dlq.SplitNATSSubject(q.prefix, raw.Subject); ok && tok != dlq.NoTenantToken {
-		if tn, exact, err := dlq.ParseTenantToken(tok); exact && err == nil {
-			r.Tenant = tn
-		}
-	}
-	r.Time = raw.Time
-	r.Position = int64(raw.Sequence)
-	return r
-}
-
-// maxReasonScan caps how many of a tenant's records Tenants reads to find
-// the most common reason.
-const maxReasonScan = 10000
-
-// Tenants lists every tenant with dead letters, from the stream's
-// per-subject counts. Oldest and Newest are when the first and last records
-// were written; LastError is the newest record's; Reason is the most common
-// among the tenant's oldest 10000 records (read with an ordered consumer,
-// headers only matter).
-func (q *DLQ) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
-	info, err := q.stream.Info(ctx, jetstream.WithSubjectFilter(q.prefix+".>"))
+	b, err := store.GetBytes(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("nats: dlq info: %w", err)
+		return "", nil, nil, nil, fmt.Errorf("nats: dead letter body %s: %w", ref, err)
 	}
-	var out []dlq.TenantSummary
-	for subj, n := range info.State.Subjects {
-		tok, ok := dlq.SplitNATSSubject(q.prefix, subj)
-		if !ok || n == 0 {
-			continue
-		}
-		tenant, _, _ := dlq.ParseTenantToken(tok)
-		first, err := q.stream.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // purged meanwhile
-		}
-		if err != nil {
-			return nil, fmt.Errorf("nats: dlq %s: %w", subj, err)
-		}
-		last, err := q.stream.GetLastMsgForSubject(ctx, subj)
-		if err != nil {
-			return nil, fmt.Errorf("nats: dlq %s: %w", subj, err)
-		}
-		newest := q.decode(last, tenant)
-		switch {
-		case tok == dlq.NoTenantToken:
-			tenant = ""
-		case newest.Tenant != "":
-			tenant = newest.Tenant // the full key, also for hashed tokens
-		}
-		out = append(out, dlq.TenantSummary{
-			Tenant:    tenant,
-			Token:     tok,
-			Count:     int(n),
-			Oldest:    first.Time,
-			Newest:    last.Time,
-			Reason:    q.commonReason(ctx, subj, min(int(n), maxReasonScan), newest.Reason),
-			LastError: newest.Error,
-		})
-	}
-	slices.SortFunc(out, func(a, b dlq.TenantSummary) int { return strings.Compare(a.Token, b.Token) })
-	return out, nil
+	return decodeBody(b)
 }
 
-// Peek returns up to n of the tenant's oldest records (n <= 0: all).
-func (q *DLQ) Peek(ctx context.Context, tenant string, n int) ([]dlq.Record, error) {
-	subj := q.Subject(tenant)
-	var out []dlq.Record
-	for cursor := uint64(0); n <= 0 || len(out) < n; {
-		raw, err := q.stream.GetMsg(ctx, cursor, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return out, fmt.Errorf("nats: dlq peek %s: %w", subj, err)
-		}
-		out = append(out, q.decode(raw, tenant))
-		cursor = raw.Sequence + 1
-	}
-	return out, nil
-}
-
-// ErrNoSource: a record cannot be replayed because it does not name its
-// source subject.
-var ErrNoSource = errors.New("nats: dead letter has no source subject")
-
-// Replay republishes the tenant's oldest records (up to opt.Limit) to their
-// source subjects with the redrive count raised, and deletes each from the
-// DLQ only after its republish was acknowledged: a crash in between
-// duplicates a message, never loses one. Nats-Msg-Id and Nats-Expected-*
-// headers are dropped from the republished message, since the source stream
-// would otherwise discard it as a duplicate or refuse it.
-func (q *DLQ) Replay(ctx context.Context, tenant string, opt dlq.ReplayOptions) ([]dlq.Record, error) {
-	recs, err := q.Peek(ctx, tenant, opt.Limit)
-	if err != nil || opt.DryRun {
-		return recs, err
-	}
-	for i := range recs {
-		r := &recs[i]
-		if r.Source == "" {
-			return recs[:i], fmt.Errorf("%w (position %d)", ErrNoSource, r.Position)
-		}
-		h := make(nats.Header)
-		for _, x := range r.ReplayHeaders() {
-			if x.Key == "Nats-Msg-Id" || strings.HasPrefix(x.Key, "Nats-Expected-") {
-				continue
+// objectStore opens bucket, creating it when the DLQ may (NewDLQ's own
+// bucket only). One open per bucket runs at a time; no lock is held while
+// it does.
+func (q *DLQ) objectStore(ctx context.Context, bucket string) (jetstream.ObjectStore, error) {
+	return q.stores.Do(ctx, bucket, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		store, err := q.js.ObjectStore(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) && q.create && bucket == q.bucket {
+			store, err = q.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+				Bucket:      bucket,
+				Description: "ringfence: bodies of dead letters in stream " + q.name,
+				Storage:     jetstream.FileStorage,
+				Metadata:    map[string]string{MetaDLQ: dlqFormat, "ringfence.dlq.stream": q.name},
+			})
+			if errors.Is(err, jetstream.ErrBucketExists) {
+				store, err = q.js.ObjectStore(ctx, bucket)
 			}
-			h[x.Key] = append(h[x.Key], string(x.Value))
 		}
-		if _, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: r.Source, Header: h, Data: r.Value}); err != nil {
-			return recs[:i], fmt.Errorf("nats: dlq replay to %s: %w", r.Source, err)
-		}
-		if err := q.stream.DeleteMsg(ctx, uint64(r.Position)); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return recs[:i], fmt.Errorf("nats: dlq replay: republished but not deleted (it will be replayed again): %w", err)
-		}
-		r.Redrive++
-	}
-	return recs, nil
-}
-
-// Purge removes the tenant's dead letters and returns how many.
-func (q *DLQ) Purge(ctx context.Context, tenant string) (int, error) {
-	req, err := json.Marshal(jetstream.StreamPurgeRequest{Subject: q.Subject(tenant)})
-	if err != nil {
-		return 0, err
-	}
-	// jetstream.Stream.Purge does not return the count, so send the API
-	// request ourselves, with the prefix jetstream.New would use.
-	prefix := jetstream.DefaultAPIPrefix
-	switch o := q.js.Options(); {
-	case o.Domain != "":
-		prefix = "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
-	subj := prefix + "STREAM.PURGE." + q.name
-	rctx := ctx
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
-	msg, err := q.js.Conn().RequestWithContext(rctx, subj, req)
-	if err != nil {
-		return 0, fmt.Errorf("nats: dlq purge: %w", err)
-	}
-	var resp struct {
-		Success bool                `json:"success"`
-		Purged  uint64              `json:"purged"`
-		Error   *jetstream.APIError `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("nats: dlq purge: %w", err)
-	}
-	if resp.Error != nil {
-		return 0, fmt.Errorf("nats: dlq purge: %w", resp.Error)
-	}
-	return int(resp.Purged), nil
-}
-
-// commonReason reads up to n records of subj and returns their most common
-// reason (ties: the first seen), or fallback when they cannot be read.
-func (q *DLQ) commonReason(ctx context.Context, subj string, n int, fallback dlq.Reason) dlq.Reason {
-	if n <= 1 {
-		return fallback
-	}
-	cons, err := q.js.OrderedConsumer(ctx, q.name, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
-	if err != nil {
-		return fallback
-	}
-	counts := map[dlq.Reason]int{}
-	var order []dlq.Reason
-	for read := 0; read < n; {
-		batch, err := cons.FetchNoWait(min(n-read, 500))
 		if err != nil {
-			return fallback
+			return nil, fmt.Errorf("nats: dlq object store %s: %w", bucket, err)
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			var r dlq.Reason
-			for k, v := range m.Headers() {
-				if len(v) > 0 && strings.EqualFold(k, dlq.HeaderReason) {
-					r = dlq.Reason(v[0])
-				}
-			}
-			if counts[r] == 0 {
-				order = append(order, r)
-			}
-			counts[r]++
-		}
-		if batch.Error() != nil || got == 0 {
-			break
-		}
-		read += got
+		return store, nil
+	})
+}
+
+// defaultBucket names the object store bucket of a DLQ stream: the stream's
+// name with "_BODIES" when that is a legal bucket name, else a hash of it.
+func defaultBucket(stream string) string {
+	ok := true
+	for i := 0; i < len(stream); i++ {
+		c := stream[i]
+		ok = ok && ('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-')
 	}
-	best := fallback
-	for _, r := range order {
-		if counts[r] > counts[best] {
-			best = r
-		}
+	if ok && len(stream) <= 200 {
+		return stream + "_BODIES"
 	}
-	return best
+	sum := sha256.Sum256([]byte(stream))
+	return "RINGFENCE_DLQ_BODIES_" + hex.EncodeToString(sum[:8])
 }

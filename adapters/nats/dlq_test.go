@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,10 +24,14 @@ func newDLQ(t testing.TB, js jetstream.JetStream) *DLQ {
 	return q
 }
 
+// recordSeq gives every test record a source sequence of its own, so that
+// records are distinct dead letters (copies share their ID).
+var recordSeq atomic.Uint64
+
 func record(tenant, source, value string) *dlq.Record {
 	now := time.Now().UTC()
 	return &dlq.Record{
-		Tenant: tenant, Value: []byte(value), Source: source, Offset: -1, Stream: "SRC", Sequence: 7,
+		Tenant: tenant, Value: []byte(value), Source: source, Offset: -1, Stream: "SRC", Sequence: recordSeq.Add(1),
 		Group: "work", Attempts: 3, FirstFailure: now, LastFailure: now, Error: "boom", ErrorType: "*errors.errorString",
 		Reason:  dlq.ReasonExhausted,
 		Headers: []dlq.Header{{Key: "trace", Value: []byte("t-1")}},
@@ -113,9 +118,11 @@ func TestRecordRoundTripKeepsHeaders(t *testing.T) {
 	ctx := testCtx(t)
 	r := record("acme", "src.acme", "payload")
 	r.Headers = append(r.Headers, dlq.Header{Key: "Nats-Msg-Id", Value: []byte("id-1")}, dlq.Header{Key: "Nats-Expected-Last-Sequence", Value: []byte("999")})
-	// Written twice: a Nats-Msg-Id acted on by the DLQ stream would drop the
-	// second as a duplicate; a Nats-Expected-* one would fail the write.
+	// Two messages with the same original Nats-Msg-Id: acted on by the DLQ
+	// stream, it would drop the second as a duplicate; a Nats-Expected-*
+	// header would fail the write.
 	for range 2 {
+		r.Sequence = recordSeq.Add(1)
 		if err := q.Write(ctx, r); err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +132,7 @@ func TestRecordRoundTripKeepsHeaders(t *testing.T) {
 		t.Fatalf("peek: %d records, %v", len(recs), err)
 	}
 	g := recs[0]
-	if g.Tenant != "acme" || g.Source != "src.acme" || g.Stream != "SRC" || g.Sequence != 7 || g.Group != "work" ||
+	if g.Tenant != "acme" || g.Source != "src.acme" || g.Stream != "SRC" || g.Sequence == 0 || g.Group != "work" ||
 		g.Attempts != 3 || g.Error != "boom" || g.Reason != dlq.ReasonExhausted || g.Position == 0 || g.Time.IsZero() ||
 		!g.LastFailure.Equal(r.LastFailure) {
 		t.Fatalf("record came back as %+v", g)

@@ -125,11 +125,42 @@
 // the original's "Nats-" headers are stored as "ringfence-nats-h-Nats-..."
 // so the DLQ stream does not act on them. Write returns after the PubAck.
 //
-// The inspector counts per tenant from the stream's per-subject counts
-// (StreamInfo with a subject filter), peeks with GetMsg by subject and
-// sequence, replays by republishing to the record's source subject with the
-// redrive count raised and deleting the record by sequence only after the
-// republish's PubAck, and purges by subject.
+// A DLQ stream is marked in its metadata (MetaDLQ, with its subject prefix
+// MetaPrefix and body bucket MetaBodies). NewDLQ marks the streams it
+// creates, and adopts a stream made by an older version (no metadata, its
+// first message a ringfence record) by marking it. OpenDLQ, which the CLI
+// uses, never creates or changes a stream and refuses, with an error
+// wrapping dlq.ErrNotDLQ, a stream that is neither marked nor an older DLQ
+// whose every message read is a ringfence record: pointed at a stream of
+// live data, it deletes nothing.
+//
+// Each record with an ID (stream and sequence) is published with the
+// Nats-Msg-Id "ringfence-dlq:<token>:<stream>#<sequence>", so a message
+// dead-lettered again within the stream's duplicate window (2 minutes by
+// default) is stored once. Copies stored further apart are shown, counted,
+// replayed and removed as one dead letter.
+//
+// A record must fit one message: the server's max payload (1 MiB by
+// default), the stream's max message size, and JetStream's 64 KiB header
+// block. A message at max payload plus the ringfence- headers does not, nor
+// does a long tenant key carried twice (as the original's header and as
+// ringfence-tenant). Such a record, and one with bytes a NATS message cannot
+// carry exactly (a message key from a Kafka source, a header value with CR,
+// LF or surrounding spaces, which nats.go rewrites, a header name NATS
+// refuses), is stored out of line: its original message (tenant key, key,
+// headers, value) as one object in the JetStream object store bucket
+// MetaBodies (default "<stream>_BODIES", created on first need), and in the
+// stream a record of its ringfence- headers with "ringfence-nats-body:
+// <bucket>/<object>". Inspectors restore it byte for byte; replay and purge
+// delete the object after the record. Write fails with dlq.ErrUnwritable
+// only when even that pointer record does not fit.
+//
+// The inspector lists tenants from one headers-only read of the stream
+// (counting copies once), peeks with GetMsg by sequence, replays by
+// republishing to the record's source subject with the redrive count
+// raised (left out when the message would no longer fit max payload) and
+// deleting every copy by sequence only after the republish's PubAck, and
+// purges by subject up to the last record it read.
 //
 // # Core NATS
 //

@@ -150,8 +150,31 @@ func WithLogger(l *slog.Logger) SourceOption {
 type DLQOption func(*dlqOptions) error
 
 type dlqOptions struct {
-	stream string
-	prefix string
+	stream    string
+	prefix    string
+	prefixSet bool
+	bucket    string
+}
+
+func buildDLQOptions(opts []DLQOption) (dlqOptions, error) {
+	o := dlqOptions{stream: DefaultDLQStream, prefix: DefaultDLQPrefix}
+	for _, opt := range opts {
+		if opt == nil {
+			return o, fmt.Errorf("%w: nil DLQ option", ErrInvalidOption)
+		}
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// bucketFor is the body bucket a new DLQ stream gets.
+func (o dlqOptions) bucketFor() string {
+	if o.bucket != "" {
+		return o.bucket
+	}
+	return defaultBucket(o.stream)
 }
 
 // Default DLQ names.
@@ -172,13 +195,36 @@ func WithDLQStream(name string) DLQOption {
 }
 
 // WithDLQPrefix sets the DLQ subject prefix; each tenant's records go to
-// dlq.NATSSubject(prefix, tenant). Default: DefaultDLQPrefix.
+// dlq.NATSSubject(prefix, tenant). Default: the prefix recorded in the
+// stream's metadata (MetaPrefix), else DefaultDLQPrefix for NewDLQ and the
+// stream's only subject "<prefix>.>" for OpenDLQ.
 func WithDLQPrefix(prefix string) DLQOption {
 	return func(o *dlqOptions) error {
 		if err := validPrefix(prefix); err != nil {
 			return err
 		}
-		o.prefix = prefix
+		o.prefix, o.prefixSet = prefix, true
+		return nil
+	}
+}
+
+// WithDLQBodyBucket names the JetStream object store bucket that holds the
+// bodies of dead letters too large for one message; it is created (file
+// storage) on first need and recorded in the stream's metadata
+// (MetaBodies), which wins for an existing stream. Default: the stream's
+// name with "_BODIES" ("RINGFENCE_DLQ_BODIES").
+func WithDLQBodyBucket(name string) DLQOption {
+	return func(o *dlqOptions) error {
+		if name == "" {
+			return fmt.Errorf("%w: empty bucket name", ErrInvalidOption)
+		}
+		for i := 0; i < len(name); i++ {
+			c := name[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+				return fmt.Errorf("%w: bucket name %q: character %q not in [A-Za-z0-9_-]", ErrInvalidOption, name, c)
+			}
+		}
+		o.bucket = name
 		return nil
 	}
 }

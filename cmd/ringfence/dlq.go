@@ -2,45 +2,68 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ringfence/ringfence/dlq"
 )
 
 const dlqUsage = `Usage:
-  ringfence dlq ls     (--kafka HOST:PORT --topic SOURCE | --nats URL --stream DLQSTREAM) [--json]
-  ringfence dlq peek   ... --tenant T [-n N] [--raw] [--json]
-  ringfence dlq replay ... --tenant T [--limit N] [--dry-run] [--json]
-  ringfence dlq purge  ... --tenant T --yes
+  ringfence dlq ls     (--kafka HOST:PORT --topic SOURCE | --nats URL --stream DLQSTREAM) [--copies] [--json]
+  ringfence dlq peek   ... (--tenant KEY | --tenant-token TOKEN) [-n N] [--raw] [--copies] [--json]
+  ringfence dlq replay ... (--tenant KEY | --tenant-token TOKEN) [--limit N] [--dry-run] [--json]
+  ringfence dlq purge  ... (--tenant KEY | --tenant-token TOKEN) --yes [--json]
 
 Tenants are raw keys, as the producer wrote them; ringfence encodes them
 (dots, wildcards, slashes and spaces are fine and touch only that tenant).
+--tenant-token takes the TOKEN column of 'ls' instead: it addresses every
+tenant, including the no-tenant bucket (_none) and keys a shell cannot
+pass (NUL bytes, invalid UTF-8).
+
+A dead letter is counted, shown and replayed once, however many copies of
+it the DLQ holds (a message dead-lettered again after a redelivery);
+--copies shows them.
+
+--json prints JSON Lines: one object per line, its "type" saying what it
+is ("tenant", "record", "replay", "purge", "error"). Raw bytes (keys,
+values, header values) are objects {"text": <printable>, "base64": <raw>}.
+
+Exit codes: 0 success, 1 runtime failure (including a stream or topic
+that is not a ringfence DLQ), 2 usage error.
 `
+
+// Bounds of the CLI.
+const (
+	// handshakeTimeout bounds connecting to a broker and hearing it answer,
+	// apart from --timeout: a port that accepts and never answers fails
+	// fast.
+	handshakeTimeout = 3 * time.Second
+)
 
 // usageError is a command-line mistake: exit code 2.
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
 // dlqFlags are the flags every dlq command shares.
 type dlqFlags struct {
 	kafka, topic  string
 	nats, stream  string
 	prefix        string
-	tenant        string
+	tenant, token string
 	json          bool
 	timeout       time.Duration
 	n, limit      int
 	raw, dry, yes bool
+	copies        bool
 	fs            *flag.FlagSet
 	wantTenant    bool
 }
@@ -50,27 +73,27 @@ func newDLQFlags(cmd string, stderr io.Writer) *dlqFlags {
 	fs := f.fs
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.kafka, "kafka", "", "Kafka bootstrap broker `HOST:PORT`")
-	fs.StringVar(&f.topic, "topic", "", "Kafka source `TOPIC` whose DLQ topics (<topic>.dlq.<tenant>) to use")
+	fs.StringVar(&f.topic, "topic", "", "Kafka source `TOPIC` whose DLQ topics (<topic>.dlq.<token>) to use")
 	fs.StringVar(&f.nats, "nats", "", "NATS server `URL`")
 	fs.StringVar(&f.stream, "stream", "", "JetStream DLQ `STREAM` name")
-	fs.StringVar(&f.prefix, "subject-prefix", "", "DLQ subject prefix (NATS); default: the stream's configured prefix")
-	fs.BoolVar(&f.json, "json", false, "print JSON for scripts")
+	fs.StringVar(&f.prefix, "subject-prefix", "", "DLQ subject prefix (NATS); default: the stream's own")
+	fs.BoolVar(&f.json, "json", false, "print JSON Lines for scripts")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
 	switch cmd {
+	case "ls":
+		fs.BoolVar(&f.copies, "copies", false, "also show how many records (copies included) each tenant has")
 	case "peek":
-		fs.StringVar(&f.tenant, "tenant", "", "tenant key (raw)")
-		fs.IntVar(&f.n, "n", 10, "show at most `N` records (0: all)")
+		f.tenantFlags()
+		fs.IntVar(&f.n, "n", 10, "show at most `N` dead letters (0: all)")
 		fs.BoolVar(&f.raw, "raw", false, "print whole values, not a preview")
-		f.wantTenant = true
+		fs.BoolVar(&f.copies, "copies", false, "list every stored copy of each dead letter")
 	case "replay":
-		fs.StringVar(&f.tenant, "tenant", "", "tenant key (raw)")
-		fs.IntVar(&f.limit, "limit", 0, "move at most `N` records (0: all)")
+		f.tenantFlags()
+		fs.IntVar(&f.limit, "limit", 0, "move at most `N` dead letters (0: all)")
 		fs.BoolVar(&f.dry, "dry-run", false, "list what would move and change nothing")
-		f.wantTenant = true
 	case "purge":
-		fs.StringVar(&f.tenant, "tenant", "", "tenant key (raw)")
+		f.tenantFlags()
 		fs.BoolVar(&f.yes, "yes", false, "confirm: remove the tenant's dead letters")
-		f.wantTenant = true
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "%s\nFlags of %s:\n", dlqUsage, fs.Name())
@@ -79,31 +102,114 @@ func newDLQFlags(cmd string, stderr io.Writer) *dlqFlags {
 	return f
 }
 
+func (f *dlqFlags) tenantFlags() {
+	f.fs.StringVar(&f.tenant, "tenant", "", "tenant `KEY` (raw)")
+	f.fs.StringVar(&f.token, "tenant-token", "", "tenant `TOKEN`, as 'ls' shows it (_none: the no-tenant bucket)")
+	f.wantTenant = true
+}
+
 func (f *dlqFlags) parse(args []string) error {
 	if err := f.fs.Parse(args); err != nil {
 		return err
 	}
 	if f.fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected argument %q", f.fs.Arg(0))}
+		return usagef("unexpected argument %q", f.fs.Arg(0))
 	}
 	switch {
 	case f.kafka != "" && f.nats != "":
-		return usageError{"give --kafka or --nats, not both"}
+		return usagef("give --kafka or --nats, not both")
 	case f.kafka == "" && f.nats == "":
-		return usageError{"give --kafka HOST:PORT --topic SOURCE, or --nats URL --stream DLQSTREAM"}
+		return usagef("give --kafka HOST:PORT --topic SOURCE, or --nats URL --stream DLQSTREAM")
 	case f.kafka != "" && f.topic == "":
-		return usageError{"--kafka needs --topic SOURCE (the topic whose dead letters to use)"}
+		return usagef("--kafka needs --topic SOURCE (the topic whose dead letters to use)")
 	case f.nats != "" && f.stream == "":
-		return usageError{"--nats needs --stream DLQSTREAM"}
+		return usagef("--nats needs --stream DLQSTREAM")
 	case f.n < 0 || f.limit < 0:
-		return usageError{"-n and --limit must not be negative"}
+		return usagef("-n and --limit must not be negative")
 	case f.timeout <= 0:
-		return usageError{"--timeout must be positive"}
+		return usagef("--timeout must be positive")
 	}
-	if f.wantTenant && !flagSet(f.fs, "tenant") {
-		return usageError{"--tenant is required"}
+	if f.kafka != "" {
+		if err := checkHostPort(f.kafka); err != nil {
+			return err
+		}
+		if err := checkTopic(f.topic); err != nil {
+			return err
+		}
+	} else {
+		if _, err := natsAddr(f.nats); err != nil {
+			return err
+		}
+		if err := checkStream(f.stream); err != nil {
+			return err
+		}
+		if f.prefix != "" {
+			if err := checkPrefix(f.prefix); err != nil {
+				return err
+			}
+		}
+	}
+	if f.wantTenant {
+		tenantSet, tokenSet := flagSet(f.fs, "tenant"), flagSet(f.fs, "tenant-token")
+		switch {
+		case tenantSet && tokenSet:
+			return usagef("give --tenant or --tenant-token, not both")
+		case !tenantSet && !tokenSet:
+			return usagef("--tenant KEY or --tenant-token TOKEN is required")
+		case tokenSet:
+			if _, _, err := dlq.ParseTenantToken(f.token); err != nil {
+				return usagef("--tenant-token: %v", err)
+			}
+		}
 	}
 	return nil
+}
+
+// checkHostPort accepts HOST:PORT with a port in 1..65535.
+func checkHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" {
+		return usagef("--kafka %q: want HOST:PORT", s)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return usagef("--kafka %q: port %q is not a number from 1 to 65535", s, port)
+	}
+	return nil
+}
+
+// checkTopic applies Kafka's rule for topic names.
+func checkTopic(t string) error {
+	if t == "." || t == ".." || len(t) > 249 {
+		return usagef("--topic %q: not a Kafka topic name (1 to 249 characters, not . or ..)", t)
+	}
+	for i := 0; i < len(t); i++ {
+		if c := t[i]; !(isAlnum(c) || c == '.' || c == '_' || c == '-') {
+			return usagef("--topic %q: not a Kafka topic name (character %q not in [a-zA-Z0-9._-])", t, c)
+		}
+	}
+	return nil
+}
+
+// checkStream applies JetStream's rule for stream names.
+func checkStream(s string) error {
+	if i := strings.IndexAny(s, ".*>/\\ \t\r\n"); i >= 0 {
+		return usagef("--stream %q: not a JetStream stream name (contains %q)", s, s[i])
+	}
+	return nil
+}
+
+// checkPrefix accepts a subject of literal tokens.
+func checkPrefix(p string) error {
+	for tok := range strings.SplitSeq(p, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return usagef("--subject-prefix %q: not a subject of literal tokens", p)
+		}
+	}
+	return nil
+}
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {
@@ -143,35 +249,72 @@ func runDLQ(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if cmd == "purge" && !f.yes {
-		fmt.Fprintf(stderr, "ringfence dlq purge: refusing to remove the dead letters of tenant %q without --yes\n", f.tenant)
+		fmt.Fprintf(stderr, "ringfence dlq purge: refusing to remove the dead letters of tenant %s without --yes\n", f.tenantArg())
 		return 2
 	}
+	out := newPrinter(stdout, f)
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
-	insp, closeFn, err := openInspector(ctx, f)
-	if err != nil {
-		fmt.Fprintf(stderr, "ringfence dlq %s: %s\n", cmd, oneLine(err))
-		return 1
-	}
-	defer closeFn()
-	switch cmd {
-	case "ls":
-		err = cmdLs(ctx, insp, f, stdout)
-	case "peek":
-		err = cmdPeek(ctx, insp, f, stdout)
-	case "replay":
-		err = cmdReplay(ctx, insp, f, stdout)
-	case "purge":
-		err = cmdPurge(ctx, insp, f, stdout)
-	}
+	err := func() error {
+		insp, closeFn, err := openInspector(ctx, f)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		switch cmd {
+		case "ls":
+			return cmdLs(ctx, insp, out)
+		case "peek":
+			return cmdPeek(ctx, insp, f, out)
+		case "replay":
+			return cmdReplay(ctx, insp, f, out)
+		default:
+			return cmdPurge(ctx, insp, f, out)
+		}
+	}()
 	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (gave up after --timeout %v)", err, f.timeout)
 		}
+		out.failed(cmd, err)
 		fmt.Fprintf(stderr, "ringfence dlq %s: %s\n", cmd, oneLine(err))
 		return 1
 	}
 	return 0
+}
+
+// tenantArg describes the tenant the flags address, for messages.
+func (f *dlqFlags) tenantArg() string {
+	if flagSet(f.fs, "tenant-token") {
+		return "token " + f.token
+	}
+	return tenantLabel(f.tenant)
+}
+
+// resolveTenant returns the raw key the flags address. A hashed token is
+// looked up among the tenants listed: ok is false when it has no dead
+// letters (so nothing to address).
+func resolveTenant(ctx context.Context, insp dlq.Inspector, f *dlqFlags) (tenant string, ok bool, err error) {
+	if !flagSet(f.fs, "tenant-token") {
+		return f.tenant, true, nil
+	}
+	key, exact, err := dlq.ParseTenantToken(f.token)
+	if err != nil {
+		return "", false, err // checked by parse
+	}
+	if exact {
+		return key, true, nil
+	}
+	ts, err := insp.Tenants(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	for _, t := range ts {
+		if t.Token == f.token {
+			return t.Tenant, true, nil
+		}
+	}
+	return "", false, nil
 }
 
 // oneLine keeps an error to one line for stderr.
@@ -179,222 +322,54 @@ func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
-// lsRow is the JSON shape of one `ls` row.
-type lsRow struct {
-	Tenant string    `json:"tenant"`
-	Count  int       `json:"count"`
-	Oldest time.Time `json:"oldest"`
-	Newest time.Time `json:"newest"`
-	Reason string    `json:"reason"`
-	Error  string    `json:"error"`
-}
-
-func cmdLs(ctx context.Context, insp dlq.Inspector, f *dlqFlags, w io.Writer) error {
+func cmdLs(ctx context.Context, insp dlq.Inspector, out *printer) error {
 	ts, err := insp.Tenants(ctx)
 	if err != nil {
 		return err
 	}
-	rows := make([]lsRow, 0, len(ts))
-	for _, t := range ts {
-		rows = append(rows, lsRow{Tenant: t.Tenant, Count: t.Count, Oldest: t.Oldest.UTC(), Newest: t.Newest.UTC(), Reason: string(t.Reason), Error: t.LastError})
-	}
-	if f.json {
-		return json.NewEncoder(w).Encode(rows)
-	}
-	if len(rows) == 0 {
-		fmt.Fprintln(w, "no dead letters")
-		return nil
-	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tCOUNT\tOLDEST\tNEWEST\tREASON\tLAST ERROR")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", printable(r.Tenant, 40), r.Count, stamp(r.Oldest), stamp(r.Newest), r.Reason, printable(r.Error, 60))
-	}
-	return tw.Flush()
-}
-
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format("2006-01-02 15:04:05")
-}
-
-// peekRecord is the JSON shape of one record.
-type peekRecord struct {
-	Tenant       string            `json:"tenant"`
-	Source       string            `json:"source"`
-	Partition    *int32            `json:"partition,omitempty"`
-	Offset       *int64            `json:"offset,omitempty"`
-	Stream       string            `json:"stream,omitempty"`
-	Sequence     uint64            `json:"sequence,omitempty"`
-	Group        string            `json:"group,omitempty"`
-	Attempts     int               `json:"attempts"`
-	Reason       string            `json:"reason"`
-	Error        string            `json:"error"`
-	ErrorType    string            `json:"error_type,omitempty"`
-	FirstFailure time.Time         `json:"first_failure"`
-	LastFailure  time.Time         `json:"last_failure"`
-	Redrive      int               `json:"redrive"`
-	Position     int64             `json:"position"`
-	Key          string            `json:"key"`
-	Value        string            `json:"value"`
-	Headers      map[string]string `json:"headers,omitempty"`
-}
-
-func cmdPeek(ctx context.Context, insp dlq.Inspector, f *dlqFlags, w io.Writer) error {
-	recs, err := insp.Peek(ctx, f.tenant, f.n)
-	if err != nil {
-		return err
-	}
-	if f.json {
-		enc := json.NewEncoder(w)
-		for _, r := range recs {
-			if err := enc.Encode(toPeek(r, f.raw)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if len(recs) == 0 {
-		fmt.Fprintf(w, "no dead letters for tenant %q\n", f.tenant)
-		return nil
-	}
-	for i, r := range recs {
-		if i > 0 {
-			fmt.Fprintln(w)
-		}
-		writeRecord(w, r, f.raw)
-	}
+	out.tenants(ts)
 	return nil
 }
 
-func toPeek(r dlq.Record, raw bool) peekRecord {
-	p := peekRecord{
-		Tenant: r.Tenant, Source: r.Source, Stream: r.Stream, Sequence: r.Sequence, Group: r.Group,
-		Attempts: r.Attempts, Reason: string(r.Reason), Error: r.Error, ErrorType: r.ErrorType,
-		FirstFailure: r.FirstFailure.UTC(), LastFailure: r.LastFailure.UTC(), Redrive: r.Redrive, Position: r.Position,
-		Key: string(r.Key), Value: preview(r.Value, raw),
-	}
-	if r.Stream == "" {
-		p.Partition, p.Offset = &r.Partition, &r.Offset
-	}
-	if len(r.Headers) > 0 {
-		p.Headers = make(map[string]string, len(r.Headers))
-		for _, h := range r.Headers {
-			p.Headers[h.Key] = string(h.Value)
-		}
-	}
-	return p
-}
-
-func writeRecord(w io.Writer, r dlq.Record, raw bool) {
-	tw := tabwriter.NewWriter(w, 2, 4, 1, ' ', 0)
-	fmt.Fprintf(tw, "tenant:\t%s\n", printable(r.Tenant, 0))
-	if r.Stream != "" {
-		fmt.Fprintf(tw, "source:\t%s (stream %s, sequence %d)\n", r.Source, r.Stream, r.Sequence)
-	} else {
-		fmt.Fprintf(tw, "source:\t%s (partition %d, offset %d)\n", r.Source, r.Partition, r.Offset)
-	}
-	if r.Group != "" {
-		fmt.Fprintf(tw, "group:\t%s\n", r.Group)
-	}
-	fmt.Fprintf(tw, "reason:\t%s after %d attempt(s)\n", r.Reason, r.Attempts)
-	fmt.Fprintf(tw, "error:\t%s\n", printable(r.Error, 0))
-	if r.ErrorType != "" {
-		fmt.Fprintf(tw, "error type:\t%s\n", r.ErrorType)
-	}
-	fmt.Fprintf(tw, "failed:\t%s .. %s\n", r.FirstFailure.UTC().Format(time.RFC3339Nano), r.LastFailure.UTC().Format(time.RFC3339Nano))
-	fmt.Fprintf(tw, "redrive:\t%d\n", r.Redrive)
-	if len(r.Key) > 0 {
-		fmt.Fprintf(tw, "key:\t%s\n", printable(string(r.Key), 80))
-	}
-	for _, h := range r.Headers {
-		fmt.Fprintf(tw, "header:\t%s=%s\n", h.Key, printable(string(h.Value), 80))
-	}
-	fmt.Fprintf(tw, "value:\t%s\n", preview(r.Value, raw))
-	tw.Flush()
-}
-
-// preview renders a value for a terminal: printable text up to 200 bytes,
-// or everything with raw; bytes that are not printable UTF-8 are escaped.
-func preview(v []byte, raw bool) string {
-	limit := 200
-	if raw {
-		limit = 0
-	}
-	s := printable(string(v), limit)
-	if !raw && len(v) > 200 {
-		s += fmt.Sprintf(" (%d bytes; --raw for all)", len(v))
-	}
-	return s
-}
-
-// printable escapes control characters and invalid UTF-8 and cuts s to
-// limit runes (0: no limit).
-func printable(s string, limit int) string {
-	var b strings.Builder
-	n := 0
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if limit > 0 && n >= limit {
-			b.WriteString("…")
-			break
-		}
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r < 0x20 || r == 0x7f:
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-		default:
-			b.WriteRune(r)
-		}
-		i += size
-		n++
-	}
-	return b.String()
-}
-
-func cmdReplay(ctx context.Context, insp dlq.Inspector, f *dlqFlags, w io.Writer) error {
-	moved, err := insp.Replay(ctx, f.tenant, dlq.ReplayOptions{Limit: f.limit, DryRun: f.dry})
-	if f.json {
-		out := struct {
-			Tenant string `json:"tenant"`
-			DryRun bool   `json:"dry_run"`
-			Moved  int    `json:"moved"`
-			Error  string `json:"error,omitempty"`
-		}{Tenant: f.tenant, DryRun: f.dry, Moved: len(moved)}
-		if err != nil {
-			out.Error = err.Error()
-		}
-		if jerr := json.NewEncoder(w).Encode(out); jerr != nil {
-			return jerr
-		}
-		return err
-	}
-	if f.dry {
-		for _, r := range moved {
-			fmt.Fprintf(w, "would replay position %d to %s (reason %s, redrive %d -> %d)\n", r.Position, r.Source, r.Reason, r.Redrive, r.Redrive+1)
-		}
-		fmt.Fprintf(w, "dry run: %d dead letter(s) of tenant %q would move; nothing changed\n", len(moved), f.tenant)
-		return err
-	}
-	fmt.Fprintf(w, "replayed %d dead letter(s) of tenant %q to their source\n", len(moved), f.tenant)
-	return err
-}
-
-func cmdPurge(ctx context.Context, insp dlq.Inspector, f *dlqFlags, w io.Writer) error {
-	n, err := insp.Purge(ctx, f.tenant)
+func cmdPeek(ctx context.Context, insp dlq.Inspector, f *dlqFlags, out *printer) error {
+	tenant, ok, err := resolveTenant(ctx, insp, f)
 	if err != nil {
 		return err
 	}
-	if f.json {
-		return json.NewEncoder(w).Encode(struct {
-			Tenant string `json:"tenant"`
-			Purged int    `json:"purged"`
-		}{f.tenant, n})
+	var recs []dlq.Record
+	if ok {
+		if recs, err = insp.Peek(ctx, tenant, f.n); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintf(w, "purged %d dead letter(s) of tenant %q\n", n, f.tenant)
+	out.records(recs, f.tenantArg())
+	return nil
+}
+
+func cmdReplay(ctx context.Context, insp dlq.Inspector, f *dlqFlags, out *printer) error {
+	tenant, ok, err := resolveTenant(ctx, insp, f)
+	if err != nil {
+		return err
+	}
+	var moved []dlq.Record
+	if ok {
+		moved, err = insp.Replay(ctx, tenant, dlq.ReplayOptions{Limit: f.limit, DryRun: f.dry})
+	}
+	out.replayed(tenant, f.tenantArg(), moved, f.dry)
+	return err
+}
+
+func cmdPurge(ctx context.Context, insp dlq.Inspector, f *dlqFlags, out *printer) error {
+	tenant, ok, err := resolveTenant(ctx, insp, f)
+	if err != nil {
+		return err
+	}
+	n := 0
+	if ok {
+		if n, err = insp.Purge(ctx, tenant); err != nil {
+			return err
+		}
+	}
+	out.purged(tenant, f.tenantArg(), n)
 	return nil
 }

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"net"
 	"strings"
 	"sync"
@@ -19,14 +17,6 @@ import (
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
-
-// cli runs the command in-process and returns exit code, stdout, stderr.
-func cli(t *testing.T, args ...string) (int, string, string) {
-	t.Helper()
-	var out, errb bytes.Buffer
-	code := run(args, &out, &errb)
-	return code, out.String(), errb.String()
-}
 
 const hostile = "evil.*> /../x"
 
@@ -75,20 +65,16 @@ func TestDLQKafka(t *testing.T) {
 	if len(lines) != 4 || !strings.HasPrefix(lines[0], "TENANT") {
 		t.Fatalf("ls table has %d lines, want header + 3:\n%s", len(lines), out)
 	}
-	code, out, _ = cli(t, append([]string{"dlq", "ls", "--json"}, base...)...)
-	var rows []lsRow
-	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil {
-		t.Fatalf("ls --json exit %d: %s", code, out)
-	}
-	counts := map[string]int{}
-	for _, r := range rows {
-		counts[r.Tenant] = r.Count
-		if r.Reason != "exhausted" || !strings.Contains(r.Error, "card declined") || r.Oldest.IsZero() {
+	rows := lsJSON(t, base)
+	got := map[string]int{}
+	for k, r := range rows {
+		got[k] = r.Count
+		if r.Reason != "exhausted" || !strings.Contains(r.LastError, "card declined") || r.Oldest.IsZero() {
 			t.Fatalf("row %+v", r)
 		}
 	}
-	if counts["acme"] != 3 || counts["globex"] != 2 || counts[hostile] != 1 || len(counts) != 3 {
-		t.Fatalf("counts %v", counts)
+	if got["acme"] != 3 || got["globex"] != 2 || got[hostile] != 1 || len(got) != 3 {
+		t.Fatalf("counts %v", got)
 	}
 
 	// peek: decoded headers and a preview.
@@ -103,9 +89,11 @@ func TestDLQKafka(t *testing.T) {
 		}
 	}
 	code, out, _ = cli(t, append([]string{"dlq", "peek", "--json", "--tenant", hostile}, base...)...)
-	var pr peekRecord
-	if code != 0 || json.Unmarshal([]byte(strings.Split(out, "\n")[0]), &pr) != nil || pr.Tenant != hostile || pr.Attempts != 3 {
+	if code != 0 {
 		t.Fatalf("peek --json hostile exit %d: %s", code, out)
+	}
+	if prs := jsonLines[recordLine](t, out, "record"); len(prs) != 1 || rawKey(t, prs[0].Tenant) != hostile || prs[0].Attempts != 3 {
+		t.Fatalf("peek --json hostile: %s", out)
 	}
 
 	// replay --dry-run changes nothing; replay moves globex's two.
@@ -117,13 +105,8 @@ func TestDLQKafka(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "replayed 2") {
 		t.Fatalf("replay exit %d: %s %s", code, out, errs)
 	}
-	_, out, _ = cli(t, append([]string{"dlq", "ls", "--json"}, base...)...)
-	rows = nil
-	json.Unmarshal([]byte(out), &rows)
-	for _, r := range rows {
-		if r.Tenant == "globex" && r.Count != 0 {
-			t.Fatalf("globex still has %d after replay", r.Count)
-		}
+	if n := counts(t, base)["globex"]; n != 0 {
+		t.Fatalf("globex still has %d after replay", n)
 	}
 
 	// A consumer on the source topic now handles the replayed messages.
@@ -137,15 +120,8 @@ func TestDLQKafka(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "purged 1") {
 		t.Fatalf("purge exit %d: %s %s", code, out, errs)
 	}
-	_, out, _ = cli(t, append([]string{"dlq", "ls", "--json"}, base...)...)
-	rows = nil
-	json.Unmarshal([]byte(out), &rows)
-	counts = map[string]int{}
-	for _, r := range rows {
-		counts[r.Tenant] = r.Count
-	}
-	if counts["acme"] != 3 || counts[hostile] != 0 {
-		t.Fatalf("after purge: %v", counts)
+	if c := counts(t, base); c["acme"] != 3 || c[hostile] != 0 {
+		t.Fatalf("after purge: %v", c)
 	}
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -59,9 +58,8 @@ func TestDLQNATS(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 4 {
 		t.Fatalf("ls table has %d lines, want header + 3:\n%s", len(lines), out)
 	}
-	counts := natsCounts(t, base)
-	if counts["acme"] != 3 || counts["globex"] != 2 || counts[hostile] != 1 || len(counts) != 3 {
-		t.Fatalf("counts %v", counts)
+	if c := counts(t, base); c["acme"] != 3 || c["globex"] != 2 || c[hostile] != 1 || len(c) != 3 {
+		t.Fatalf("counts %v", c)
 	}
 
 	code, out, errs = cli(t, append([]string{"dlq", "peek", "--tenant", "acme", "-n", "1"}, base...)...)
@@ -81,7 +79,7 @@ func TestDLQNATS(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "replayed 2") {
 		t.Fatalf("replay exit %d: %s %s", code, out, errs)
 	}
-	if c := natsCounts(t, base); c["globex"] != 0 || c["acme"] != 3 {
+	if c := counts(t, base); c["globex"] != 0 || c["acme"] != 3 {
 		t.Fatalf("after replay: %v", c)
 	}
 	if _, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "cli", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
@@ -136,7 +134,7 @@ func TestDLQNATS(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "purged 1") {
 		t.Fatalf("purge exit %d: %s %s", code, out, errs)
 	}
-	if c := natsCounts(t, base); c[hostile] != 0 || c["acme"] != 3 {
+	if c := counts(t, base); c[hostile] != 0 || c["acme"] != 3 {
 		t.Fatalf("after purge: %v", c)
 	}
 
@@ -145,20 +143,4 @@ func TestDLQNATS(t *testing.T) {
 	if code != 1 || !strings.Contains(errs, "no DLQ stream") {
 		t.Fatalf("missing stream: exit %d %s", code, errs)
 	}
-}
-
-func natsCounts(t *testing.T, base []string) map[string]int {
-	t.Helper()
-	code, out, errs := cli(t, append([]string{"dlq", "ls", "--json"}, base...)...)
-	var rows []lsRow
-	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil {
-		t.Fatalf("ls --json exit %d: %s %s", code, out, errs)
-	}
-	m := map[string]int{}
-	for _, r := range rows {
-		if r.Count > 0 {
-			m[r.Tenant] = r.Count
-		}
-	}
-	return m
 }

@@ -1,0 +1,371 @@
+package kafka
+
+// Reading a DLQ topic: the records past a cursor, the markers among them,
+// and moving the cursor.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// tenantView reads the tenant's records past its cursor.
+func (in *Inspector) tenantView(ctx context.Context, tenant string) (view, error) {
+	keep := func(r *dlq.Record) bool { return r.Bucket() == tenant }
+	if in.cfg.shared != "" {
+		group := in.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
+		v, err := in.read(ctx, in.cfg.shared, group, keep)
+		if errors.Is(err, kafkago.UnknownTopicOrPartition) {
+			return view{}, nil
+		}
+		return v, err
+	}
+	topic := dlq.KafkaTopic(in.source, tenant)
+	if err := validTopic(topic); err != nil {
+		return view{}, err
+	}
+	// A hashed token is shared in theory only; keep the tenant's own.
+	v, err := in.read(ctx, topic, in.cfg.cursorGroup, keep)
+	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
+		return view{}, nil
+	}
+	return v, err
+}
+
+// readShared groups the shared topic's records by tenant, each from its
+// own cursor.
+func (in *Inspector) readShared(ctx context.Context) (map[string][]entry, error) {
+	v, err := in.read(ctx, in.cfg.shared, "", nil)
+	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
+		return map[string][]entry{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	cursors := map[string]map[int]int64{}
+	out := map[string][]entry{}
+	for _, e := range v.all {
+		if e.moved {
+			continue
+		}
+		tenant := e.rec.Bucket()
+		cur, ok := cursors[tenant]
+		if !ok {
+			group := in.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
+			if cur, err = in.cursor(ctx, group, v.topic, v.ends); err != nil {
+				return nil, err
+			}
+			cursors[tenant] = cur
+		}
+		if e.offset >= cur[e.partition] {
+			out[tenant] = append(out[tenant], e)
+		}
+	}
+	return out, nil
+}
+
+// tenantTopics lists the source's per-tenant DLQ topics.
+func (in *Inspector) tenantTopics(ctx context.Context) ([]string, error) {
+	resp, err := in.client.Metadata(ctx, &kafkago.MetadataRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kafka: list topics: %w", err)
+	}
+	var out []string
+	for _, t := range resp.Topics {
+		src, tok, ok := dlq.SplitKafkaTopic(t.Name)
+		if !ok || src != in.source {
+			continue
+		}
+		if _, _, err := dlq.ParseTenantToken(tok); err != nil {
+			continue // not a topic the sink names
+		}
+		out = append(out, t.Name)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// read returns topic's dead-letter records past group's cursor (all
+// records when group is empty) that keep returns true for, each marked
+// moved when a MarkerMoved record of the topic lists it. It fails with
+// dlq.ErrNotDLQ when a record it reads, or the first record of a
+// partition, carries no ringfence- header.
+func (in *Inspector) read(ctx context.Context, topic, group string, keep func(*dlq.Record) bool) (view, error) {
+	v := view{topic: topic, group: group}
+	starts, ends, err := bounds(ctx, in.client, topic)
+	if err != nil {
+		return v, err
+	}
+	v.ends = ends
+	cur := map[int]int64{}
+	if group != "" {
+		if cur, err = in.cursor(ctx, group, topic, ends); err != nil {
+			return v, err
+		}
+	}
+	parts := make([]int, 0, len(ends))
+	for p := range ends {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	moved := map[letter]bool{}
+	for _, p := range parts {
+		from := max(starts[p], cur[p])
+		if from > starts[p] && starts[p] < ends[p] {
+			// The cursor skips the partition's first record: check it too.
+			err := in.readPartition(ctx, topic, p, starts[p], starts[p]+1, func(m *fetched) error {
+				return checkRingfence(topic, p, m)
+			})
+			if err != nil {
+				return v, err
+			}
+		}
+		err := in.readPartition(ctx, topic, p, from, ends[p], func(m *fetched) error {
+			if err := checkRingfence(topic, p, m); err != nil {
+				return err
+			}
+			if kind, ok := dlq.MarkerKind(m.headers); ok {
+				if kind == dlq.MarkerMoved {
+					for _, l := range movedLetters(m.headers, m.value) {
+						moved[l] = true
+					}
+				}
+				return nil
+			}
+			rec, err := dlq.DecodeRecord(m.key, m.value, m.headers)
+			if err != nil {
+				return nil // a malformed record from a broken writer: skip
+			}
+			rec.Time, rec.Position = m.time, m.offset
+			if keep != nil && !keep(&rec) {
+				return nil
+			}
+			v.all = append(v.all, entry{rec: rec, partition: p, offset: m.offset})
+			return nil
+		})
+		if err != nil {
+			return v, err
+		}
+	}
+	for i := range v.all {
+		v.all[i].moved = moved[letterOf(&v.all[i])]
+	}
+	if len(parts) > 1 {
+		slices.SortStableFunc(v.all, func(a, b entry) int { return a.rec.Time.Compare(b.rec.Time) })
+	}
+	return v, nil
+}
+
+// checkRingfence refuses a record without ringfence- headers.
+func checkRingfence(topic string, p int, m *fetched) error {
+	for _, h := range m.headers {
+		if dlq.IsRingfenceHeader(h.Key) {
+			return nil
+		}
+	}
+	return fmt.Errorf("kafka: %s holds a record without ringfence- headers (partition %d, offset %d): %w; refusing to touch it", topic, p, m.offset, dlq.ErrNotDLQ)
+}
+
+// bounds returns each partition's first and next offset.
+func bounds(ctx context.Context, cl *kafkago.Client, topic string) (starts, ends map[int]int64, err error) {
+	md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: metadata of %s: %w", topic, err)
+	}
+	if len(md.Topics) != 1 {
+		return nil, nil, fmt.Errorf("kafka: metadata of %s: %w", topic, kafkago.UnknownTopicOrPartition)
+	}
+	if err := md.Topics[0].Error; err != nil {
+		return nil, nil, fmt.Errorf("kafka: metadata of %s: %w", topic, err)
+	}
+	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	for _, p := range md.Topics[0].Partitions {
+		req.Topics[topic] = append(req.Topics[topic], kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
+	}
+	resp, err := cl.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: offsets of %s: %w", topic, err)
+	}
+	starts, ends = map[int]int64{}, map[int]int64{}
+	for _, po := range resp.Topics[topic] {
+		if po.Error != nil {
+			return nil, nil, fmt.Errorf("kafka: offsets of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		starts[po.Partition], ends[po.Partition] = po.FirstOffset, po.LastOffset
+	}
+	return starts, ends, nil
+}
+
+// cursor returns group's committed offset per partition of topic (absent
+// or -1 read as 0). A cursor past the partition's end is stale (the topic
+// was deleted and made again) and reads as 0.
+func (in *Inspector) cursor(ctx context.Context, group, topic string, ends map[int]int64) (map[int]int64, error) {
+	req := &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{}}
+	for p := range ends {
+		req.Topics[topic] = append(req.Topics[topic], p)
+	}
+	resp, err := in.client.OffsetFetch(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: cursor of %s on %s: %w", group, topic, err)
+	}
+	if errors.Is(resp.Error, kafkago.GroupIdNotFound) {
+		return map[int]int64{}, nil // nothing replayed or purged yet
+	}
+	if resp.Error != nil {
+		return nil, fmt.Errorf("kafka: cursor of %s on %s: %w", group, topic, resp.Error)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("kafka: cursor of %s on %s/%d: %w", group, topic, p.Partition, p.Error)
+		}
+		if c := p.CommittedOffset; c > 0 && c <= ends[p.Partition] {
+			out[p.Partition] = c
+		}
+	}
+	return out, nil
+}
+
+// advance moves v's cursor, on each partition, up to the first record
+// whose dead letter is neither done nor moved (past every record read when
+// there is none).
+func (in *Inspector) advance(ctx context.Context, v view, done map[letter]bool) error {
+	next := map[int]int64{}
+	for p, end := range v.ends {
+		next[p] = end
+	}
+	for i := range v.all {
+		e := &v.all[i]
+		if !e.moved && !done[letterOf(e)] {
+			next[e.partition] = min(next[e.partition], e.offset)
+		}
+	}
+	return in.commit(ctx, v.group, v.topic, next)
+}
+
+func (in *Inspector) commit(ctx context.Context, group, topic string, offsets map[int]int64) error {
+	req := &kafkago.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafkago.OffsetCommit{}}
+	for p, off := range offsets {
+		req.Topics[topic] = append(req.Topics[topic], kafkago.OffsetCommit{Partition: p, Offset: off})
+	}
+	resp, err := in.client.OffsetCommit(ctx, req)
+	if err != nil {
+		return fmt.Errorf("kafka: advance cursor %s on %s: %w", group, topic, err)
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return fmt.Errorf("kafka: advance cursor %s on %s/%d: %w", group, topic, p.Partition, p.Error)
+		}
+	}
+	return nil
+}
+
+// fetched is one record read from a partition.
+type fetched struct {
+	offset  int64
+	time    time.Time
+	key     []byte
+	value   []byte
+	headers []dlq.Header
+}
+
+// readPartition calls fn for each record of topic/partition in [from, to)
+// until fn returns an error. It reads with kafka-go's Client.Fetch, whose
+// decoder keeps a header value's null (nil) apart from an empty one.
+func (in *Inspector) readPartition(ctx context.Context, topic string, partition int, from, to int64, fn func(*fetched) error) error {
+	offset := from
+	for stalls := 0; offset < to && stalls < fetchStalls; {
+		resp, err := in.client.Fetch(ctx, &kafkago.FetchRequest{
+			Topic: topic, Partition: partition, Offset: offset,
+			MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: 100 * time.Millisecond,
+		})
+		if err == nil {
+			err = resp.Error
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("kafka: read %s/%d at %d: %w", topic, partition, offset, err)
+		}
+		before := offset
+		err = eachRecord(resp.Records, func(r *kafkago.Record) error {
+			if r.Offset < offset || r.Offset >= to {
+				return nil
+			}
+			m, err := readRecord(r)
+			if err != nil {
+				return err
+			}
+			offset = r.Offset + 1
+			return fn(m)
+		})
+		if err != nil {
+			return err
+		}
+		if offset == before {
+			stalls++ // only control records or a gap left: give up on the rest
+		} else {
+			stalls = 0
+		}
+	}
+	return nil
+}
+
+// eachRecord calls fn for each record of rr and closes it.
+func eachRecord(rr kafkago.RecordReader, fn func(*kafkago.Record) error) error {
+	if c, ok := rr.(io.Closer); ok {
+		defer c.Close()
+	}
+	for {
+		r, err := rr.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("kafka: decode records: %w", err)
+		}
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+}
+
+func readRecord(r *kafkago.Record) (*fetched, error) {
+	m := &fetched{offset: r.Offset, time: r.Time}
+	var err error
+	if m.key, err = readBytes(r.Key); err != nil {
+		return nil, err
+	}
+	if m.value, err = readBytes(r.Value); err != nil {
+		return nil, err
+	}
+	if len(r.Headers) > 0 {
+		m.headers = make([]dlq.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			m.headers[i] = dlq.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m, nil
+}
+
+// readBytes reads a record's key or value, keeping nil (null) apart from
+// empty.
+func readBytes(b kafkago.Bytes) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	defer b.Close()
+	out := make([]byte, b.Len())
+	if _, err := io.ReadFull(b, out); err != nil {
+		return nil, fmt.Errorf("kafka: read record: %w", err)
+	}
+	return out, nil
+}
