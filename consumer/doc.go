@@ -1,27 +1,62 @@
 // Package consumer is ringfence's engine between a message source (a Kafka
 // or NATS adapter) and a handler. It holds no broker code: adapters
-// implement [Source], and the engine runs every message through its
-// tenant's own [policy.Guard] from a [scope.Scope].
+// implement [Source] (and [SpillLog]), and the engine runs every message
+// through its tenant's own [policy.Guard] from a [scope.Scope].
+//
+// Where things happen, one hop from here: the decisions (retry, park,
+// judge, dead-letter, settle) are pure functions in decide.go; a worker's
+// step on a lane (guard, handler, dead letter, settle) is in step.go; lanes
+// and their queues in lane.go; the per-partition state and the scheduler
+// in shard.go and worker.go; delivery and bounds in deliver.go; spilling in
+// spill.go; Run, revocation and commits in consumer.go; Stats in stats.go;
+// the invariant checker the tests run in invariants.go.
 //
 // # Lanes
 //
 // Each message's tenant key comes from a [TenantFunc] (a header, the message
-// key, a subject token). Messages of one tenant from one partition form a
-// lane and are handled in order; lanes of different tenants run
-// concurrently, up to Config.Concurrency handlers at once. A worker runs up
-// to 16 messages of a lane and then puts it at the back of the queue, so a
-// busy tenant cannot starve the others.
+// key, a subject token); Config.Tenant is the one place it is defined.
+// Messages of one tenant from one partition form a lane and are handled in
+// order, one at a time; lanes of different tenants run concurrently, up to
+// Config.Concurrency handlers at once. A message without a usable key goes
+// to the no-tenant bucket, a lane of its own that is never confused with a
+// tenant (whatever its key).
+//
+// # Scheduling and bulkheads
+//
+// Workers take ready lanes in turns, not in arrival order: a lane runs one
+// message (its tenant's policy Weight messages) and goes to the back of its
+// partition's queue, and workers move between partitions every few
+// messages. So a tenant's backlog delays another tenant's message by about
+// one handler call. Each tenant has a bulkhead: at most TenantConcurrency
+// of its messages in flight at once (Concurrency/4 by default; its policy's
+// Bulkhead may set it, or let it follow the tenant's latency), so a tenant
+// whose calls are slow or hang holds a bounded share of the workers; a
+// tenant at its limit waits without holding one.
 //
 // # Parking
 //
-// When a tenant's breaker refuses an attempt, its lane parks: the head
-// message and everything behind it wait in memory, in order, until the
-// breaker's RetryAfter, when the lane asks again (a half-open breaker then
-// admits the head as a probe). Other tenants, even on the same partition,
-// keep flowing. Parked messages are bounded per tenant
-// (MaxParkedPerTenant) and in total (MaxParked); a bound reached pauses the
-// partition the message came from (Source.Pause) until the pressure is
-// gone, so nothing is ever dropped.
+// When a tenant's breaker refuses an attempt (it tripped on failures, slow
+// calls or timeouts), its lane parks: the head message and everything
+// behind it wait in memory, in order, until the breaker's RetryAfter, when
+// the lane asks again (a half-open breaker then admits the head as a
+// probe). Other tenants, even on the same partition, keep flowing.
+//
+// # Spilling
+//
+// A tenant that cannot make progress must not cost its partition-mates
+// anything, for however long it lasts. With a [SpillLog] configured, a lane
+// spills when its tenant is parked at MaxParkedPerTenant, when its oldest
+// message has held its partition's commit for StuckAfter, or when its
+// backlog passes MaxQueuedPerTenant (a hot tenant): its messages are
+// appended, in order, to its durable spill log, and only once the log
+// acknowledged them are the originals settled, so the partition's commit
+// moves on. Later messages of the lane follow into the log until it is read
+// back to its end: the lane is re-fed oldest first, RefeedWindow at a time
+// (one at a time while its breaker is open), and log entries are removed
+// (SpillLog.Commit) only after they are settled. A crash at any point
+// duplicates, never loses; duplicates are dropped on re-feed. Without a
+// SpillLog, a bound that is reached pauses the partition (Source.Pause)
+// instead, which stops its other tenants too.
 //
 // # Dead letters
 //
@@ -31,37 +66,52 @@
 // it failed once more after that. A transient outage of a tenant's
 // dependency produces no such evidence (every message fails), so it
 // dead-letters nothing: the failures trip the breaker and the tenant parks.
+// A handler's own errors are the handler's, even when they wrap
+// policy.ErrOpen (a downstream guard of its own): only the engine's guard
+// refusing a permit parks a lane.
 //
 // The evidence is gathered by judging. A head message that used all its
-// attempts while the breaker stayed closed, or that failed PoisonProbes
-// probes in a row, becomes suspect. The next step tries the messages
-// behind it, in order and under one permit, up to a span that starts at
-// one and doubles each time they all fail (so a run of bad messages cannot
-// stall a lane), stopping at the first success. If they all fail, it is an
-// outage: nothing moves and the head starts over after a growing backoff.
-// If one succeeds, the head gets one last attempt and is dead-lettered if
-// it fails again (reason exhausted, panic or poison); the messages that
-// failed before the winner carry the same evidence and are judged next.
-// Messages handled this way run ahead of the head and of the messages tried
-// before them: the only reordering the engine makes, reported as
-// EventReordered. Evidence is used only once a message is suspect again
-// (its own attempts used up, or its probes failed), never to cut its
-// retries short. A lone message with nothing behind it and no such
-// evidence is never dead-lettered for failing: it keeps retrying with a
-// growing backoff, or parks behind the breaker, until a message behind it
-// can judge it. Messages without a usable tenant key go to the reserved
-// no-tenant bucket with a reason.
+// attempts (or its policy's Deadline for the round) while the breaker
+// stayed closed, or that failed PoisonProbes probes in a row, becomes
+// suspect. The next step tries the messages behind it, in order and under
+// one permit, up to a span that starts at one and doubles each time they
+// all fail (so a run of bad messages cannot stall a lane), stopping at the
+// first success. If they all fail, it is an outage: nothing moves and the
+// head starts over after a growing backoff. If one succeeds, the head gets
+// one last attempt and is dead-lettered if it fails again (reason
+// exhausted, panic or poison); the messages that failed before the winner
+// carry the same evidence and are judged next. Messages handled this way
+// run ahead of the head: the only reordering the engine makes, reported as
+// EventReordered. A lone message with nothing behind it and no evidence is
+// never dead-lettered for failing: it keeps retrying with a growing
+// backoff, or parks behind the breaker; after StuckAfter it spills, so it
+// no longer holds its partition's commit.
+//
+// A dead letter the DLQ refuses keeps its message unsettled and is retried
+// with a doubling wait; one the DLQ says can never be written
+// (dlq.ErrUnwritable) is set aside: logged once at Error, counted in Stats,
+// out of its lane so its tenant moves on, still unsettled (at-least-once),
+// and tried again every minute.
 //
 // # Commits
 //
-// A message is settled (Source.Settle, then the watermark) only after its
-// handler succeeded or its dead letter was durably written; a DLQ that is
-// down keeps the message unsettled and retried. Each partition keeps a
-// watermark, the lowest unsettled offset, and Source.Commit is called when
-// it advances: a parked message holds back its partition's commit, not its
-// consumption. After a crash everything unsettled is delivered again
-// (at-least-once). A revoked partition's queued and parked messages are
-// dropped (the new owner gets them) and its tracking reset.
+// A message is settled (Source.Settle, then its partition's watermark) only
+// after its handler succeeded, its dead letter was durably written, or its
+// spill-log copy was acknowledged. Each partition keeps its unsettled
+// messages in offset order (memory proportional to what is unsettled) and
+// Source.Commit is called when the oldest one is settled: a parked message
+// holds back its partition's commit, not its consumption, and Stats shows
+// the commit lag per partition and the tenants that cause it. After a crash
+// everything unsettled is delivered again. A revoked partition's queued and
+// parked messages are dropped (the new owner gets them) and its tracking
+// reset.
+//
+// # Callbacks and locks
+//
+// No user callback (Handler, TenantFunc, OnEvent, the scope's and
+// policy's hooks) and no Source, SpillLog or DLQ method is called while the
+// engine holds a lock, so any of them may call back into the Consumer.
+// Each partition has its own lock; see [Consumer] for the rest.
 //
 // # Shutdown
 //
@@ -69,8 +119,11 @@
 // finish (up to DrainTimeout, then their ctx is cancelled), their outcomes
 // are settled and committed, and the source is stopped.
 //
-// # Panics
+// # Panics and time limits
 //
 // A handler panic is recovered, counted as a failure ([PanicError]) and
-// reported as EventPanicked; the message is retried like any failure.
+// reported as EventPanicked; the message is retried like any failure. Each
+// attempt's ctx ends at its tenant policy's AttemptTimeout (or what is left
+// of its Deadline); a hanging call that honours ctx ends there and counts
+// as a failure.
 package consumer

@@ -1,0 +1,122 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+// Fair scheduling (issue 17): one tenant holds a backlog of 100,000
+// messages in the engine and 99 tenants send one message each, behind it on
+// the same partition. Workers take lanes in turns, not in arrival order, so
+// every one of the 99 is handled within the first 99 + Concurrency handler
+// calls.
+func TestFairSchedulingQuietTenantsPassAHotBacklog(t *testing.T) {
+	const hot, quiet, concurrency = 100_000, 99, 8
+	n := hot + quiet
+	src := newGenSource(n, func(i int) *consumer.Message {
+		if i < hot {
+			return tenantMsg("hot", "h")
+		}
+		return tenantMsg(fmt.Sprintf("quiet-%02d", i-hot), "q")
+	})
+	gate := make(chan struct{})
+	var calls atomic.Int64
+	var mu sync.Mutex
+	quietAt := map[string]int64{}
+	c := startWith(t, consumer.Config{
+		Concurrency:           concurrency,
+		MaxQueuedPerPartition: 2 * n,
+		MaxQueuedPerTenant:    2 * n, // the backlog stays in memory (no spill log here)
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			<-gate
+			k := calls.Add(1)
+			if string(m.Value) == "q" {
+				mu.Lock()
+				quietAt[string(m.Key)] = k
+				mu.Unlock()
+			}
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "every message in the engine", func() bool { return c.Stats().Queued == n })
+	close(gate)
+	consumertest.Eventually(t, "the quiet tenants handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(quietAt) == quiet
+	})
+	var worst int64
+	mu.Lock()
+	for _, k := range quietAt {
+		worst = max(worst, k)
+	}
+	mu.Unlock()
+	t.Logf("the last of %d quiet tenants was handled at call %d (bound %d)", quiet, worst, quiet+concurrency)
+	if worst > quiet+concurrency {
+		t.Fatalf("a quiet tenant waited until handler call %d behind a hot backlog; fair turns give %d", worst, quiet+concurrency)
+	}
+}
+
+// Per-tenant bulkhead (issue 17): a tenant whose calls hang, with a lane on
+// each of 8 partitions and Concurrency 8, holds at most its
+// TenantConcurrency of workers; another tenant's message is handled while
+// the slow tenant's calls are still blocked.
+func TestBulkheadKeepsWorkersForOthers(t *testing.T) {
+	const parts = 8
+	h := consumertest.NewMemHarness(parts)
+	for p := range parts {
+		for i := range 4 {
+			h.Produce(t, consumertest.Msg{Tenant: "slow", Partition: p, Value: []byte(fmt.Sprintf("slow-%d-%d", p, i))})
+		}
+	}
+	release := make(chan struct{})
+	var slowIn, slowMost atomic.Int64
+	var quick atomic.Bool
+	c := startWith(t, consumer.Config{
+		Scope:       scope.New(policy.Policy{}, scope.Options[string]{}),
+		Tenant:      h.Tenant(),
+		DLQ:         h.S,
+		Concurrency: parts,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if v, _ := m.Header(consumertest.TenantHeader); string(v) == "slow" {
+				n := slowIn.Add(1)
+				for {
+					most := slowMost.Load()
+					if n <= most || slowMost.CompareAndSwap(most, n) {
+						break
+					}
+				}
+				<-release
+				slowIn.Add(-1)
+				return nil
+			}
+			quick.Store(true)
+			return nil
+		}),
+	}, h.NewSource(t))
+	consumertest.Eventually(t, "the slow tenant at its bulkhead", func() bool { return slowIn.Load() == 2 })
+	h.Produce(t, consumertest.Msg{Tenant: "quick", Partition: 3, Value: []byte("quick")})
+	consumertest.Eventually(t, "the quick tenant handled while the slow one hangs", quick.Load)
+	ts, _ := c.Tenant("slow")
+	if ts.InFlight != 2 || ts.Limit != 2 || slowMost.Load() != 2 {
+		t.Fatalf("slow tenant: in flight %d, limit %d, most at once %d; want 2 (Concurrency/4)", ts.InFlight, ts.Limit, slowMost.Load())
+	}
+	close(release)
+	consumertest.Eventually(t, "the slow tenant handled", func() bool {
+		ts, _ := c.Tenant("slow")
+		return ts.Handled == parts*4
+	})
+	if slowMost.Load() > 2 {
+		t.Fatalf("the slow tenant had %d messages in flight at once, its bulkhead is 2", slowMost.Load())
+	}
+	_ = time.Second
+}
