@@ -47,6 +47,10 @@ func (p *Permit) Probe() bool { return p.probe }
 // says how long until a probe is admitted. Allow does not enforce the
 // bulkhead: an engine counts its own units in flight and asks
 // [Guard.Concurrency] for the limit.
+//
+// The attempt is timed from Allow to Done (for the latency estimate and the
+// slow-call check): call Allow when the attempt is about to start, not
+// before it waits for a worker, or the wait counts as slowness.
 func (h *Guard) Allow(ctx context.Context) (Permit, error) {
 	r := rand.Uint32()
 	g, sh := h.enter(r)

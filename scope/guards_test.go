@@ -59,3 +59,32 @@ func TestDoubleDoneCannotReachAnotherTenant(t *testing.T) {
 		})
 	}
 }
+
+// TestShapeSetsBulkhead: a tenant's bulkhead and weight come from Shape,
+// like the rest of its policy.
+func TestShapeSetsBulkhead(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[string]{
+		Shape: func(tenant string) policy.Policy {
+			p := policy.Default()
+			if tenant == "premium" {
+				p.Bulkhead = policy.Bulkhead{MaxConcurrent: 8, Weight: 4}
+			}
+			return p
+		},
+	})
+	const engineDefault = 2
+	tests := []struct {
+		tenant              string
+		concurrency, weight int
+	}{
+		{"premium", 8, 4},
+		{"standard", engineDefault, 1},
+	}
+	for _, tt := range tests {
+		g := s.For(tt.tenant)
+		if c, w := g.Concurrency(engineDefault), g.Weight(); c != tt.concurrency || w != tt.weight {
+			t.Errorf("%s: Concurrency %d, Weight %d; want %d, %d", tt.tenant, c, w, tt.concurrency, tt.weight)
+		}
+	}
+}
