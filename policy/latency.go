@@ -21,9 +21,9 @@ const warmSamples = 32
 
 // baselineDoubling is how fast the slow-call baseline drifts up while
 // samples keep coming in above the threshold: at most a doubling per
-// baselineDoubling (and one per slow sample), so that a permanent shift is
-// eventually accepted but the slowness the threshold is meant to catch is
-// not learned as normal in the meantime.
+// baselineDoubling of slow samples (and one per slow sample), so that a
+// permanent shift is eventually accepted but the slowness the threshold is
+// meant to catch is not learned as normal in the meantime.
 const baselineDoubling = time.Minute
 
 // The gradient limit (Netflix concurrency-limits' Gradient2), per guard.
@@ -138,14 +138,23 @@ func quantileStep(est, d int64, q float64) int64 {
 // baselineDoubling and never past what would accept the sample. A
 // dependency that moves for good from latency L to L' > Factor x L is so
 // accepted after about log2(L'/(Factor x L)) minutes of slow samples (1ms
-// to 500ms: about 7 minutes); until then its calls are slow calls.
+// to 500ms: about 7 minutes, 8 with the breaker parking the caller between
+// probes); until then its calls are slow calls. Growth accrues only while
+// slow samples keep coming, at least one every two minutes.
 func (g *guard) observeBaseline(d, now int64) {
 	b := g.lat.base.Load()
 	drifted := false
 	if b == 0 || d <= g.slowAt.Load() {
 		b = quantileStep(b, d, g.r.quantile)
 	} else {
-		dt := min(max(now-g.lat.drift.Load(), 0), int64(baselineDoubling))
+		// Growth accrues while slow samples keep coming: from the last
+		// one, if it was at most two doubling periods ago (a parked
+		// tenant's probes come at most a minute apart), else from now.
+		dt := max(now-g.lat.drift.Load(), 0)
+		if dt > 2*int64(baselineDoubling) || g.lat.drift.Load() == 0 {
+			dt = 0
+		}
+		dt = min(dt, int64(baselineDoubling))
 		grown := int64(min(float64(b)*math.Exp2(float64(dt)/float64(baselineDoubling)), math.MaxInt64/2))
 		accept := int64(math.Ceil(float64(d) / g.r.slowFactor))
 		b = max(b, min(grown, accept))

@@ -128,6 +128,9 @@ func (p *Permit) Release() {
 // check, counters, budget and breaker.
 func (p *Permit) record(g *guard, err error) {
 	end, d := int64(-1), int64(-1) // the exact end and the duration, if read
+	// The threshold in force when the attempt ended: the sample below may
+	// move it.
+	slowAt := g.slowAt.Load() // math.MaxInt64 when slow calls are off
 	if p.clock == clockCoarse {
 		d = coarse.now.Load() - p.start // begin marked the clock used
 	} else if p.clock == clockExact {
@@ -138,8 +141,7 @@ func (p *Permit) record(g *guard, err error) {
 		}
 	}
 	if err == nil {
-		// slowAt is math.MaxInt64 when slow calls are off.
-		if d > g.slowAt.Load() {
+		if d > slowAt {
 			g.slowCall(p, d, end)
 			return
 		}

@@ -153,8 +153,9 @@ type Breaker struct {
 // does not learn the slowness it detects: while attempts stay slow it only
 // drifts up, by at most a doubling a minute, so that a dependency that
 // moves for good from L to L' is accepted after about log2(L'/(Factor*L))
-// minutes (1ms to 500ms: 7 minutes); until then its calls are slow calls and
-// keep the breaker opening.
+// minutes of slow calls (1ms to 500ms: 7 minutes, about 8 with the breaker
+// parking the caller between probes); until then its calls are slow calls
+// and keep the breaker opening.
 type SlowCall struct {
 	// Disabled turns slow-call counting off.
 	Disabled bool

@@ -126,21 +126,24 @@ func TestSlowCallDerivedThreshold(t *testing.T) {
 	tests := []struct {
 		name     string
 		slow     policy.SlowCall
+		every    int // Latency.SampleEvery
 		latency  time.Duration
 		lo, hi   time.Duration // SlowThreshold after 200 attempts of latency
 		nextSlow time.Duration // an attempt this long is slow
 		nextOK   time.Duration // an attempt this long is not
 	}{
-		{"floor", policy.SlowCall{}, ms, 100 * ms, 100 * ms, 101 * ms, 100 * ms},
-		{"factor 5 of the baseline", policy.SlowCall{}, 50 * ms, 220 * ms, 290 * ms, 300 * ms, 210 * ms},
-		{"custom factor", policy.SlowCall{Factor: 2}, 200 * ms, 350 * ms, 460 * ms, 470 * ms, 340 * ms},
-		{"custom floor", policy.SlowCall{Floor: time.Second}, 50 * ms, time.Second, time.Second, 1001 * ms, time.Second},
+		{"floor", policy.SlowCall{}, 0, ms, 100 * ms, 100 * ms, 101 * ms, 100 * ms},
+		{"factor 5 of the baseline", policy.SlowCall{}, 0, 50 * ms, 220 * ms, 290 * ms, 300 * ms, 210 * ms},
+		{"custom factor", policy.SlowCall{Factor: 2}, 0, 200 * ms, 350 * ms, 460 * ms, 470 * ms, 340 * ms},
+		{"custom floor", policy.SlowCall{Floor: time.Second}, 0, 50 * ms, time.Second, time.Second, 1001 * ms, time.Second},
+		{"every attempt a sample", policy.SlowCall{}, 1, 50 * ms, 220 * ms, 290 * ms, 300 * ms, 210 * ms},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			clk := newFakeClock()
-			g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1, SlowCall: tt.slow}, Clock: clk})
+			g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1, SlowCall: tt.slow},
+				Latency: policy.Latency{SampleEvery: tt.every}, Clock: clk})
 			for i := range 200 {
 				if i < 32 && g.Stats().SlowThreshold != 0 {
 					t.Fatalf("a threshold after %d attempts, before the baseline warmed up", i)
@@ -254,5 +257,29 @@ func TestSlowCallBaselineDoesNotChaseUnderLoad(t *testing.T) {
 		if st := g.Stats(); st.SlowCalls != uint64(100*(batch+1)) || st.SlowThreshold != 100*ms {
 			t.Fatalf("batch %d: %d slow calls, threshold %v: the baseline learned the slowness", batch, st.SlowCalls, st.SlowThreshold)
 		}
+	}
+}
+
+// TestSlowCallJudgedBeforeItsSample: a slow call that is also a latency
+// sample moves the baseline (a drift), but is judged by the threshold in
+// force when it ended, not by the one it moved.
+func TestSlowCallJudgedBeforeItsSample(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1 << 30, SlowCall: policy.SlowCall{Factor: 2}},
+		Latency: policy.Latency{SampleEvery: 1},
+		Clock:   clk,
+	})
+	feed(g, clk, 200*ms, 200) // threshold about 400ms
+	call(g, clk, 470*ms, nil) // slow; the drift starts
+	clk.Advance(30 * time.Second)
+	call(g, clk, 470*ms, nil) // slow; its drift makes the threshold 470ms
+	if st := g.Stats(); st.SlowCalls != 2 || st.SlowThreshold != 470*ms {
+		t.Fatalf("%d slow calls, threshold %v; want 2 and 470ms", st.SlowCalls, st.SlowThreshold)
+	}
+	call(g, clk, 470*ms, nil) // now accepted
+	if st := g.Stats(); st.SlowCalls != 2 {
+		t.Fatalf("%d slow calls after the threshold moved to 470ms", st.SlowCalls)
 	}
 }
