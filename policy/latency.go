@@ -42,7 +42,7 @@ const (
 type latencyState struct {
 	est   atomic.Int64  // the quantile estimate, ns; 0 until the first sample
 	base  atomic.Int64  // the slow-call baseline, ns; 0 until the first sample
-	drift atomic.Int64  // when base last drifted up, ns since epoch
+	drift atomic.Int64  // when base last drifted up, ns since epoch (at least 1); 0: not in a run of slow samples
 	long  atomic.Uint64 // float64 bits: long-term latency, a slow EWMA of est
 	limit atomic.Uint64 // float64 bits: the gradient limit, in [1, cap]; 0: at the cap, no update yet
 	hint  atomic.Int64  // the def last given to Concurrency: the cap when MaxConcurrent is 0
@@ -139,26 +139,28 @@ func quantileStep(est, d int64, q float64) int64 {
 // dependency that moves for good from latency L to L' > Factor x L is so
 // accepted after about log2(L'/(Factor x L)) minutes of slow samples (1ms
 // to 500ms: about 7 minutes, 8 with the breaker parking the caller between
-// probes); until then its calls are slow calls. Growth accrues only while
-// slow samples keep coming, at least one every two minutes.
+// probes); until then its calls are slow calls. Growth accrues over a run
+// of slow samples; a sample under the threshold ends the run.
 func (g *guard) observeBaseline(d, now int64) {
 	b := g.lat.base.Load()
 	drifted := false
 	if b == 0 || d <= g.slowAt.Load() {
 		b = quantileStep(b, d, g.r.quantile)
-	} else {
-		// Growth accrues while slow samples keep coming: from the last
-		// one, if it was at most two doubling periods ago (a parked
-		// tenant's probes come at most a minute apart), else from now.
-		dt := max(now-g.lat.drift.Load(), 0)
-		if dt > 2*int64(baselineDoubling) || g.lat.drift.Load() == 0 {
-			dt = 0
+		if g.lat.drift.Load() != 0 {
+			g.lat.drift.Store(0) // a run of slow samples ended
 		}
-		dt = min(dt, int64(baselineDoubling))
+	} else {
+		// Growth accrues over a run of slow samples, from the first one
+		// (which only starts the clock), and at most a doubling per
+		// sample: a parked tenant probes rarely.
+		var dt int64
+		if last := g.lat.drift.Load(); last != 0 {
+			dt = min(max(now-last, 0), int64(baselineDoubling))
+		}
 		grown := int64(min(float64(b)*math.Exp2(float64(dt)/float64(baselineDoubling)), math.MaxInt64/2))
 		accept := int64(math.Ceil(float64(d) / g.r.slowFactor))
 		b = max(b, min(grown, accept))
-		g.lat.drift.Store(now)
+		g.lat.drift.Store(max(now, 1))
 		drifted = true
 	}
 	g.lat.base.Store(b)

@@ -42,6 +42,7 @@ func TestInitResetsEveryField(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		clk.advance(time.Second) // slow samples: the baseline drifts
 		pm.Done(boom)
 	}
 	_ = h.Run(ctx, func(context.Context) error { return nil }) // rejected
