@@ -93,8 +93,9 @@ func (g *guard) begin(p *Permit, r uint32) {
 }
 
 // observe feeds one attempt duration d, which ended at now, to the
-// estimates.
-func (g *guard) observe(d, now int64) {
+// estimates. The slow-call baseline learns from successes only (ok): it is
+// what a success normally takes, and failures may be timeouts.
+func (g *guard) observe(d, now int64, ok bool) {
 	if g.samples.Load() < warmSamples {
 		g.samples.Add(1)
 	}
@@ -104,7 +105,7 @@ func (g *guard) observe(d, now int64) {
 		est = next
 		g.lat.est.Store(est)
 	}
-	if g.r.slowDerived {
+	if g.r.slowDerived && ok {
 		g.observeBaseline(d, now)
 	}
 	if g.r.adaptive {
@@ -132,7 +133,7 @@ func quantileStep(est, d int64, q float64) int64 {
 
 // observeBaseline feeds the slow-call baseline, from which a derived
 // threshold is max(Floor, Factor x baseline). The baseline is the same
-// quantile as the estimate, but of the attempts under the threshold only,
+// quantile as the estimate, but of the successes under the threshold only,
 // so it does not chase the slowness it is meant to detect: while samples
 // come in above the threshold it only drifts up, by at most a doubling per
 // baselineDoubling and never past what would accept the sample. A

@@ -137,7 +137,7 @@ func (p *Permit) record(g *guard, err error) {
 		end = g.now()
 		d = end - p.start
 		if p.timed {
-			g.observe(d, end)
+			g.observe(d, end, err == nil)
 		}
 	}
 	if err == nil {

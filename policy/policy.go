@@ -148,7 +148,7 @@ type Breaker struct {
 //
 // The zero value derives the threshold from the guard's own latency: the
 // larger of Floor (100ms) and Factor (5) times a baseline, the configured
-// latency quantile (p90) of the attempts under the threshold. The baseline
+// latency quantile (p90) of the successes under the threshold. The baseline
 // learns from the first 32 attempts before the threshold applies, and then
 // does not learn the slowness it detects: while attempts stay slow it only
 // drifts up, by at most a doubling a minute, so that a dependency that

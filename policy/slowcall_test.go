@@ -297,3 +297,22 @@ func TestSlowCallJudgedBeforeItsSample(t *testing.T) {
 		t.Fatalf("%d slow calls after the threshold moved to 470ms", st.SlowCalls)
 	}
 }
+
+// TestSlowCallBaselineIgnoresFailures: the baseline is what a success
+// takes; failures, timeouts included, do not move it.
+func TestSlowCallBaselineIgnoresFailures(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1 << 30},
+		Latency: policy.Latency{SampleEvery: 1},
+		Clock:   clk,
+	})
+	feed(g, clk, ms, 100)
+	for range 200 { // over half an hour of timeouts
+		call(g, clk, 10*time.Second, context.DeadlineExceeded)
+	}
+	if st := g.Stats(); st.SlowThreshold != 100*ms || st.Failures != 200 {
+		t.Fatalf("threshold %v after failures only (%d)", st.SlowThreshold, st.Failures)
+	}
+}
