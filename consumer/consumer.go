@@ -670,6 +670,7 @@ func (c *Consumer) step(l *lane, m *Message, judge dlq.Reason, evidence bool) st
 		return c.judge(l, g, permit, m, judge, evidence)
 	}
 	herr, panicked := c.call(l, g, m)
+	probe := permit.Probe() // Done zeroes the permit
 	permit.Done(herr)
 	if herr == nil {
 		c.handledAt(l, m, 0)
@@ -680,10 +681,10 @@ func (c *Consumer) step(l *lane, m *Message, judge dlq.Reason, evidence bool) st
 	if policy.IsPermanent(herr) {
 		return c.deadLetter(l, m, dlq.ReasonPermanent, herr)
 	}
-	if permit.Probe() || g.State() != policy.Closed {
+	if probe || g.State() != policy.Closed {
 		// The breaker opened, or a probe failed: the tenant's dependency is
 		// out, which is not the message's fault. Its attempts start over.
-		if permit.Probe() {
+		if probe {
 			m.st.probeFails++
 			if m.st.probeFails >= c.cfg.PoisonProbes {
 				c.suspect(l, dlq.ReasonPoison)
@@ -692,14 +693,15 @@ func (c *Consumer) step(l *lane, m *Message, judge dlq.Reason, evidence bool) st
 		m.st.attempts, m.st.prev = 0, 0
 		return c.park(l, g, nil)
 	}
-	d, rerr := g.NextRetry(m.st.attempts, herr, m.st.prev)
+	dec := g.NextRetry(m.st.attempts, herr, m.st.prev)
+	d := dec.Delay
 	switch {
-	case rerr == nil:
-	case errors.Is(rerr, policy.ErrOpen):
+	case dec.Retry:
+	case dec.Stop == policy.StopOpen:
 		// Another lane of the tenant tripped the breaker meanwhile.
 		m.st.attempts, m.st.prev = 0, 0
 		return c.park(l, g, nil)
-	case errors.Is(rerr, policy.ErrBudgetExhausted) && m.st.attempts < g.MaxAttempts():
+	case dec.Stop == policy.StopBudget && m.st.attempts < g.MaxAttempts():
 		// The tenant's budget is spent: retry, but only after the longest
 		// backoff, so that the dependency is not hammered.
 		d = g.Backoff(g.MaxAttempts(), herr, 1<<62)
