@@ -165,6 +165,7 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 	j, r := &w.job, &w.res
 	m := j.m
 	if headFirst {
+		permit.Restart()
 		err, panicked := c.call(w, g, m)
 		o := outcome{err: err, panicked: panicked}
 		if err != nil {
@@ -180,6 +181,7 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 	}
 	var lastErr error
 	for i, alt := range j.span {
+		permit.Restart() // the permit's outcome is timed as the winning (or last) call
 		aerr, panicked := c.call(w, g, alt)
 		if aerr != nil {
 			c.noteFailure(w, alt, aerr, panicked)

@@ -18,11 +18,17 @@ import (
 // run: go test -run '^$' -bench . -benchmem ./policy/
 //
 // Success: a closed breaker and a handler that succeeds. Ours runs the
-// breaker, retry, budget and latency estimate (no deadline) from
-// policy.Default(); "ringfence-timed" also times every attempt instead of a
-// random one in 8. gobreaker is a breaker alone; failsafe-go composes a retry
-// policy with a circuit breaker.
+// breaker (slow-call check included), retry, budget and latency estimate
+// from policy.Default() without its AttemptTimeout (the rows before
+// AttemptTimeout existed had none, and with one Run allocates the attempt's
+// context: "ringfence-attempt-timeout" is Default() as is).
+// "ringfence-timed" also times every attempt instead of a random one in 8;
+// "ringfence-no-slow-call" turns the slow-call check off;
+// "ringfence-bulkhead" counts units in flight against MaxConcurrent.
+// gobreaker is a breaker alone; failsafe-go composes a retry policy with a
+// circuit breaker.
 // Rejected: the breaker is open and every call is refused.
+// AllowDone: the two-step form an engine uses, Allow then Permit.Done.
 
 var errBench = errors.New("bench: failure")
 
@@ -30,10 +36,15 @@ func okFn(context.Context) error { return nil }
 func okPlain() error             { return nil }
 func okGB() (struct{}, error)    { return struct{}{}, nil }
 
-func benchGuard(b *testing.B) *policy.Guard {
-	b.Helper()
+func benchPolicy() policy.Policy {
 	p := policy.Default()
 	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
+	p.AttemptTimeout = 0
+	return p
+}
+
+func benchGuardOf(b *testing.B, p policy.Policy) *policy.Guard {
+	b.Helper()
 	g, err := policy.New(p)
 	if err != nil {
 		b.Fatal(err)
@@ -41,13 +52,31 @@ func benchGuard(b *testing.B) *policy.Guard {
 	return g
 }
 
+func benchGuard(b *testing.B) *policy.Guard { return benchGuardOf(b, benchPolicy()) }
+
+func benchGuardAttemptTimeout(b *testing.B) *policy.Guard {
+	p := benchPolicy()
+	p.AttemptTimeout = policy.Default().AttemptTimeout
+	return benchGuardOf(b, p)
+}
+
+func benchGuardNoSlowCall(b *testing.B) *policy.Guard {
+	p := benchPolicy()
+	p.Breaker.SlowCall.Disabled = true
+	return benchGuardOf(b, p)
+}
+
+func benchGuardBulkhead(b *testing.B) *policy.Guard {
+	p := benchPolicy()
+	p.Bulkhead.MaxConcurrent = 1000
+	return benchGuardOf(b, p)
+}
+
 // benchGuardRecycled is benchGuard built by a Recycler, as a scope builds
 // its guards: every call counts itself in and out of the recyclable state.
 func benchGuardRecycled(b *testing.B) *policy.Guard {
 	b.Helper()
-	p := policy.Default()
-	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
-	c, err := policy.Compile(p)
+	c, err := policy.Compile(benchPolicy())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -55,15 +84,9 @@ func benchGuardRecycled(b *testing.B) *policy.Guard {
 }
 
 func benchGuardTimed(b *testing.B) *policy.Guard {
-	b.Helper()
-	p := policy.Default()
-	p.Breaker = &policy.Breaker{OpenTimeout: time.Hour, MaxOpenTimeout: time.Hour}
+	p := benchPolicy()
 	p.Latency.SampleEvery = 1
-	g, err := policy.New(p)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return g
+	return benchGuardOf(b, p)
 }
 
 func benchGobreaker() *gobreaker.CircuitBreaker[struct{}] {
@@ -96,6 +119,9 @@ func BenchmarkSuccess(b *testing.B) {
 		{"ringfence", benchGuard},
 		{"ringfence-recycled", benchGuardRecycled},
 		{"ringfence-timed", benchGuardTimed},
+		{"ringfence-attempt-timeout", benchGuardAttemptTimeout},
+		{"ringfence-no-slow-call", benchGuardNoSlowCall},
+		{"ringfence-bulkhead", benchGuardBulkhead},
 	} {
 		b.Run(v.name+"/serial", func(b *testing.B) {
 			g := v.guard(b)
@@ -251,6 +277,35 @@ func BenchmarkRejected(b *testing.B) {
 					b.Error("handler ran")
 					return
 				}
+			}
+		})
+	})
+}
+
+func BenchmarkAllowDone(b *testing.B) {
+	ctx := context.Background()
+	b.Run("ringfence/serial", func(b *testing.B) {
+		g := benchGuard(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := g.Allow(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Done(nil)
+		}
+	})
+	b.Run("ringfence/parallel", func(b *testing.B) {
+		g := benchGuard(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p, err := g.Allow(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Done(nil)
 			}
 		})
 	})

@@ -179,8 +179,10 @@ func TestBreakerStaleGenerationIgnored(t *testing.T) {
 	}
 	late := allow() // taken while closed, generation 0
 	lateFail := allow()
-	allow().Done(errFail)
-	allow().Done(errFail)
+	for range 2 {
+		p := allow()
+		p.Done(errFail)
+	}
 	if g.State() != policy.Open {
 		t.Fatalf("state %v, want open", g.State())
 	}

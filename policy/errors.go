@@ -25,6 +25,16 @@ var (
 	// ErrInvalidPolicy: New was given an invalid Policy. The error returned
 	// is an [*InvalidPolicyError] naming the field.
 	ErrInvalidPolicy = errors.New("policy: invalid policy")
+
+	// ErrBulkheadFull: Run refused the work because as many units of work
+	// of the guard as its bulkhead allows were in flight. The error returned
+	// is a [*BulkheadError] carrying the limit.
+	ErrBulkheadFull = errors.New("policy: bulkhead full")
+
+	// ErrSlowCall is the Err of an [EventSlowCall], and of the
+	// [EventBreakerOpened] a slow call caused. No call returns it: a slow
+	// call succeeded.
+	ErrSlowCall = errors.New("policy: slow call")
 )
 
 // OpenError is returned when the breaker refuses an attempt. One OpenError
@@ -52,7 +62,7 @@ func (e *OpenError) RetryAfter() time.Duration {
 			// No guard, or its state now serves another guard.
 			return time.Millisecond
 		}
-		return min(max(time.Duration(e.g.latency.Load()), time.Millisecond), time.Second)
+		return min(max(time.Duration(e.g.lat.est.Load()), time.Millisecond), time.Second)
 	}
 	return max(e.Until.Sub(e.clock.Now()), 0)
 }
@@ -81,6 +91,20 @@ func (e *ExhaustedError) Is(target error) bool { return target == ErrBudgetExhau
 
 // Unwrap returns the last attempt's error.
 func (e *ExhaustedError) Unwrap() error { return e.Err }
+
+// BulkheadError is returned by Run when the guard's bulkhead was full.
+type BulkheadError struct {
+	// Limit is the number of units of work in flight that refused this one:
+	// Bulkhead.MaxConcurrent, or the adaptive limit then.
+	Limit int
+}
+
+func (e *BulkheadError) Error() string {
+	return fmt.Sprintf("policy: bulkhead full (%d in flight)", e.Limit)
+}
+
+// Is reports whether target is ErrBulkheadFull.
+func (e *BulkheadError) Is(target error) bool { return target == ErrBulkheadFull }
 
 // AdmitError is returned when the Admit hook refused the work.
 type AdmitError struct{ Err error }

@@ -18,6 +18,8 @@ const (
 	EventHedgeStarted                         // a hedged attempt started
 	EventAdmitRefused                         // the Admit hook refused the work
 	EventRejected                             // the breaker refused an attempt
+	EventSlowCall                             // a success slower than the threshold: a failure to the breaker (Delay is its duration)
+	EventBulkheadFull                         // Run refused work: the bulkhead was full
 )
 
 func (k EventKind) String() string {
@@ -38,6 +40,10 @@ func (k EventKind) String() string {
 		return "admit-refused"
 	case EventRejected:
 		return "rejected"
+	case EventSlowCall:
+		return "slow-call"
+	case EventBulkheadFull:
+		return "bulkhead-full"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
@@ -50,7 +56,8 @@ type Event struct {
 	State State
 	// Attempt is the attempt the event is about, counting from 1.
 	Attempt int
-	// Delay is the backoff before a retry, or the open period of a trip.
+	// Delay is the backoff before a retry, the open period of a trip, or the
+	// duration of a slow call.
 	Delay time.Duration
 	// Err is the error that caused the event, if any.
 	Err error

@@ -15,15 +15,20 @@ func ExampleDefault() {
 	fmt.Println("breaker:", p.Breaker != nil)
 	fmt.Println("attempts:", p.Retry.MaxAttempts)
 	fmt.Println("backoff:", p.Retry.Backoff.Kind, p.Retry.Backoff.Base, "to", p.Retry.Backoff.Max)
+	fmt.Println("per attempt:", p.AttemptTimeout, "in all:", p.Deadline, "(none)")
+	fmt.Println("slow calls are failures:", !p.Breaker.SlowCall.Disabled)
 
 	premium := policy.Default()
 	premium.Deadline = 30 * time.Second
 	premium.Breaker = &policy.Breaker{ConsecutiveFailures: 10}
+	premium.Bulkhead = policy.Bulkhead{MaxConcurrent: 16, Weight: 4}
 	fmt.Println("premium deadline:", premium.Deadline)
 	// Output:
 	// breaker: true
 	// attempts: 3
 	// backoff: exponential 50ms to 5s
+	// per attempt: 10s in all: 0s (none)
+	// slow calls are failures: true
 	// premium deadline: 30s
 }
 
@@ -88,30 +93,57 @@ type fixedClock struct{ t time.Time }
 
 func (c fixedClock) Now() time.Time { return c.t }
 
-// Allow and Done are the two-step form for an engine that parks work instead
-// of blocking: ask for a permit, run the work elsewhere, report the outcome.
+// Allow, Done and NextRetry are the two-step form for an engine that parks
+// work instead of blocking: ask for a permit, run the work elsewhere, report
+// the outcome, and ask what to do next. The decision is a value: the
+// handler's error is only classified, never taken for the guard's refusal.
 func ExampleGuard_Allow() {
 	p := policy.Default()
 	p.Breaker = &policy.Breaker{ConsecutiveFailures: 2, OpenTimeout: 10 * time.Second}
+	p.Retry.Backoff = policy.Backoff{Kind: policy.Constant, Base: time.Second}
 	p.Clock = fixedClock{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	g, _ := policy.New(p)
+	ctx := context.Background()
 
-	for range 2 {
-		permit, err := g.Allow(context.Background())
-		if err != nil {
-			panic(err)
+	for attempt := 1; ; attempt++ {
+		permit, err := g.Allow(ctx)
+		if err != nil { // refused: park until a probe is admitted
+			var open *policy.OpenError
+			if errors.As(err, &open) {
+				fmt.Println("refused: park for", open.RetryAfter())
+			}
+			return
 		}
-		permit.Done(errors.New("timeout")) // the handler failed
+		herr := errors.New("timeout") // the handler failed
+		permit.Done(herr)
+		permit.Done(herr) // a second Done does nothing
+		d := g.NextRetry(attempt, herr, 0)
+		if !d.Retry {
+			fmt.Printf("attempt %d: stop (%v), park for %v\n", attempt, d.Stop, g.RetryAfter())
+			return
+		}
+		fmt.Printf("attempt %d: retry after %v\n", attempt, d.Delay)
 	}
-	_, err := g.Allow(context.Background())
-	var open *policy.OpenError
-	if errors.As(err, &open) {
-		fmt.Println("park for", open.RetryAfter())
-	}
-	fmt.Println(g.State(), g.RetryAfter())
 	// Output:
-	// park for 10s
-	// open 10s
+	// attempt 1: retry after 1s
+	// attempt 2: stop (open), park for 10s
+}
+
+// Concurrency and Weight are what a fair scheduler asks of each tenant's
+// guard: the units it may have in flight (its own bulkhead, or the engine's
+// default) and its share.
+func ExampleGuard_Concurrency() {
+	premium := policy.Default()
+	premium.Bulkhead = policy.Bulkhead{MaxConcurrent: 8, Weight: 4}
+	g, _ := policy.New(premium)
+	std, _ := policy.New(policy.Default())
+
+	const engineDefault = 2
+	fmt.Println("premium:", g.Concurrency(engineDefault), "in flight, weight", g.Weight())
+	fmt.Println("standard:", std.Concurrency(engineDefault), "in flight, weight", std.Weight())
+	// Output:
+	// premium: 8 in flight, weight 4
+	// standard: 2 in flight, weight 1
 }
 
 // Compile validates a policy once; each guard built from it shares the

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -49,6 +48,15 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"Deadline", policy.Policy{Deadline: -time.Second}},
 		{"Hedge.MinDelay", policy.Policy{Hedge: policy.Hedge{Enabled: true, MinDelay: -1}}},
 		{"Latency.SampleEvery", policy.Policy{Latency: policy.Latency{SampleEvery: -1}}},
+		{"AttemptTimeout", policy.Policy{AttemptTimeout: -time.Second}},
+		{"Bulkhead.MaxConcurrent", policy.Policy{Bulkhead: policy.Bulkhead{MaxConcurrent: -1}}},
+		{"Bulkhead.Weight", policy.Policy{Bulkhead: policy.Bulkhead{Weight: -1}}},
+		{"Breaker.SlowCall.Threshold", policy.Policy{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Threshold: -1}}}},
+		{"Breaker.SlowCall.Factor", policy.Policy{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Factor: 0.5}}}},
+		{"Breaker.SlowCall.Factor", policy.Policy{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Factor: -2}}}},
+		{"Breaker.SlowCall.Factor", policy.Policy{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Factor: math.NaN()}}}},
+		{"Breaker.SlowCall.Factor", policy.Policy{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Factor: math.Inf(1)}}}},
+		{"Breaker.SlowCall.Floor", policy.Policy{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Floor: -1}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
@@ -75,13 +83,15 @@ func TestValidDefaults(t *testing.T) {
 		{Breaker: &policy.Breaker{OpenTimeout: 2 * time.Minute}}, // default cap follows OpenTimeout
 		{Retry: policy.Retry{Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Minute}}},
 		{Budget: &policy.Budget{Ratio: 1e-9}}, // still earns something
+		{Breaker: &policy.Breaker{SlowCall: policy.SlowCall{Factor: 1, Floor: time.Nanosecond}}},
+		{Bulkhead: policy.Bulkhead{MaxConcurrent: 1, Weight: 100, Adaptive: true}},
 	} {
 		if _, err := policy.New(p); err != nil {
 			t.Errorf("New(%+v) = %v", p, err)
 		}
 	}
 	g := mustNew(t, policy.Policy{Budget: &policy.Budget{Ratio: 1e-9, MaxTokens: 1, MinPerSecond: -1}})
-	_, _ = g.NextRetry(0, errFail, 0)
+	_ = g.NextRetry(0, errFail, 0)
 	p, _ := g.Allow(context.Background())
 	p.Done(nil)
 	if tok := g.Stats().Tokens; tok <= 0 {
@@ -92,7 +102,8 @@ func TestValidDefaults(t *testing.T) {
 func TestDefaultPolicy(t *testing.T) {
 	t.Parallel()
 	p := policy.Default()
-	if p.Breaker == nil || p.Retry.MaxAttempts != 3 || p.Retry.Backoff.Kind != policy.Exponential || p.Budget != nil || p.Deadline != 0 || p.Hedge.Enabled {
+	if p.Breaker == nil || p.Retry.MaxAttempts != 3 || p.Retry.Backoff.Kind != policy.Exponential || p.Budget != nil || p.Deadline != 0 ||
+		p.AttemptTimeout != 10*time.Second || p.Hedge.Enabled || p.Breaker.SlowCall != (policy.SlowCall{}) || p.Bulkhead != (policy.Bulkhead{}) {
 		t.Fatalf("Default() = %+v", p)
 	}
 	// A template: changing a copy leaves the next Default alone.
@@ -238,163 +249,6 @@ func TestRunPanicRecordedAndRaised(t *testing.T) {
 	}
 }
 
-func TestLatencyEstimate(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		q      float64
-		lo, hi time.Duration // accepted band around the true quantile
-	}{
-		{0, 85 * time.Millisecond, 95 * time.Millisecond}, // default 0.9 of U(0,100ms)
-		{0.5, 45 * time.Millisecond, 55 * time.Millisecond},
-		{0.99, 96 * time.Millisecond, 100 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprint(tt.q), func(t *testing.T) {
-			t.Parallel()
-			clk := newFakeClock()
-			// Every attempt timed: this tests the estimator, deterministically.
-			g := mustNew(t, policy.Policy{Latency: policy.Latency{Quantile: tt.q, SampleEvery: 1}, Clock: clk})
-			if g.Stats().Latency != 0 {
-				t.Fatal("estimate before any sample")
-			}
-			rng := rand.New(rand.NewPCG(1, 2))
-			var sum time.Duration
-			const n = 20000
-			for i := range n {
-				p, _ := g.Allow(context.Background())
-				clk.Advance(time.Duration(rng.Int64N(int64(100 * time.Millisecond))))
-				p.Done(nil)
-				if i >= n/2 {
-					sum += g.Stats().Latency
-				}
-			}
-			// The mean of the estimate over the second half.
-			if avg := sum / (n / 2); avg < tt.lo || avg > tt.hi {
-				t.Fatalf("estimate %v, want within [%v, %v]", avg, tt.lo, tt.hi)
-			}
-		})
-	}
-}
-
-func TestLatencyEstimateTracksShift(t *testing.T) {
-	t.Parallel()
-	clk := newFakeClock()
-	g := mustNew(t, policy.Policy{Clock: clk, Latency: policy.Latency{SampleEvery: 1}})
-	feed := func(d time.Duration, n int) {
-		for range n {
-			p, _ := g.Allow(context.Background())
-			clk.Advance(d)
-			p.Done(nil)
-		}
-	}
-	feed(time.Millisecond, 1000)
-	if l := g.Stats().Latency; l < 900*time.Microsecond || l > 1100*time.Microsecond {
-		t.Fatalf("constant 1ms: estimate %v", l)
-	}
-	feed(time.Second, 1000) // a slow dependency: it must follow within a few hundred samples
-	if l := g.Stats().Latency; l < 900*time.Millisecond || l > 1100*time.Millisecond {
-		t.Fatalf("after the shift to 1s: estimate %v", l)
-	}
-	feed(0, 1) // a zero duration is a valid sample
-}
-
-// countingClock counts reads: the hot path reads the clock only to sample.
-type countingClock struct {
-	fakeClock
-	reads atomic.Int64
-}
-
-func (c *countingClock) Now() time.Time { c.reads.Add(1); return c.fakeClock.Now() }
-
-func TestLatencySampling(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name    string
-		breaker *policy.Breaker
-		every   int
-		lo, hi  int64 // clock reads for 8000 successes after New
-	}{
-		{"every attempt", &policy.Breaker{}, 1, 16000, 16000},
-		{"one in 8 after 32 warm-up samples", &policy.Breaker{}, 0, 64 + 2*(996-200), 64 + 2*(996+200)},
-		{"no breaker", nil, 0, 64 + 2*(996-200), 64 + 2*(996+200)},
-		{"one in 2", &policy.Breaker{}, 2, 64 + 2*(3984-300), 64 + 2*(3984+300)},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			clk := &countingClock{fakeClock: *newFakeClock()}
-			g := mustNew(t, policy.Policy{Breaker: tt.breaker, Clock: clk, Latency: policy.Latency{SampleEvery: tt.every}})
-			clk.reads.Store(0)
-			for i := range 8000 {
-				if err := g.Run(context.Background(), func(context.Context) error { return nil }); err != nil {
-					t.Fatal(err)
-				}
-				if i == 31 && clk.reads.Load() != 64 {
-					t.Fatalf("%d reads in the 32 warm-up attempts, want 64", clk.reads.Load())
-				}
-			}
-			if n := clk.reads.Load(); n < tt.lo || n > tt.hi {
-				t.Fatalf("%d clock reads, want within [%d, %d]", n, tt.lo, tt.hi)
-			}
-		})
-	}
-}
-
-func TestHedge(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		var rec recorder
-		g := mustNew(t, policy.Policy{Hedge: policy.Hedge{Enabled: true, MinDelay: 10 * time.Millisecond}, OnEvent: rec.event})
-		var calls atomic.Int32
-		var firstCanceled atomic.Bool
-		start := time.Now()
-		err := g.Run(context.Background(), func(ctx context.Context) error {
-			if calls.Add(1) == 1 { // the slow one
-				<-ctx.Done()
-				firstCanceled.Store(true)
-				return ctx.Err()
-			}
-			time.Sleep(2 * time.Millisecond)
-			return nil
-		})
-		synctest.Wait()
-		if err != nil || calls.Load() != 2 || !firstCanceled.Load() {
-			t.Fatalf("Run = %v, calls=%d, first canceled=%v", err, calls.Load(), firstCanceled.Load())
-		}
-		if got := time.Since(start); got != 12*time.Millisecond {
-			t.Fatalf("hedged Run took %v, want 12ms (10ms delay + 2ms)", got)
-		}
-		if got := rec.lines(); !equalLines(got, []string{"hedge-started"}) {
-			t.Fatalf("events %v", got)
-		}
-		if e := rec.events()[0]; e.Attempt != 1 || e.Delay != 10*time.Millisecond {
-			t.Fatalf("hedge event %+v", e)
-		}
-
-		// A fast attempt is not hedged; both failing returns a failure.
-		calls.Store(0)
-		err = g.Run(context.Background(), func(ctx context.Context) error { calls.Add(1); return nil })
-		if err != nil || calls.Load() != 1 {
-			t.Fatalf("fast Run = %v, calls=%d", err, calls.Load())
-		}
-		calls.Store(0)
-		err = g.Run(context.Background(), func(ctx context.Context) error {
-			calls.Add(1)
-			time.Sleep(time.Second)
-			return errFail
-		})
-		if err != errFail || calls.Load() != 2 {
-			t.Fatalf("both failing: %v, calls=%d", err, calls.Load())
-		}
-		// A panic in a hedged attempt is a failure (it cannot be re-raised
-		// on another goroutine).
-		err = g.Run(context.Background(), func(ctx context.Context) error { panic("hedged boom") })
-		if err == nil || !strings.Contains(err.Error(), "hedged boom") {
-			t.Fatalf("hedged panic: %v", err)
-		}
-	})
-}
-
 func TestRunConcurrent(t *testing.T) {
 	t.Parallel()
 	clk := newFakeClock()
@@ -481,6 +335,8 @@ func TestStringers(t *testing.T) {
 		{policy.EventBreakerClosed.String(), "breaker-closed"}, {policy.EventRetryScheduled.String(), "retry-scheduled"},
 		{policy.EventBudgetExhausted.String(), "budget-exhausted"}, {policy.EventHedgeStarted.String(), "hedge-started"},
 		{policy.EventAdmitRefused.String(), "admit-refused"}, {policy.EventRejected.String(), "rejected"},
+		{policy.EventSlowCall.String(), "slow-call"}, {policy.EventBulkheadFull.String(), "bulkhead-full"},
+		{(&policy.BulkheadError{Limit: 4}).Error(), "policy: bulkhead full (4 in flight)"},
 		{policy.EventKind(0).String(), "EventKind(0)"},
 		{(&policy.ExhaustedError{Attempts: 2, Err: errFail}).Error(), "policy: retry budget exhausted after 2 attempt(s): test: dependency failed"},
 	} {
@@ -523,10 +379,18 @@ func TestStatsSnapshot(t *testing.T) {
 
 func TestHotPathsAllocateNothing(t *testing.T) {
 	ctx := context.Background()
-	g := mustNew(t, policy.Default())
+	noTimeout := policy.Default()
+	noTimeout.AttemptTimeout = 0
+	g := mustNew(t, noTimeout)
 	ok := func(context.Context) error { return nil }
 	if n := testing.AllocsPerRun(1000, func() { _ = g.Run(ctx, ok) }); n != 0 {
 		t.Errorf("Run success path: %v allocs", n)
+	}
+	// An AttemptTimeout costs the attempt's context, one allocation; its
+	// timer only if the attempt asks for Done or Err.
+	timed := mustNew(t, policy.Default())
+	if n := testing.AllocsPerRun(1000, func() { _ = timed.Run(ctx, ok) }); n != 1 {
+		t.Errorf("Run success path with an AttemptTimeout: %v allocs, want 1", n)
 	}
 	if n := testing.AllocsPerRun(1000, func() {
 		p, _ := g.Allow(ctx)
@@ -547,5 +411,51 @@ func TestHotPathsAllocateNothing(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, func() { _, _ = open.Allow(ctx) }); n != 0 {
 		t.Errorf("Allow rejection: %v allocs", n)
+	}
+}
+
+// TestEngineHelpers: the accessors a two-step engine uses.
+func TestEngineHelpers(t *testing.T) {
+	t.Parallel()
+	type key struct{}
+	errNo := errors.New("not now")
+	var seen []int
+	g := mustNew(t, policy.Policy{
+		BeforeAttempt: func(ctx context.Context, attempt int) error {
+			if ctx.Value(key{}) != "v" {
+				return errors.New("wrong ctx")
+			}
+			seen = append(seen, attempt)
+			if attempt > 1 {
+				return errNo
+			}
+			return nil
+		},
+		Latency: policy.Latency{SampleEvery: 1},
+		Clock:   newFakeClock(),
+	})
+	ctx := context.WithValue(context.Background(), key{}, "v")
+	if err := g.BeforeAttempt(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.BeforeAttempt(ctx, 2); err != errNo || len(seen) != 2 || seen[1] != 2 {
+		t.Fatalf("BeforeAttempt = %v, saw %v", err, seen)
+	}
+	if err := mustNew(t, policy.Policy{}).BeforeAttempt(ctx, 1); err != nil {
+		t.Fatalf("BeforeAttempt without a hook = %v", err)
+	}
+
+	clk := newFakeClock()
+	h := mustNew(t, policy.Policy{Latency: policy.Latency{SampleEvery: 1}, Clock: clk})
+	if h.Latency() != 0 {
+		t.Fatal("a latency before any attempt")
+	}
+	for range 10 {
+		p, _ := h.Allow(ctx)
+		clk.Advance(3 * time.Millisecond)
+		p.Done(nil)
+	}
+	if l := h.Latency(); l != 3*time.Millisecond || l != h.Stats().Latency {
+		t.Fatalf("Latency() = %v, Stats().Latency = %v; want 3ms", l, h.Stats().Latency)
 	}
 }

@@ -9,14 +9,17 @@ import (
 )
 
 // Guard is one instance of a [Policy]: it owns a circuit breaker, a retry
-// budget and a latency estimate, and runs work through them with [Guard.Run]
-// or the two-step [Guard.Allow] and [Permit.Done].
+// budget, a latency estimate and a bulkhead, and runs work through them
+// with [Guard.Run] or the two-step [Guard.Allow] and [Permit.Done].
 //
 // A Guard is safe for concurrent use. The closed-breaker success path takes
-// no lock, allocates nothing and reads the clock only for a latency sample:
-// it loads the packed state word and updates a few atomics, which are
-// padded and sharded so that cores do not contend. Failures, state changes
-// and the budget floor take a mutex. A Guard takes about 1.2 KiB.
+// no lock and reads the exact clock only for a latency sample (the
+// slow-call check reads a coarse clock, one atomic load): it loads the
+// packed state word and updates a few atomics, which are padded and sharded
+// so that cores do not contend. It allocates nothing unless the policy has
+// an AttemptTimeout (then one small context per attempt of Run). Failures,
+// state changes and the budget floor take a mutex. A Guard takes about
+// 1.2 KiB.
 //
 // A Guard built by a [Recycler] may have its state reused once it is
 // retired; see [Recycler.Retire] for what a retired Guard does.
@@ -92,49 +95,23 @@ func (g *guard) idle() bool {
 func (h *Guard) Policy() Policy { return h.r.policy() }
 
 // Deadline returns the policy's Deadline (zero: none) without copying the
-// Policy, for engines that run attempts themselves.
+// Policy, for engines that run attempts themselves: the total time of one
+// unit of work across all its attempts and backoffs.
 func (h *Guard) Deadline() time.Duration { return h.r.deadline }
 
-// MaxAttempts returns the resolved maximum number of attempts.
-func (h *Guard) MaxAttempts() int { return h.r.maxAttempts }
+// AttemptTimeout returns the policy's AttemptTimeout (zero: none), for
+// engines that run attempts themselves (see also [Guard.AttemptContext]).
+func (h *Guard) AttemptTimeout() time.Duration { return h.r.attemptTimeout }
 
-// Backoff returns the wait after the given failed attempt (from 1). prev is
-// the previous wait, used by decorrelated jitter (0 before the first retry).
-// It spends nothing.
-func (h *Guard) Backoff(attempt int, err error, prev time.Duration) time.Duration {
-	return h.r.backoffFor(attempt, err, prev)
-}
-
-// State returns the breaker state. A breaker whose open period has ended
-// reports HalfOpen. Without a breaker it is always Closed.
-func (h *Guard) State() State {
-	g, sh := h.enter(rand.Uint32())
-	st := g.breakerState()
-	g.exit(sh)
-	return st
-}
-
-// Closed reports whether the breaker is closed (always, without a breaker).
-// It is State() == Closed without reading the clock, for code that scans
-// many guards: an open breaker whose open period has ended is not closed.
-func (h *Guard) Closed() bool {
-	// One load, then a check that it was of h's own life: a state is reset
-	// (and its state word stored) only after Retire moved life on.
-	g := h.st.Load()
-	st, _ := unpack(g.state.Load())
-	if g.pool != nil && g.life.Load() != h.gen {
-		return true // retired: its next call runs on a fresh, closed state
+// BeforeAttempt runs the policy's BeforeAttempt hook, if any (nil
+// otherwise), so that an engine that runs attempts itself honours it as Run
+// does: after the permit, before the attempt. On its error, release the
+// permit and end the unit of work.
+func (h *Guard) BeforeAttempt(ctx context.Context, attempt int) error {
+	if h.r.before == nil {
+		return nil
 	}
-	return st == Closed
-}
-
-// RetryAfter returns how long until the breaker admits a probe: zero unless
-// the breaker is open.
-func (h *Guard) RetryAfter() time.Duration {
-	g, sh := h.enter(rand.Uint32())
-	d := g.retryAfter()
-	g.exit(sh)
-	return d
+	return h.r.before(ctx, attempt)
 }
 
 // Stats returns a snapshot of the guard's counters and estimates.
@@ -145,82 +122,15 @@ func (h *Guard) Stats() Stats {
 	return s
 }
 
-// Allow is the first step of two-step use: it asks the Admit hook and the
-// breaker whether an attempt may start now, without running anything. On
-// refusal the error is an [*AdmitError] or an [*OpenError] whose RetryAfter
-// says how long until a probe is admitted.
-func (h *Guard) Allow(ctx context.Context) (Permit, error) {
-	r := rand.Uint32()
-	g, sh := h.enter(r)
-	var p Permit
-	if err := g.allow(ctx, &p, r); err != nil {
-		g.exit(sh)
-		return Permit{}, err
-	}
-	// The permit's shard is r's, the same as sh on a recycled state.
-	p.counted = g.pool != nil
-	return p, nil
-}
-
-// NextRetry is the retry decision of the executor, exposed for engines that
-// schedule their own attempts. Given the attempt that just failed (from 1),
-// its error, and the previous backoff (0 before the first retry), it returns
-// the wait before the next attempt, or a non-nil error when there must be no
-// retry: err itself when it is permanent or the attempts are used up, an
-// [*OpenError] when the breaker will still be open after the wait (park
-// rather than retry), or an [*ExhaustedError] when the budget refused. Only a
-// scheduled retry spends a budget token; it emits EventRetryScheduled,
-// EventRejected or EventBudgetExhausted accordingly.
-func (h *Guard) NextRetry(attempt int, err error, prev time.Duration) RetryDecision {
-	g, sh := h.enter(rand.Uint32())
-	d, stop := g.nextRetry(context.Background(), attempt, err, prev)
-	g.exit(sh)
-	switch {
-	case stop == nil:
-		return RetryDecision{Retry: true, Delay: d}
-	case IsPermanent(err):
-		return RetryDecision{Stop: StopPermanent}
-	case stop == err:
-		return RetryDecision{Stop: StopAttempts}
-	}
-	if oe, ok := stop.(*OpenError); ok && oe != nil {
-		return RetryDecision{Stop: StopOpen}
-	}
-	if _, ok := stop.(*ExhaustedError); ok {
-		return RetryDecision{Stop: StopBudget}
-	}
-	return RetryDecision{Stop: StopAttempts}
-}
-
-// Run runs fn through the guard: Admit, then for each attempt the breaker
-// permit, BeforeAttempt, the attempt (under the Deadline, if any), the
-// outcome recorded, and the retry decision with budget and backoff. It
-// returns nil on the first success, or the error that ended the work:
-//
-//   - the last attempt's error (permanent, or the attempts are used up);
-//   - an [*OpenError] when the breaker refused an attempt, or opened and
-//     will still be open after the backoff (no token is spent then);
-//   - an [*ExhaustedError] when the retry budget refused a retry;
-//   - an [*AdmitError] when Admit refused, or BeforeAttempt's error;
-//   - the last attempt's error joined with ctx's error when ctx ended during
-//     an attempt or a backoff (a backoff is interrupted at once), or with
-//     [context.DeadlineExceeded] when the next backoff would outlive the
-//     deadline.
-//
-// A panic in fn is recorded as a failure and re-raised.
-func (h *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
-	r := rand.Uint32()
-	g, sh := h.enter(r)
-	err := g.run(ctx, fn, r)
-	g.exit(sh) // skipped if fn panics: the state is then never reused
-	return err
-}
-
 // A Recycler keeps the states of retired guards and builds later guards on
 // them, so that a keyed collection whose keys come and go (a scope under
 // tenant churn) does not allocate a guard's 1.2 KiB of state per new key:
 // a recycled guard costs one 32-byte allocation. A Recycler is safe for
 // concurrent use; its guards may be of different Compiled policies.
+//
+// It is exported for keyed collections like scope.Scope, which live in
+// another package; most users never need it: [New] and [Compiled.New]
+// build guards that are never recycled.
 type Recycler struct {
 	mu   sync.Mutex
 	free []*guard

@@ -2,9 +2,7 @@ package policy
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -13,8 +11,8 @@ import (
 // written on each field; [Default] returns the recommended template.
 //
 // A Policy holds no state. Every Guard built from it owns its own breaker,
-// retry budget and latency estimate, so two guards built from one Policy never
-// share failures or tokens.
+// retry budget, latency estimate and bulkhead, so two guards built from one
+// Policy never share failures, tokens or slots.
 type Policy struct {
 	// Breaker configures the circuit breaker. Nil means no breaker: every
 	// attempt is permitted. &Breaker{} means a breaker with default settings.
@@ -30,11 +28,22 @@ type Policy struct {
 
 	// Deadline is the total time one unit of work may take across all its
 	// attempts and backoffs. Zero means no deadline (only ctx bounds it).
+	// Each attempt is bounded by AttemptTimeout as well.
 	Deadline time.Duration
 
-	// AttemptTimeout bounds each attempt (TEMPORARY stand-in on the engine
-	// branch; the policy-core branch brings the real field).
+	// AttemptTimeout bounds each attempt: the ctx given to the attempt ends
+	// after it (or at the Deadline, if that comes first). An attempt it ends
+	// is a failure like any other: its context.DeadlineExceeded counts
+	// toward the breaker (only context.Canceled is excluded by default), and
+	// it is retried. Zero means none (the zero Policy has none); [Default]
+	// sets 10s, so that a hanging dependency ends and trips the breaker
+	// instead of holding a worker for ever.
 	AttemptTimeout time.Duration
+
+	// Bulkhead bounds the units of work of this guard in flight at once,
+	// and weighs the guard in a fair scheduler. The zero value is no bound
+	// in Run (an engine applies its own default) and weight 1.
+	Bulkhead Bulkhead
 
 	// Latency configures the streaming latency estimate.
 	Latency Latency
@@ -65,9 +74,12 @@ type Policy struct {
 	Clock Clock
 }
 
-// Default returns the recommended template: a breaker with default settings,
-// 3 attempts with decorrelated-jitter exponential backoff from 50ms capped at
-// 5s, the default retry budget, and no deadline.
+// Default returns the recommended template: a breaker with default settings
+// (which count slow calls as failures, see [SlowCall]), 3 attempts with
+// decorrelated-jitter exponential backoff from 50ms capped at 5s, the
+// default retry budget, no total Deadline, and an AttemptTimeout of 10s, so
+// that a hanging dependency ends (and counts as a failure) instead of
+// holding its caller for ever. No bulkhead in Run.
 func Default() Policy {
 	return Policy{
 		Breaker: &Breaker{},
@@ -75,12 +87,15 @@ func Default() Policy {
 			MaxAttempts: 3,
 			Backoff:     Backoff{Kind: Exponential, Base: 50 * time.Millisecond, Max: 5 * time.Second},
 		},
+		AttemptTimeout: 10 * time.Second,
 	}
 }
 
 // Breaker configures a circuit breaker. The zero value is a breaker that
 // opens after 5 consecutive failures, stays open 5s (doubling on each
-// repeated trip up to 1 minute) and admits 1 probe while half-open.
+// repeated trip up to 1 minute), admits 1 probe while half-open, and counts
+// a success slower than a threshold derived from the guard's latency as a
+// failure (SlowCall).
 type Breaker struct {
 	// ConsecutiveFailures trips the breaker after this many failures in a
 	// row. Zero means 5, unless FailureRatio is set, in which case zero
@@ -117,6 +132,64 @@ type Breaker struct {
 	// about the dependency). Permanent errors are always counted as failures
 	// unless excluded here.
 	Exclude func(error) bool
+
+	// SlowCall makes slow successes failures to the breaker. On by default.
+	SlowCall SlowCall
+}
+
+// SlowCall configures slow calls, after resilience4j's slow-call threshold:
+// an attempt that succeeds but took longer than the threshold is recorded
+// by the breaker as a failure (by the consecutive and ratio rules, and as a
+// failed probe when half-open), emits [EventSlowCall] and earns no retry
+// token; the caller still gets its success. A dependency that turns slow
+// without failing so trips the breaker like a failing one. Every attempt is
+// checked, timed with a coarse clock when Policy.Clock is the system clock
+// (about 5ms resolution) and with Policy.Clock otherwise.
+//
+// The zero value derives the threshold from the guard's own latency: the
+// larger of Floor (100ms) and Factor (5) times a baseline, the configured
+// latency quantile (p90) of the successes under the threshold. The baseline
+// learns from the first 32 attempts before the threshold applies, and then
+// does not learn the slowness it detects: while attempts stay slow it only
+// drifts up, by at most a doubling a minute, so that a dependency that
+// moves for good from L to L' is accepted after about log2(L'/(Factor*L))
+// minutes of slow calls (1ms to 500ms: 7 minutes, about 8 with the breaker
+// parking the caller between probes); until then its calls are slow calls
+// and keep the breaker opening.
+type SlowCall struct {
+	// Disabled turns slow-call counting off.
+	Disabled bool
+	// Threshold is a fixed threshold, applied from the first attempt. Zero
+	// means derived (see SlowCall).
+	Threshold time.Duration
+	// Factor: a derived threshold is max(Floor, Factor x baseline). Zero
+	// means 5; otherwise at least 1.
+	Factor float64
+	// Floor is the least derived threshold. Zero means 100ms.
+	Floor time.Duration
+}
+
+// Bulkhead bounds one guard's units of work in flight, and weighs the guard
+// against others (the consumer's fair scheduler reads it; Run does not).
+// [Guard.Run] enforces MaxConcurrent (and the adaptive limit), refusing
+// work at once with [ErrBulkheadFull]; [Guard.Allow] does not: an engine
+// counts its own units in flight and asks [Guard.Concurrency] for the
+// limit. A scope's Shape sets it per tenant.
+type Bulkhead struct {
+	// MaxConcurrent is how many units of work of this guard may be in
+	// flight at once. Zero means no cap in Run, and the engine's default in
+	// the consumer (Guard.Concurrency's def). Negative is invalid.
+	MaxConcurrent int
+	// Weight is this guard's share in a fair scheduler. Zero means 1.
+	// Negative is invalid.
+	Weight int
+	// Adaptive makes the limit move with measured latency, between 1 and
+	// the cap (MaxConcurrent, or the engine's default, or 1000 in Run): a
+	// gradient limit after Netflix concurrency-limits' Gradient2, which
+	// falls when the guard's latency rises several-fold above its long-term
+	// level and climbs back when it recovers. It updates on latency samples
+	// (Latency.SampleEvery), from Run and two-step use alike.
+	Adaptive bool
 }
 
 // Retry configures attempts of one unit of work.
@@ -218,199 +291,4 @@ type Hedge struct {
 	// MinDelay is the least time to wait before hedging, whatever the
 	// estimate. Zero means 1ms.
 	MinDelay time.Duration
-}
-
-// resolved is a Policy with every default filled in, checked once by New.
-type resolved struct {
-	breaker     bool
-	consecutive int
-	ratio       float64
-	window      time.Duration
-	minRequests int
-	openTimeout time.Duration
-	maxOpen     time.Duration
-	probes      int
-	exclude     func(error) bool
-
-	maxAttempts int
-	backoff     Backoff
-
-	budget       bool
-	earnMilli    int64
-	maxMilli     int64
-	floorPerSec  float64
-	floorEvery   int64 // ns per floor retry
-	floorCap     int64 // ns of floor that accrue: 1s, or one retry if slower
-	quantile     float64
-	sampleEvery  uint32
-	deadline     time.Duration
-	hedge        bool
-	hedgeMin     time.Duration
-	admit        func(context.Context) error
-	before       func(context.Context, int) error
-	onEvent      func(Event)
-	clock        Clock
-	systemClock  bool
-	epoch        time.Time // origin of every guard's nanosecond clock
-	originalCopy Policy
-}
-
-func invalid(field, format string, args ...any) error {
-	return &InvalidPolicyError{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
-
-func resolve(p Policy) (*resolved, error) {
-	r := &resolved{originalCopy: p}
-	// The guard keeps its own copies, so a caller changing *p.Breaker after
-	// New changes neither the guard nor what Policy() reports.
-	if p.Breaker != nil {
-		b := *p.Breaker
-		r.originalCopy.Breaker = &b
-	}
-	if p.Budget != nil {
-		b := *p.Budget
-		r.originalCopy.Budget = &b
-	}
-	if b := p.Breaker; b != nil {
-		r.breaker = true
-		switch {
-		case b.ConsecutiveFailures < 0:
-			return r, invalid("Breaker.ConsecutiveFailures", "must not be negative, got %d", b.ConsecutiveFailures)
-		case b.FailureRatio < 0 || b.FailureRatio > 1 || math.IsNaN(b.FailureRatio):
-			return r, invalid("Breaker.FailureRatio", "must be in (0, 1] or 0 to disable, got %v", b.FailureRatio)
-		case b.Window < 0:
-			return r, invalid("Breaker.Window", "must not be negative, got %v", b.Window)
-		case b.MinRequests < 0:
-			return r, invalid("Breaker.MinRequests", "must not be negative, got %d", b.MinRequests)
-		case b.OpenTimeout < 0:
-			return r, invalid("Breaker.OpenTimeout", "must not be negative, got %v", b.OpenTimeout)
-		case b.MaxOpenTimeout < 0:
-			return r, invalid("Breaker.MaxOpenTimeout", "must not be negative, got %v", b.MaxOpenTimeout)
-		case b.HalfOpenProbes < 0:
-			return r, invalid("Breaker.HalfOpenProbes", "must not be negative, got %d", b.HalfOpenProbes)
-		}
-		r.consecutive = b.ConsecutiveFailures
-		if r.consecutive == 0 && b.FailureRatio == 0 {
-			r.consecutive = 5
-		}
-		r.ratio = b.FailureRatio
-		r.window = orDuration(b.Window, 10*time.Second)
-		r.minRequests = orInt(b.MinRequests, 20)
-		r.openTimeout = orDuration(b.OpenTimeout, 5*time.Second)
-		r.maxOpen = orDuration(b.MaxOpenTimeout, time.Minute)
-		if b.MaxOpenTimeout == 0 && r.maxOpen < r.openTimeout {
-			r.maxOpen = r.openTimeout
-		}
-		if r.maxOpen < r.openTimeout {
-			return r, invalid("Breaker.MaxOpenTimeout", "%v is below OpenTimeout %v", r.maxOpen, r.openTimeout)
-		}
-		if r.window < windowBuckets {
-			return r, invalid("Breaker.Window", "must be at least %dns, got %v", windowBuckets, r.window)
-		}
-		r.probes = orInt(b.HalfOpenProbes, 1)
-		r.exclude = b.Exclude
-	}
-	if r.exclude == nil {
-		r.exclude = excludeCanceled
-	}
-
-	switch {
-	case p.Retry.MaxAttempts < 0:
-		return r, invalid("Retry.MaxAttempts", "must be at least 1 (0 means 1), got %d", p.Retry.MaxAttempts)
-	case p.Retry.Backoff.Base < 0:
-		return r, invalid("Retry.Backoff.Base", "must not be negative, got %v", p.Retry.Backoff.Base)
-	case p.Retry.Backoff.Max < 0:
-		return r, invalid("Retry.Backoff.Max", "must not be negative, got %v", p.Retry.Backoff.Max)
-	case p.Retry.Backoff.Kind > CustomKind:
-		return r, invalid("Retry.Backoff.Kind", "unknown kind %v", p.Retry.Backoff.Kind)
-	case p.Retry.Backoff.Kind == CustomKind && p.Retry.Backoff.Custom == nil:
-		return r, invalid("Retry.Backoff.Custom", "must be set when Kind is CustomKind")
-	}
-	r.maxAttempts = orInt(p.Retry.MaxAttempts, 1)
-	r.backoff = p.Retry.Backoff
-	r.backoff.Base = orDuration(r.backoff.Base, 50*time.Millisecond)
-	r.backoff.Max = orDuration(r.backoff.Max, max(5*time.Second, r.backoff.Base))
-	if r.backoff.Custom != nil {
-		r.backoff.Kind = CustomKind
-	}
-	if r.backoff.Max < r.backoff.Base {
-		return r, invalid("Retry.Backoff.Max", "%v is below Base %v", r.backoff.Max, r.backoff.Base)
-	}
-
-	b := Budget{}
-	if p.Budget != nil {
-		b = *p.Budget
-	}
-	switch {
-	case b.Ratio < 0 || b.Ratio > 1 || math.IsNaN(b.Ratio):
-		return r, invalid("Budget.Ratio", "must be in (0, 1], got %v", b.Ratio)
-	case b.MaxTokens < 0 || math.IsNaN(b.MaxTokens) || math.IsInf(b.MaxTokens, 0):
-		return r, invalid("Budget.MaxTokens", "must not be negative, got %v", b.MaxTokens)
-	case math.IsNaN(b.MinPerSecond) || math.IsInf(b.MinPerSecond, 0):
-		return r, invalid("Budget.MinPerSecond", "must be a number, got %v", b.MinPerSecond)
-	}
-	r.budget = !b.Disabled
-	r.earnMilli = max(int64(math.Round(orFloat(b.Ratio, 0.2)*1000)), 1)
-	r.maxMilli = int64(min(math.Round(orFloat(b.MaxTokens, 10)*1000), 1<<62))
-	r.floorPerSec = orFloat(b.MinPerSecond, 1)
-	if r.floorPerSec < 0 {
-		r.floorPerSec = 0
-	}
-	if r.floorPerSec > 0 {
-		r.floorEvery = max(int64(min(float64(time.Second)/r.floorPerSec, 1e18)), 1)
-		r.floorCap = max(int64(time.Second), r.floorEvery)
-	}
-
-	q := p.Latency.Quantile
-	if q < 0 || q >= 1 || math.IsNaN(q) {
-		return r, invalid("Latency.Quantile", "must be in (0, 1), got %v", q)
-	}
-	r.quantile = orFloat(q, 0.9)
-	if p.Latency.SampleEvery < 0 {
-		return r, invalid("Latency.SampleEvery", "must not be negative, got %d", p.Latency.SampleEvery)
-	}
-	r.sampleEvery = uint32(min(orInt(p.Latency.SampleEvery, 8), math.MaxUint32))
-
-	if p.Deadline < 0 {
-		return r, invalid("Deadline", "must not be negative, got %v", p.Deadline)
-	}
-	r.deadline = p.Deadline
-	if p.Hedge.MinDelay < 0 {
-		return r, invalid("Hedge.MinDelay", "must not be negative, got %v", p.Hedge.MinDelay)
-	}
-	r.hedge = p.Hedge.Enabled
-	r.hedgeMin = orDuration(p.Hedge.MinDelay, time.Millisecond)
-	r.admit = p.Admit
-	r.before = p.BeforeAttempt
-	r.onEvent = p.OnEvent
-	r.clock = p.Clock
-	if r.clock == nil {
-		r.clock = systemClock{}
-		r.systemClock = true
-	}
-	r.epoch = r.clock.Now()
-	return r, nil
-}
-
-func excludeCanceled(err error) bool { return errors.Is(err, context.Canceled) }
-
-func orInt(v, d int) int {
-	if v == 0 {
-		return d
-	}
-	return v
-}
-
-func orFloat(v, d float64) float64 {
-	if v == 0 {
-		return d
-	}
-	return v
-}
-
-func orDuration(v, d time.Duration) time.Duration {
-	if v == 0 {
-		return d
-	}
-	return v
 }

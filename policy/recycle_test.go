@@ -23,8 +23,8 @@ func dirty(t *testing.T, g *policy.Guard, clk *fakeClock) {
 		}
 	}
 	for i := 1; i <= 2; i++ {
-		if _, err := g.NextRetry(i, errFail, 0); err != nil {
-			t.Fatalf("NextRetry %d: %v", i, err)
+		if d := g.NextRetry(i, errFail, 0); !d.Retry {
+			t.Fatalf("NextRetry %d: %+v", i, d)
 		}
 	}
 	for g.State() != policy.Open {
@@ -227,5 +227,40 @@ func TestRecyclerIsolationUnderChurn(t *testing.T) {
 	wg.Wait()
 	for i := range slots {
 		check(slots[i].g, slots[i].n)
+	}
+}
+
+// TestRetiredGuardReadsFresh: the accessors that read a state without
+// counting in report a fresh state for a retired guard, never the state's
+// new owner.
+func TestRetiredGuardReadsFresh(t *testing.T) {
+	clk := newFakeClock()
+	p := recyclerPolicy(clk)
+	p.Latency.SampleEvery = 1
+	p.Bulkhead = policy.Bulkhead{MaxConcurrent: 4, Adaptive: true}
+	p.Breaker = nil // slow calls would open it
+	c, err := policy.Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := policy.NewRecycler(1)
+	old := rc.New(c, nil)
+	rc.Retire(old)
+	g := rc.New(c, nil) // on old's state
+	for range 50 {
+		pm, _ := g.Allow(context.Background())
+		clk.Advance(time.Millisecond)
+		pm.Done(nil)
+	}
+	for range 50 {
+		pm, _ := g.Allow(context.Background())
+		clk.Advance(time.Second)
+		pm.Done(nil)
+	}
+	if g.Latency() == 0 || g.Concurrency(0) == 4 {
+		t.Fatalf("the new owner's state did not move: latency %v, concurrency %d", g.Latency(), g.Concurrency(0))
+	}
+	if old.Latency() != 0 || old.Concurrency(0) != 4 || !old.Closed() {
+		t.Fatalf("retired guard reads its old state: latency %v, concurrency %d", old.Latency(), old.Concurrency(0))
 	}
 }

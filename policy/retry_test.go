@@ -3,6 +3,7 @@ package policy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -67,36 +68,106 @@ func TestBackoffCustomGetsAttemptAndError(t *testing.T) {
 	g := mustNew(t, policy.Policy{Retry: policy.Retry{MaxAttempts: 5, Backoff: policy.Backoff{
 		Custom: func(a int, err error) time.Duration { gotAttempt, gotErr = a, err; return time.Millisecond },
 	}}, Budget: &policy.Budget{Disabled: true}})
-	d, err := g.NextRetry(2, errFail, 0)
-	if err != nil || d != time.Millisecond || gotAttempt != 2 || gotErr != errFail {
-		t.Fatalf("NextRetry = %v, %v; custom saw %d, %v", d, err, gotAttempt, gotErr)
+	d := g.NextRetry(2, errFail, 0)
+	if !d.Retry || d.Delay != time.Millisecond || gotAttempt != 2 || gotErr != errFail {
+		t.Fatalf("NextRetry = %+v; custom saw %d, %v", d, gotAttempt, gotErr)
 	}
 }
 
 func TestNextRetryDecisions(t *testing.T) {
 	t.Parallel()
-	g := mustNew(t, policy.Policy{
-		Retry:  policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
-		Budget: &policy.Budget{Disabled: true},
+	const ms = time.Millisecond
+	// A handler whose own downstream guard refused it: its error wraps
+	// ErrOpen, but it is the handler's error, not this guard's refusal.
+	downstreamOpen := fmt.Errorf("inventory: %w", policy.ErrOpen)
+	tests := []struct {
+		name     string
+		breaker  *policy.Breaker
+		budget   *policy.Budget
+		trip     bool // open this guard's breaker first
+		attempt  int
+		err      error
+		want     policy.RetryDecision
+		retries  uint64 // Stats.Retries after
+		rejected uint64 // Stats.Rejected after
+	}{
+		{name: "retry", attempt: 1, err: errFail, want: policy.RetryDecision{Retry: true, Delay: ms}, retries: 1},
+		{name: "retry before the last attempt", attempt: 2, err: errFail, want: policy.RetryDecision{Retry: true, Delay: ms}, retries: 1},
+		{name: "attempts used up", attempt: 3, err: errFail, want: policy.RetryDecision{Stop: policy.StopAttempts}},
+		{name: "permanent", attempt: 1, err: policy.Permanent(errFail), want: policy.RetryDecision{Stop: policy.StopPermanent}},
+		{name: "permanent on the last attempt", attempt: 3, err: policy.Permanent(errFail), want: policy.RetryDecision{Stop: policy.StopPermanent}},
+		{name: "no error", attempt: 1, err: nil, want: policy.RetryDecision{}},
+		{name: "budget refused", budget: &policy.Budget{MaxTokens: 0.5, MinPerSecond: -1}, attempt: 1, err: errFail,
+			want: policy.RetryDecision{Stop: policy.StopBudget}},
+		{name: "own breaker open past the backoff", breaker: &policy.Breaker{ConsecutiveFailures: 1}, trip: true, attempt: 1, err: errFail,
+			want: policy.RetryDecision{Stop: policy.StopOpen}, rejected: 1},
+		{name: "handler error wrapping ErrOpen is retried", breaker: &policy.Breaker{}, attempt: 1, err: downstreamOpen,
+			want: policy.RetryDecision{Retry: true, Delay: ms}, retries: 1},
+		{name: "handler error wrapping ErrOpen uses up attempts", breaker: &policy.Breaker{}, attempt: 3, err: downstreamOpen,
+			want: policy.RetryDecision{Stop: policy.StopAttempts}},
+		{name: "permanent handler error wrapping ErrOpen", breaker: &policy.Breaker{}, attempt: 1, err: policy.Permanent(downstreamOpen),
+			want: policy.RetryDecision{Stop: policy.StopPermanent}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			budget := tt.budget
+			if budget == nil {
+				budget = &policy.Budget{Disabled: true}
+			}
+			clk := newFakeClock()
+			g := mustNew(t, policy.Policy{
+				Breaker: tt.breaker,
+				Retry:   policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: ms}},
+				Budget:  budget,
+				Clock:   clk,
+			})
+			if tt.trip {
+				p, _ := g.Allow(context.Background())
+				p.Done(errFail)
+			}
+			if got := g.NextRetry(tt.attempt, tt.err, 0); got != tt.want {
+				t.Fatalf("NextRetry = %+v, want %+v", got, tt.want)
+			}
+			if st := g.Stats(); st.Retries != tt.retries || st.Rejected != tt.rejected {
+				t.Fatalf("Retries %d, Rejected %d; want %d, %d", st.Retries, st.Rejected, tt.retries, tt.rejected)
+			}
+		})
+	}
+}
+
+// TestRunHandlerErrorWrappingErrOpen: a handler whose error wraps ErrOpen
+// (from a guard of its own) is retried like any other error and its error
+// is returned: it is not this guard's refusal, whose breaker stays closed.
+func TestRunHandlerErrorWrappingErrOpen(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := mustNew(t, policy.Policy{
+			Breaker: &policy.Breaker{ConsecutiveFailures: 10},
+			Retry:   policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
+		})
+		downstream := fmt.Errorf("inventory: %w", policy.ErrOpen)
+		calls := 0
+		err := g.Run(context.Background(), func(context.Context) error { calls++; return downstream })
+		var oe *policy.OpenError
+		if err != downstream || calls != 3 || errors.As(err, &oe) {
+			t.Fatalf("Run = %v after %d calls, want the handler's error after 3", err, calls)
+		}
+		if st := g.Stats(); st.State != policy.Closed || st.Rejected != 0 || st.Failures != 3 || st.Retries != 2 {
+			t.Fatalf("stats %+v", st)
+		}
 	})
-	if g.MaxAttempts() != 3 {
-		t.Fatalf("MaxAttempts = %d", g.MaxAttempts())
-	}
-	if d, err := g.NextRetry(1, errFail, 0); err != nil || d != time.Millisecond {
-		t.Fatalf("attempt 1: %v, %v", d, err)
-	}
-	if d, err := g.NextRetry(2, errFail, 0); err != nil || d != time.Millisecond {
-		t.Fatalf("attempt 2: %v, %v", d, err)
-	}
-	if _, err := g.NextRetry(3, errFail, 0); err != errFail {
-		t.Fatalf("last attempt: %v, want the attempt's error", err)
-	}
-	perm := policy.Permanent(errFail)
-	if _, err := g.NextRetry(1, perm, 0); err != perm {
-		t.Fatalf("permanent: %v", err)
-	}
-	if st := g.Stats(); st.Retries != 2 {
-		t.Fatalf("Retries = %d, want 2", st.Retries)
+}
+
+func TestStopReasonString(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[policy.StopReason]string{
+		policy.StopNone: "none", policy.StopPermanent: "permanent", policy.StopAttempts: "attempts",
+		policy.StopOpen: "open", policy.StopBudget: "budget", 9: "StopReason(9)",
+	} {
+		if got := s.String(); got != want {
+			t.Errorf("%d: %q, want %q", s, got, want)
+		}
 	}
 }
 
@@ -111,177 +182,15 @@ func TestNextRetryOpenBreakerParks(t *testing.T) {
 	})
 	p, _ := g.Allow(context.Background())
 	p.Done(errFail)
-	_, err := g.NextRetry(1, errFail, 0)
-	if !errors.Is(err, policy.ErrOpen) {
-		t.Fatalf("NextRetry with an open breaker = %v, want ErrOpen", err)
+	if d := g.NextRetry(1, errFail, 0); d != (policy.RetryDecision{Stop: policy.StopOpen}) {
+		t.Fatalf("NextRetry with an open breaker = %+v, want StopOpen", d)
 	}
 	if st := g.Stats(); st.Tokens != 1 || st.Retries != 0 {
 		t.Fatalf("a refused retry spent a token: %+v", st)
 	}
 	clk.Advance(950 * time.Millisecond) // open for 50ms more, less than the backoff
-	if d, err := g.NextRetry(1, errFail, 0); err != nil || d != 100*time.Millisecond {
-		t.Fatalf("NextRetry near the end of the open period = %v, %v", d, err)
-	}
-}
-
-func TestBudgetArithmetic(t *testing.T) {
-	t.Parallel()
-	clk := newFakeClock()
-	var rec recorder
-	g := mustNew(t, policy.Policy{
-		Retry:   policy.Retry{MaxAttempts: 100, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
-		Budget:  &policy.Budget{Ratio: 0.25, MaxTokens: 3, MinPerSecond: -1},
-		Clock:   clk,
-		OnEvent: rec.event,
-	})
-	ctx := context.Background()
-	succeed := func(n int) {
-		for range n {
-			p, _ := g.Allow(ctx)
-			p.Done(nil)
-		}
-	}
-	retry := func() bool {
-		_, err := g.NextRetry(1, errFail, 0)
-		if err != nil {
-			var ee *policy.ExhaustedError
-			if !errors.As(err, &ee) || !errors.Is(err, policy.ErrBudgetExhausted) || !errors.Is(err, errFail) || ee.Attempts != 1 {
-				t.Fatalf("refusal %v, want an ExhaustedError wrapping the failure", err)
-			}
-			return false
-		}
-		return true
-	}
-	tokens := func(want float64) {
-		t.Helper()
-		if got := g.Stats().Tokens; math.Abs(got-want) > 1e-9 {
-			t.Fatalf("Tokens = %v, want %v", got, want)
-		}
-	}
-	tokens(3) // starts full
-	for i := range 3 {
-		if !retry() {
-			t.Fatalf("retry %d refused with tokens left", i)
-		}
-	}
-	tokens(0)
-	if retry() {
-		t.Fatal("retry allowed with an empty bucket and no floor")
-	}
-	succeed(3) // 0.75 tokens: not a whole one
-	tokens(0.75)
-	if retry() {
-		t.Fatal("retry allowed with 0.75 tokens")
-	}
-	succeed(1)
-	tokens(1)
-	if !retry() {
-		t.Fatal("retry refused with one token")
-	}
-	succeed(100) // capped at MaxTokens
-	tokens(3)
-	var kinds []policy.EventKind
-	for _, e := range rec.events() {
-		kinds = append(kinds, e.Kind)
-	}
-	var exhausted, scheduled int
-	for _, k := range kinds {
-		switch k {
-		case policy.EventBudgetExhausted:
-			exhausted++
-		case policy.EventRetryScheduled:
-			scheduled++
-		}
-	}
-	if exhausted != 2 || scheduled != 4 {
-		t.Fatalf("events: %d exhausted, %d scheduled; want 2 and 4", exhausted, scheduled)
-	}
-}
-
-func TestBudgetFloor(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name    string
-		perSec  float64
-		advance time.Duration
-		want    int // retries allowed after the advance
-	}{
-		{"full at start: one second's worth", 2, 0, 2},
-		{"half a second at 2/s", 2, 500 * time.Millisecond, 1},
-		{"refill capped at one second", 2, time.Hour, 2},
-		{"below 1/s: capped at one retry", 0.5, time.Hour, 1},
-		{"below 1/s: partial refill is not a retry", 0.5, time.Second, 0},
-		{"below 1/s: full refill", 0.5, 2 * time.Second, 1},
-		{"default floor is 1/s", 0, time.Second, 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			clk := newFakeClock()
-			g := mustNew(t, policy.Policy{
-				Retry:  policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
-				Budget: &policy.Budget{MaxTokens: 0.5, MinPerSecond: tt.perSec},
-				Clock:  clk,
-			})
-			if tt.advance > 0 { // drain the floor first, then let it refill
-				for {
-					if _, err := g.NextRetry(1, errFail, 0); err != nil {
-						break
-					}
-				}
-				clk.Advance(tt.advance)
-			}
-			got := 0
-			for got < 100 {
-				if _, err := g.NextRetry(1, errFail, 0); err != nil {
-					break
-				}
-				got++
-			}
-			if got != tt.want {
-				t.Fatalf("%d retries from the floor, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestBudgetFloorAccruesUnderFrequentCalls(t *testing.T) {
-	t.Parallel()
-	// Refused retries every 100µs must not keep resetting the refill.
-	clk := newFakeClock()
-	g := mustNew(t, policy.Policy{
-		Retry:  policy.Retry{MaxAttempts: 2},
-		Budget: &policy.Budget{MaxTokens: 0.5, MinPerSecond: 1},
-		Clock:  clk,
-	})
-	allowed := 0
-	for range 20001 { // two seconds, both ends included
-		if _, err := g.NextRetry(1, errFail, 0); err == nil {
-			allowed++
-		}
-		clk.Advance(100 * time.Microsecond)
-	}
-	if allowed != 3 { // the initial one, then one per second
-		t.Fatalf("%d floor retries over 2s at 1/s, want 3", allowed)
-	}
-}
-
-func TestBudgetDisabledAndPerGuard(t *testing.T) {
-	t.Parallel()
-	off := mustNew(t, policy.Policy{Retry: policy.Retry{MaxAttempts: 2}, Budget: &policy.Budget{Disabled: true}})
-	for i := range 1000 {
-		if _, err := off.NextRetry(1, errFail, 0); err != nil {
-			t.Fatalf("retry %d refused with the budget disabled: %v", i, err)
-		}
-	}
-	// Two guards from one policy: A spending its tokens leaves B's alone.
-	p := policy.Policy{Retry: policy.Retry{MaxAttempts: 2}, Budget: &policy.Budget{MaxTokens: 2, MinPerSecond: -1}}
-	a, b := mustNew(t, p), mustNew(t, p)
-	for range 5 {
-		_, _ = a.NextRetry(1, errFail, 0)
-	}
-	if a.Stats().Tokens != 0 || b.Stats().Tokens != 2 {
-		t.Fatalf("tokens a=%v b=%v, want 0 and 2", a.Stats().Tokens, b.Stats().Tokens)
+	if d := g.NextRetry(1, errFail, 0); !d.Retry || d.Delay != 100*time.Millisecond {
+		t.Fatalf("NextRetry near the end of the open period = %+v", d)
 	}
 }
 

@@ -1,0 +1,202 @@
+package policy
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// Permit is the right to make one attempt, granted by [Guard.Allow]. Report
+// the attempt's outcome with [Permit.Done], or give it back with
+// [Permit.Release] if the attempt never ran: a half-open probe permit that
+// is neither keeps its probe slot taken.
+//
+// Done and Release end the permit they are called on and zero it, so that a
+// second call (Done after Done, Release after Done, ...) does nothing. That
+// holds per Permit variable: a copy made before the first call is a second
+// permit to the same attempt, and ending both counts the attempt twice (and
+// on a guard of a scope lets its state be reused while the attempt runs).
+// Keep one Permit and pass a pointer to it. The zero Permit does nothing.
+type Permit struct {
+	g     *guard
+	gen   uint64
+	start int64 // when the attempt started, read as clock says
+	timed bool  // the attempt is a latency sample (clock is clockExact)
+	probe bool
+	clock uint8 // how start was read: clockNone, clockExact, clockCoarse
+	shard uint8 // counter shard
+	// counted: the permit came from Guard.Allow on a recycled state, and
+	// Done or Release ends the call counted in by Guard.enter.
+	counted bool
+}
+
+// How a Permit's start was read.
+const (
+	clockNone   = iota // not read: the attempt is neither sampled nor checked for slowness
+	clockExact         // guard.now(): ns since the guard's epoch
+	clockCoarse        // coarseNow(): ns since coarseBase
+)
+
+// Probe reports whether this permit is a half-open probe. It is false once
+// the permit has ended.
+func (p *Permit) Probe() bool { return p.probe }
+
+// Allow is the first step of two-step use: it asks the Admit hook and the
+// breaker whether an attempt may start now, without running anything. On
+// refusal the error is an [*AdmitError] or an [*OpenError] whose RetryAfter
+// says how long until a probe is admitted. Allow does not enforce the
+// bulkhead: an engine counts its own units in flight and asks
+// [Guard.Concurrency] for the limit.
+//
+// The attempt is timed from Allow to Done (for the latency estimate and the
+// slow-call check): call Allow when the attempt is about to start, not
+// before it waits for a worker, or the wait counts as slowness.
+func (h *Guard) Allow(ctx context.Context) (Permit, error) {
+	r := rand.Uint32()
+	g, sh := h.enter(r)
+	var p Permit
+	if err := g.allow(ctx, &p, r); err != nil {
+		g.exit(sh)
+		return Permit{}, err
+	}
+	// The permit's shard is r's, the same as sh on a recycled state.
+	p.counted = g.pool != nil
+	return p, nil
+}
+
+// allow asks Admit and the breaker for a permit, filling the zero *p.
+func (g *guard) allow(ctx context.Context, p *Permit, r uint32) error {
+	if err := g.admit(ctx); err != nil {
+		return err
+	}
+	err := g.acquire(p, r)
+	if err != nil {
+		g.emit(Event{Kind: EventRejected, Err: err})
+	}
+	return err
+}
+
+func (g *guard) admit(ctx context.Context) error {
+	if g.r.admit == nil {
+		return nil
+	}
+	if err := g.r.admit(ctx); err != nil {
+		g.emit(Event{Kind: EventAdmitRefused, Err: err})
+		return &AdmitError{Err: err}
+	}
+	return nil
+}
+
+// Done reports the outcome of the attempt: nil for success, an error for a
+// failure (unless the breaker excludes it). A success slower than the
+// slow-call threshold is a failure to the breaker (see [SlowCall]). An
+// outcome from an earlier breaker generation is counted in Stats but does
+// not move the breaker. Done zeroes the permit: a second call does nothing.
+func (p *Permit) Done(err error) {
+	g := p.g
+	if g == nil {
+		return
+	}
+	p.g = nil // a hook below that ends p again does nothing
+	p.record(g, err)
+	if p.counted {
+		g.exit(p.shard)
+	}
+	*p = Permit{}
+}
+
+// Restart times the permit's attempt from now, for an engine that makes
+// several attempts under one permit (the consumer's judge tries a suspect
+// message and those behind it under one probe): the outcome reported by
+// Done is then timed as the last of them, not as all of them together,
+// which could look like one slow call. It does nothing on an ended permit.
+func (p *Permit) Restart() {
+	g := p.g
+	if g == nil || p.clock == clockNone {
+		return
+	}
+	if p.clock == clockCoarse {
+		if v, fresh := coarseNow(); fresh {
+			p.start = v
+			return
+		}
+		p.timed = false
+	}
+	p.start, p.clock = g.now(), clockExact
+}
+
+// Release gives the permit back without an outcome: the attempt did not run
+// (the engine shut down, BeforeAttempt refused). It frees a half-open probe
+// slot and records nothing. Release zeroes the permit: a second call, or a
+// Done after it, does nothing.
+func (p *Permit) Release() {
+	g := p.g
+	if g == nil {
+		return
+	}
+	p.g = nil
+	if p.probe {
+		g.releaseProbe(p)
+	}
+	if p.counted {
+		g.exit(p.shard)
+	}
+	*p = Permit{}
+}
+
+// record counts the outcome of p's attempt on g: latency sample, slow-call
+// check, counters, budget and breaker.
+func (p *Permit) record(g *guard, err error) {
+	end, d := int64(-1), int64(-1) // the exact end and the duration, if read
+	// The threshold in force when the attempt ended: the sample below may
+	// move it.
+	slowAt := g.slowAt.Load() // math.MaxInt64 when slow calls are off
+	if p.clock == clockCoarse {
+		d = coarse.now.Load() - p.start // begin marked the clock used
+	} else if p.clock == clockExact {
+		end = g.now()
+		d = end - p.start
+		if p.timed {
+			g.observe(d, end, err == nil)
+		}
+	}
+	if err == nil {
+		if d > slowAt {
+			g.slowCall(p, d, end)
+			return
+		}
+		g.counts[p.shard&(counterShards-1)].successes.Add(1)
+		g.earn()
+		if g.r.breaker {
+			g.recordSuccess(p, end)
+		}
+		return
+	}
+	if g.r.exclude(err) {
+		if p.probe {
+			g.releaseProbe(p)
+		}
+		return
+	}
+	g.counts[p.shard&(counterShards-1)].failures.Add(1)
+	if g.r.breaker {
+		if end < 0 {
+			end = g.now()
+		}
+		g.recordFailure(p, end, err)
+	}
+}
+
+// slowCall records a success that took d, longer than the slow-call
+// threshold: a success to the caller and in Stats, a failure to the breaker
+// (so it earns no retry token either).
+func (g *guard) slowCall(p *Permit, d, end int64) {
+	sh := &g.counts[p.shard&(counterShards-1)]
+	sh.successes.Add(1)
+	sh.slow.Add(1)
+	g.emit(Event{Kind: EventSlowCall, Delay: time.Duration(d), Err: ErrSlowCall})
+	if end < 0 {
+		end = g.now()
+	}
+	g.recordFailure(p, end, ErrSlowCall)
+}
