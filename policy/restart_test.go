@@ -14,7 +14,7 @@ import (
 func TestPermitRestartTimesTheLastAttempt(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		clk := newFakeClock()
-		g, err := policy.New(policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1}, Clock: clk})
+		g, err := policy.New(policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1, SlowCall: policy.SlowCall{Threshold: 100 * time.Millisecond}}, Clock: clk})
 		if err != nil {
 			t.Fatal(err)
 		}
