@@ -342,6 +342,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 		}
 		if m.Offset <= l.spill.maxOrig && m.Partition == sh.p {
 			c.stats.duplicates.Add(1)
+			t.spillDone.Add(1)
 			continue
 		}
 		l.spill.maxOrig = m.Offset

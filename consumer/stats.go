@@ -19,8 +19,11 @@ type TenantStats struct {
 	DeadLettered uint64
 	Retried      uint64
 	// Spilled counts its messages appended to its spill logs; Refed those
-	// read back.
+	// read back. SpillLag is how many of the messages it spilled are not
+	// yet re-fed and settled (counted by this process: entries an earlier
+	// process left are not in it).
 	Spilled, Refed uint64
+	SpillLag       int64
 	// Unwritable counts its dead letters the DLQ refused for good (set
 	// aside).
 	Unwritable uint64
@@ -180,6 +183,7 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 		Retried:      t.retried.Load(),
 		Spilled:      t.spilled.Load(),
 		Refed:        t.refed.Load(),
+		SpillLag:     max(int64(t.spilled.Load())-int64(t.spillDone.Load()), 0),
 		Unwritable:   t.unwritable.Load(),
 		Parked:       int(t.parked.Load()),
 		Queued:       int(t.queued.Load()),

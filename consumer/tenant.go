@@ -73,8 +73,9 @@ type tenant struct {
 
 	handled, failed, dead, retried atomic.Uint64
 	spilled, refed, unwritable     atomic.Uint64
-	parked, queued                 atomic.Int64 // messages now
-	spillLanes                     atomic.Int32 // lanes in spill mode now
+	spillDone                      atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
+	parked, queued                 atomic.Int64  // messages now
+	spillLanes                     atomic.Int32  // lanes in spill mode now
 }
 
 // guard returns the tenant's guard, pinning it in the scope on first use.
