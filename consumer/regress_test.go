@@ -440,3 +440,40 @@ func TestAttemptTimeoutAndDeadline(t *testing.T) {
 		}
 	})
 }
+
+// A suspect head's last attempt in a judge round is a round of its own: it
+// must not inherit what little its spent round left of the policy's
+// Deadline (seen in the demo as a transient outage dead-lettering a
+// message: the judge took a timeout for evidence against it).
+func TestJudgedAttemptGetsAFreshDeadline(t *testing.T) {
+	sink := consumertest.NewSink()
+	var headCalls atomic.Int64
+	src := newGenSource(2, func(i int) *consumer.Message { return tenantMsg("a", []string{"head", "next"}[i]) })
+	p := policy.Policy{
+		Deadline: 100 * time.Millisecond,
+		Retry:    policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: 60 * time.Millisecond}},
+	}
+	var handled atomic.Int64
+	startWith(t, consumer.Config{
+		Scope: scope.New(p, scope.Options[string]{}),
+		DLQ:   sink,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "head" && headCalls.Add(1) <= 2 {
+				return errors.New("down for the head's first round")
+			}
+			if string(m.Value) == "head" {
+				select { // 50ms of work: within a fresh 100ms, not within the ~40ms its round left
+				case <-time.After(50 * time.Millisecond):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "both handled", func() bool { return handled.Load() == 2 || len(sink.Records("a", false)) > 0 })
+	if recs := sink.Records("a", false); len(recs) != 0 {
+		t.Fatalf("the head was dead-lettered (%q) after its last attempt inherited its round's spent deadline", recs[0].Error)
+	}
+}

@@ -80,7 +80,7 @@ func (c *Consumer) step(w *worker) {
 // outcome (the permit is done).
 func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) outcome {
 	probe := permit.Probe()
-	err, panicked := c.call(w, g, m)
+	err, panicked := c.call(w, g, m, false)
 	permit.Done(err)
 	o := outcome{err: err, panicked: panicked, probe: probe}
 	if err == nil {
@@ -166,7 +166,7 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 	m := j.m
 	if headFirst {
 		permit.Restart()
-		err, panicked := c.call(w, g, m)
+		err, panicked := c.call(w, g, m, true)
 		o := outcome{err: err, panicked: panicked}
 		if err != nil {
 			c.noteFailure(w, m, err, panicked)
@@ -182,7 +182,7 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 	var lastErr error
 	for i, alt := range j.span {
 		permit.Restart() // the permit's outcome is timed as the winning (or last) call
-		aerr, panicked := c.call(w, g, alt)
+		aerr, panicked := c.call(w, g, alt, true)
 		if aerr != nil {
 			c.noteFailure(w, alt, aerr, panicked)
 			lastErr = aerr
@@ -205,7 +205,7 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 			r.wait = decideRefused(c.retryAfter(g, err)).delay
 			return
 		}
-		herr, hpanicked := c.call(w, g, m)
+		herr, hpanicked := c.call(w, g, m, true)
 		last.Done(herr)
 		o := outcome{err: herr, panicked: hpanicked}
 		if herr != nil {
@@ -239,10 +239,14 @@ func (c *Consumer) retryAfter(g *policy.Guard, refusal error) time.Duration {
 }
 
 // call runs the handler on m under the attempt's context, turning a panic
-// into an error.
-func (c *Consumer) call(w *worker, g *policy.Guard, m *Message) (err error, panicked bool) {
+// into an error. An attempt of a round gets AttemptTimeout, or what is left
+// of the round's Deadline if less; a judge's attempt (judged) is a round of
+// its own: a suspect head's last chance must not inherit the few
+// milliseconds its spent round left, or the judge would take a timeout for
+// evidence against it.
+func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (err error, panicked bool) {
 	now := c.clock()
-	if m.st.attempts == 0 {
+	if m.st.attempts == 0 || judged {
 		m.st.roundStart = now
 	}
 	timeout := g.AttemptTimeout()
