@@ -24,3 +24,20 @@ func DumpLanes(c *Consumer) []string {
 	}
 	return out
 }
+
+// DumpReady lists each shard's ready queue.
+func DumpReady(c *Consumer) []string {
+	var out []string
+	for _, sh := range c.shards() {
+		sh.mu.Lock()
+		s := fmt.Sprintf("%v inRing=%v ready:", sh.p, sh.inRing)
+		for i := sh.ready.head; i < len(sh.ready.buf) && i < sh.ready.head+12; i++ {
+			l := sh.ready.buf[i]
+			s += fmt.Sprintf(" %s/%v", l.key, l.state)
+		}
+		s += fmt.Sprintf(" (%d)", sh.ready.len())
+		out = append(out, s)
+		sh.mu.Unlock()
+	}
+	return out
+}

@@ -128,15 +128,16 @@ type sched struct {
 	idleN atomic.Int32
 }
 
-// enter adds sh to the ring. Called with sh.mu held.
+// enter adds sh to the ring (if it is not in it) and wakes an idle worker
+// for the lane that was just made ready. Called with sh.mu held.
 func (s *sched) enter(sh *shard) {
 	s.mu.Lock()
 	if !sh.inRing {
 		sh.inRing = true
 		s.ring = append(s.ring, sh)
-		if s.idle > 0 {
-			s.cond.Signal()
-		}
+	}
+	if s.idle > 0 {
+		s.cond.Signal()
 	}
 	s.mu.Unlock()
 }
@@ -160,13 +161,18 @@ func (s *sched) leave(sh *shard) {
 }
 
 // chain wakes one more idle worker if any waits: called by a worker that
-// took a lane while more were ready.
-func (s *sched) chain() {
+// took a lane while more were ready. It reports whether it woke one.
+func (s *sched) chain() bool {
+	if s.idleN.Load() == 0 {
+		return false
+	}
 	s.mu.Lock()
-	if s.idle > 0 && len(s.ring) > 0 {
+	woke := s.idle > 0 && len(s.ring) > 0
+	if woke {
 		s.cond.Signal()
 	}
 	s.mu.Unlock()
+	return woke
 }
 
 // next returns a shard with ready lanes, in turn, waiting while there is
