@@ -144,7 +144,7 @@ func BenchmarkConsume(b *testing.B) {
 			var handled atomic.Int64
 			done := make(chan struct{})
 			c, err := consumer.New(consumer.Config{
-				Tenant: src.Tenant(),
+				Tenant: consumer.FromKey(),
 				DLQ:    dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
 				Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error {
 					mark()

@@ -14,7 +14,7 @@ import (
 // tenant. (Compiled, not run: it needs a broker.)
 func Example() {
 	brokers := []string{"127.0.0.1:9092"}
-	src, err := kafka.NewSource(brokers, "orders", "billing", kafka.TenantFromHeader("tenant"))
+	src, err := kafka.NewSource(brokers, "orders", "billing")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func Example() {
 	}
 	defer sink.Close()
 	c, err := consumer.New(consumer.Config{
-		Tenant: src.Tenant(),
+		Tenant: consumer.FromHeader("tenant"),
 		DLQ:    sink,
 		Group:  src.Group(),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
