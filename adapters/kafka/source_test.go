@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
 )
 
 func TestNewSourceValidates(t *testing.T) {
@@ -310,5 +314,80 @@ func TestSourceCommitsAfterRunReturned(t *testing.T) {
 	}
 	if got := committed(t, c.Addrs(), group, topic, 1)[0]; got != 6 {
 		t.Fatalf("committed %d after a stale Commit(3), want 6", got)
+	}
+}
+
+// Header values reach the handler and the dead letters as they were
+// produced: an empty value stays empty (not nil) and a null one stays nil,
+// for a tenant header "" (the no-tenant bucket) too (issue 15 item 5).
+func TestSourceEmptyHeaderValuesEndToEnd(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	topic := uniq("hdrs")
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	if err := createTopic(ctx, cl, topic, 1, -1); err != nil {
+		t.Fatal(err)
+	}
+	acme := []kafkago.Header{{Key: "tenant", Value: []byte("acme")}, {Key: "empty", Value: []byte{}}, {Key: "null", Value: nil}}
+	none := []kafkago.Header{{Key: "tenant", Value: []byte{}}, {Key: "null", Value: nil}}
+	for _, hs := range [][]kafkago.Header{acme, none} {
+		if _, err := produceOne(ctx, c.Addrs(), topic, kafkago.Message{Key: []byte("k"), Value: []byte("v"), Headers: hs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := NewSource(c.Addrs(), topic, uniq("g"), fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	seen := make(chan []consumer.Header, 2)
+	cons, err := consumer.New(consumer.Config{
+		Scope:  scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+		Tenant: consumer.FromHeader("tenant"),
+		DLQ:    sink,
+		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+			seen <- slices.Clone(m.Headers)
+			return policy.Permanent(errors.New("refused"))
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(rctx, src) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	select {
+	case hs := <-seen:
+		if !sameHeaders(hs, acme) {
+			t.Fatalf("the handler got headers %q, want %q (empty and null apart)", hs, acme)
+		}
+	case <-ctx.Done():
+		t.Fatal("the message never reached the handler")
+	}
+	in, err := NewInspector(c.Addrs(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	for tenant, want := range map[string][]kafkago.Header{"acme": acme, "": none} {
+		var recs []dlq.Record
+		eventually(t, ctx, fmt.Sprintf("the dead letter of %q", tenant), func() bool {
+			recs, err = in.Peek(ctx, tenant, 0)
+			return err == nil && len(recs) == 1
+		})
+		if !sameHeaders(recs[0].Headers, want) {
+			t.Fatalf("dead letter of %q has headers %q, want %q (empty and null apart)", tenant, recs[0].Headers, want)
+		}
 	}
 }

@@ -48,6 +48,7 @@ type spillConfig struct {
 	replication int           // 0: the source topic's
 	retention   time.Duration // 0: the source topic's; < 0: none
 	fetchBytes  int
+	readAhead   int
 	logger      *slog.Logger
 }
 
@@ -120,6 +121,23 @@ func SpillFetchBytes(n int) SpillOption {
 	}
 }
 
+// SpillReadAhead bounds, in bytes across lanes, the spill records a log
+// keeps decoded between Reads: a fetch returns whole record batches (an
+// Append's, up to 256 records), while the engine reads a lane a window at
+// a time, so what one Read fetched beyond its limit is kept for the next
+// Read of that lane (the least recently read lane's records are dropped
+// first). 0 keeps nothing: every Read fetches. Default:
+// DefaultSpillReadAhead (8 MiB).
+func SpillReadAhead(n int) SpillOption {
+	return func(c *spillConfig) error {
+		if n < 0 {
+			return invalid("spill read-ahead %d is negative", n)
+		}
+		c.readAhead = n
+		return nil
+	}
+}
+
 // SpillLogger sets the logger for entries lost to retention and skipped
 // foreign records. Default: slog.Default().
 func SpillLogger(l *slog.Logger) SpillOption {
@@ -155,6 +173,7 @@ type SpillLog struct {
 	topics  flight.Group[spillTopic]  // spill topic -> what the log knows of it
 	tenants flight.Group[string]      // spill topic with a hashed token -> tenant key
 
+	ahead readAhead
 	stats spillCounters
 }
 
@@ -182,10 +201,12 @@ type SpillStats struct {
 	Commits       uint64 // cursor commits
 	Created       uint64 // spill topics created
 	Lost          uint64 // times Read found its cursor below the log start (entries removed by retention)
+	AheadHits     uint64 // Reads served from records an earlier Read fetched
+	AheadBytes    int    // bytes of records kept for the next Reads now (bound: SpillReadAhead)
 }
 
 type spillCounters struct {
-	appended, appendedBytes, produces, read, skipped, commits, created, lost atomic.Uint64
+	appended, appendedBytes, produces, read, skipped, commits, created, lost, aheadHits atomic.Uint64
 }
 
 // NewSpillLog returns a SpillLog for the spilled messages of sourceTopic
@@ -209,7 +230,7 @@ func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOptio
 	if group == "" {
 		return nil, invalid("empty consumer group")
 	}
-	cfg := spillConfig{dialer: kafkago.DefaultDialer, fetchBytes: DefaultSpillFetchBytes, logger: slog.Default()}
+	cfg := spillConfig{dialer: kafkago.DefaultDialer, fetchBytes: DefaultSpillFetchBytes, readAhead: DefaultSpillReadAhead, logger: slog.Default()}
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalid("nil option")
@@ -226,6 +247,7 @@ func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOptio
 		cfg:     cfg,
 		log:     cfg.logger.With("source", sourceTopic, "group", group),
 		tr:      transportFor(cfg.dialer),
+		ahead:   readAhead{max: cfg.readAhead},
 	}
 	if s.cursor == "" {
 		s.cursor = group + DefaultSpillGroupSuffix
@@ -247,6 +269,7 @@ func (s *SpillLog) Stats() SpillStats {
 		Appended: c.appended.Load(), AppendedBytes: c.appendedBytes.Load(), Produces: c.produces.Load(),
 		Read: c.read.Load(), Skipped: c.skipped.Load(), Commits: c.commits.Load(),
 		Created: c.created.Load(), Lost: c.lost.Load(),
+		AheadHits: c.aheadHits.Load(), AheadBytes: s.ahead.kept(),
 	}
 }
 

@@ -1,27 +1,17 @@
 package kafka
 
-// Reading spill topics back: Read for the engine's re-feed, Pending for the
-// lanes an earlier owner left.
+// Reading a spill lane back for the engine's re-feed.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/ringfence/ringfence/consumer"
-	"github.com/ringfence/ringfence/dlq"
 )
-
-// errFull stops a walk over fetched records once Read has enough.
-var errFull = errors.New("kafka: read full")
-
-// errNoTenantRecord: a spill topic with a hashed token holds no spill
-// record, so nothing says whose it is (and nothing of it needs re-feeding).
-var errNoTenantRecord = errors.New("kafka: no spill record names the tenant")
 
 // opTimeout bounds each network call of a SpillLog but Append's produces
 // (see produceTimeout): a broker that vanished without closing the
@@ -47,6 +37,13 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	p := int(lane.Partition.ID)
+	if from >= 0 {
+		if out, ok := s.ahead.take(lane, from, limit); ok {
+			s.stats.read.Add(uint64(len(out)))
+			s.stats.aheadHits.Add(1)
+			return out, nil
+		}
+	}
 	atCursor := from < 0
 	var cursor int64
 	if atCursor {
@@ -57,7 +54,7 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 		}
 		from = cursor
 	}
-	var out []*consumer.Message
+	var out, extra []*consumer.Message
 	skipTo := int64(-1) // past the records at the cursor that are not ours
 	refreshed := false
 	for stalls := 0; len(out) == 0 && stalls < fetchStalls; {
@@ -102,9 +99,6 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 		}
 		before := from
 		from, err = walkRecords(resp.Records, from, func(r *kafkago.Record) error {
-			if len(out) == limit {
-				return errFull
-			}
 			f, err := readRecord(r)
 			if err != nil {
 				return err
@@ -117,11 +111,18 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 				}
 				return nil
 			}
-			out = append(out, sp.msg)
+			if len(out) < limit {
+				out = append(out, sp.msg)
+			} else {
+				extra = append(extra, sp.msg) // fetched anyway: keep for the next Read
+			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, errFull) {
+		if err != nil && len(out) == 0 {
 			return nil, fmt.Errorf("kafka: read spill %s/%d: %w", topic, p, err)
+		}
+		if err != nil {
+			break // return what was read; the next Read meets the error again
 		}
 		if from >= resp.HighWatermark {
 			break
@@ -139,6 +140,9 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 		if err := commitOffsets(ctx, s.client, s.cursor, topic, map[int]int64{p: skipTo}); err != nil {
 			s.log.Warn("kafka: moving a spill cursor past foreign records failed", "topic", topic, "partition", p, "err", err)
 		}
+	}
+	if len(extra) > 0 {
+		s.ahead.put(lane, out[len(out)-1].SpillPos+1, extra)
 	}
 	s.stats.read.Add(uint64(len(out)))
 	return out, nil
@@ -165,11 +169,11 @@ func (s *SpillLog) start(ctx context.Context, topic string, p int) (off int64, e
 	if err != nil {
 		return 0, false, err
 	}
-	cur, err := s.cursors(ctx, map[string]bool{topic: true}, p)
+	cur, err := s.cursors(ctx, map[string][]int{topic: {p}})
 	if err != nil {
 		return 0, false, err
 	}
-	c, ok := cur[topic]
+	c, ok := cur[topicPart{topic, p}]
 	switch {
 	case !ok || c < 0 || c > last:
 		return first, true, nil
@@ -178,195 +182,4 @@ func (s *SpillLog) start(ctx context.Context, topic string, p int) (off int64, e
 		return first, true, nil
 	}
 	return c, true, nil
-}
-
-// cursors returns the cursor group's committed offset on partition p of
-// each topic (absent: none).
-func (s *SpillLog) cursors(ctx context.Context, topics map[string]bool, p int) (map[string]int64, error) {
-	req := &kafkago.OffsetFetchRequest{GroupID: s.cursor, Topics: map[string][]int{}}
-	for t := range topics {
-		req.Topics[t] = []int{p}
-	}
-	resp, err := s.client.OffsetFetch(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: spill cursors of %s: %w", s.cursor, err)
-	}
-	if errors.Is(resp.Error, kafkago.GroupIdNotFound) {
-		return map[string]int64{}, nil
-	}
-	if resp.Error != nil {
-		return nil, fmt.Errorf("kafka: spill cursors of %s: %w", s.cursor, resp.Error)
-	}
-	out := make(map[string]int64, len(topics))
-	for t, ps := range resp.Topics {
-		for _, po := range ps {
-			if po.Partition != p {
-				continue
-			}
-			if po.Error != nil && !errors.Is(po.Error, kafkago.UnknownTopicOrPartition) {
-				return nil, fmt.Errorf("kafka: spill cursor of %s on %s/%d: %w", s.cursor, t, p, po.Error)
-			}
-			if po.Error == nil && po.CommittedOffset >= 0 {
-				out[t] = po.CommittedOffset
-			}
-		}
-	}
-	return out, nil
-}
-
-// Pending returns the lanes of source partition p whose spill partition p
-// holds records past the cursor: the tenants an earlier process, or the
-// previous owner of p, spilled and did not finish. It lists the cluster's
-// topics once, then asks for the cursors of all the source's spill topics
-// in one OffsetFetch and for their bounds in one ListOffsets (which kafka-go
-// sends as one request per partition leader and offset). A hashed token is
-// mapped back to its tenant by the SpillHeaderTenant of a record, read once
-// per topic.
-//
-// A lane whose records past the cursor are all another group's is named
-// too; its first Read moves the cursor past them.
-func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consumer.SpillLane, error) {
-	if p.Topic != s.source || p.ID < 0 {
-		return nil, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	live, err := liveTopics(ctx, s.cfg.dialer, s.brokers)
-	if err != nil {
-		return nil, err
-	}
-	part := int(p.ID)
-	tokens := map[string]string{} // topic -> token
-	for name, sh := range live {
-		if tok, ok := splitSpillTopic(s.source, name); ok && part < sh.partitions {
-			tokens[name] = tok
-		}
-	}
-	if len(tokens) == 0 {
-		return nil, nil
-	}
-	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
-	topics := map[string]bool{}
-	for t := range tokens {
-		req.Topics[t] = []kafkago.OffsetRequest{kafkago.FirstOffsetOf(part), kafkago.LastOffsetOf(part)}
-		topics[t] = true
-	}
-	resp, err := s.client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: spill topic offsets: %w", err)
-	}
-	cur, err := s.cursors(ctx, topics, part)
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for t, ps := range resp.Topics {
-		for _, po := range ps {
-			switch {
-			case po.Partition != part:
-				continue
-			case errors.Is(po.Error, kafkago.UnknownTopicOrPartition):
-				continue // deleted since it was listed
-			case po.Error != nil:
-				return nil, fmt.Errorf("kafka: offsets of %s/%d: %w", t, part, po.Error)
-			}
-			from := po.FirstOffset
-			if c, ok := cur[t]; ok && c >= po.FirstOffset && c <= po.LastOffset {
-				from = c
-			}
-			if po.LastOffset > from {
-				names = append(names, t)
-			}
-		}
-	}
-	slices.Sort(names)
-	// Read will fetch these: make sure our metadata cache knows them.
-	refreshCache(ctx, s.client, names...)
-	lanes := make([]consumer.SpillLane, 0, len(names))
-	for _, t := range names {
-		tenant, ok, err := dlq.ParseTenantToken(tokens[t])
-		if err != nil {
-			continue // splitSpillTopic checked it
-		}
-		if !ok {
-			tenant, err = s.tenantOf(ctx, t, part)
-			if errors.Is(err, errNoTenantRecord) {
-				s.log.Warn("kafka: spill topic holds records past the cursor, none of them a spill record; ignored", "topic", t, "partition", part)
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		lanes = append(lanes, consumer.SpillLane{Tenant: tenant, Partition: p})
-	}
-	return lanes, nil
-}
-
-// tenantOf returns the tenant of a spill topic with a hashed token: the
-// SpillHeaderTenant of its records (whose token must be the topic's).
-func (s *SpillLog) tenantOf(ctx context.Context, topic string, p int) (string, error) {
-	tok, _ := splitSpillTopic(s.source, topic)
-	return s.tenants.Do(ctx, topic, func(ctx context.Context) (string, error) {
-		first, last, err := partitionBounds(ctx, s.client, topic, p)
-		if err != nil {
-			return "", err
-		}
-		var tenant string
-		err = s.scan(ctx, topic, p, first, last, func(f *fetched) bool {
-			sp, ok := decodeSpill(f, s.source)
-			if ok && sp.tenant != "" && dlq.TenantToken(sp.tenant) == tok {
-				tenant = sp.tenant
-				return false
-			}
-			return true
-		})
-		if err != nil {
-			return "", err
-		}
-		if tenant == "" {
-			return "", fmt.Errorf("%w: %s/%d", errNoTenantRecord, topic, p)
-		}
-		return tenant, nil
-	})
-}
-
-// scan calls fn for each record of topic/p in [from, to) until fn returns
-// false.
-func (s *SpillLog) scan(ctx context.Context, topic string, p int, from, to int64, fn func(*fetched) bool) error {
-	for stalls := 0; from < to && stalls < fetchStalls; {
-		resp, err := s.client.Fetch(ctx, &kafkago.FetchRequest{
-			Topic: topic, Partition: p, Offset: from, MinBytes: 0, MaxBytes: int64(s.cfg.fetchBytes), MaxWait: fetchSlack,
-		})
-		if err == nil && resp.Error != nil {
-			err = resp.Error
-			closeRecords(resp.Records)
-		}
-		if err != nil {
-			return fmt.Errorf("kafka: read spill %s/%d at %d: %w", topic, p, from, err)
-		}
-		before := from
-		from, err = walkRecords(resp.Records, from, func(r *kafkago.Record) error {
-			f, err := readRecord(r)
-			if err != nil {
-				return err
-			}
-			if !fn(f) {
-				return errFull
-			}
-			return nil
-		})
-		if errors.Is(err, errFull) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if from == before {
-			stalls++
-		} else {
-			stalls = 0
-		}
-	}
-	return nil
 }

@@ -122,8 +122,8 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 		"a.b", "a_2eb", // "a.b" encodes as "a_2eb"
 		"x_5f", "x_", // "x_" encodes as "x_5f"
 		hashedA, prefix + "-b", // same readable prefix, different hashes
-		dlq.TenantToken(hashedA),      // a key spelling hashedA's token
-		"_none", "", // "" is the no-tenant token "_none"
+		dlq.TenantToken(hashedA), // a key spelling hashedA's token
+		"_none", "",              // "" is the no-tenant token "_none"
 	}
 	topics := map[string]string{}
 	for _, tn := range tenants {
@@ -155,6 +155,23 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("Pending = %q\nwant    %q", got, want)
+	}
+	// Backlog names the same tenants, one record each, from a fresh
+	// instance too.
+	backlog, err := h.open(t).Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for _, b := range backlog {
+		if b.Total != 1 || b.Partitions[0] != 1 || b.Partitions[1] != 0 || b.Topic != SpillTopic(h.source, b.Tenant) {
+			t.Fatalf("backlog %+v, want one record in partition 0 of the tenant's topic", b)
+		}
+		got = append(got, b.Tenant)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Backlog tenants = %q\nwant %q", got, want)
 	}
 	for i, tn := range tenants {
 		ms, err := log.Read(ctx, consumer.SpillLane{Tenant: tn, Partition: p}, -1, 10)
