@@ -185,7 +185,9 @@
 // partition is assigned, lists the cluster's topics once (asking a broker
 // directly: kafka-go's metadata cache, refreshed every 6s, may not know a
 // spill topic another process made a moment ago), then reads every spill
-// topic's cursor in one OffsetFetch and its bounds in one ListOffsets.
+// topic's cursor in one OffsetFetch and its bounds with ListOffsets (64
+// partitions per call: kafka-go sends a request per partition, each on a
+// pooled connection).
 //
 // What it costs. kafka-go has no DeleteRecords, so a Commit removes
 // nothing: a spilled record stays on the broker's disk until retention

@@ -359,9 +359,10 @@ func (s *SpillLog) Append(ctx context.Context, lane consumer.SpillLane, msgs []*
 				s.topics.Forget(topic, nil)
 				continue
 			}
-			if cacheMiss(err) {
-				// Created by another process, unknown to our metadata
-				// cache yet: look again on the next call.
+			if cacheMiss(err) || errors.Is(err, kafkago.UnknownTopicOrPartition) {
+				// Made by another process and unknown to our metadata
+				// cache yet, or deleted: look again (and create it
+				// again) on the next call.
 				s.topics.Forget(topic, nil)
 			}
 			return fmt.Errorf("kafka: spill to %s/%d: %w", topic, p, err)

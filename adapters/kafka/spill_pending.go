@@ -38,20 +38,25 @@ type spillPart struct {
 // records included).
 func (p spillPart) backlog() int64 { return p.last - p.cursor }
 
+// offsetsChunk is how many partitions one ListOffsets call of survey asks
+// about. kafka-go sends a request per partition and offset kind, all at
+// once, each on a pooled connection of its own: a chunk bounds the
+// connections a survey of many spill topics opens.
+const offsetsChunk = 64
+
 // survey returns the state of partition part (all partitions for part <
 // 0) of every spill topic of the source, sorted, and each topic's token. It
 // lists the cluster's topics once (directly, not through kafka-go's
 // metadata cache, which may not know a topic another process made a
-// moment ago), then asks for their bounds in one ListOffsets (which
-// kafka-go sends as one request per partition and offset kind, in
-// parallel) and for the cursors in one OffsetFetch.
+// moment ago), then asks for the cursors in one OffsetFetch and for the
+// bounds with ListOffsets, offsetsChunk partitions at a time.
 func (s *SpillLog) survey(ctx context.Context, part int) ([]spillPart, map[string]string, error) {
 	live, err := liveTopics(ctx, s.cfg.dialer, s.brokers)
 	if err != nil {
 		return nil, nil, err
 	}
 	tokens := map[string]string{}
-	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	var all []topicPart
 	want := map[string][]int{}
 	for name, sh := range live {
 		tok, ok := splitSpillTopic(s.source, name)
@@ -61,36 +66,44 @@ func (s *SpillLog) survey(ctx context.Context, part int) ([]spillPart, map[strin
 		tokens[name] = tok
 		for p := range sh.partitions {
 			if part < 0 || p == part {
-				req.Topics[name] = append(req.Topics[name], kafkago.FirstOffsetOf(p), kafkago.LastOffsetOf(p))
+				all = append(all, topicPart{name, p})
 				want[name] = append(want[name], p)
 			}
 		}
 	}
-	if len(tokens) == 0 {
+	if len(all) == 0 {
 		return nil, tokens, nil
-	}
-	resp, err := s.client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka: spill topic offsets: %w", err)
 	}
 	cur, err := s.cursors(ctx, want)
 	if err != nil {
 		return nil, nil, err
 	}
 	var out []spillPart
-	for t, ps := range resp.Topics {
-		for _, po := range ps {
-			switch {
-			case errors.Is(po.Error, kafkago.UnknownTopicOrPartition):
-				continue // deleted since it was listed
-			case po.Error != nil:
-				return nil, nil, fmt.Errorf("kafka: offsets of %s/%d: %w", t, po.Partition, po.Error)
+	for len(all) > 0 {
+		n := min(len(all), offsetsChunk)
+		req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+		for _, tp := range all[:n] {
+			req.Topics[tp.topic] = append(req.Topics[tp.topic], kafkago.FirstOffsetOf(tp.part), kafkago.LastOffsetOf(tp.part))
+		}
+		all = all[n:]
+		resp, err := s.client.ListOffsets(ctx, req)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kafka: spill topic offsets: %w", err)
+		}
+		for t, ps := range resp.Topics {
+			for _, po := range ps {
+				switch {
+				case errors.Is(po.Error, kafkago.UnknownTopicOrPartition):
+					continue // deleted since it was listed
+				case po.Error != nil:
+					return nil, nil, fmt.Errorf("kafka: offsets of %s/%d: %w", t, po.Partition, po.Error)
+				}
+				sp := spillPart{topicPart: topicPart{t, po.Partition}, first: po.FirstOffset, last: po.LastOffset, cursor: po.FirstOffset}
+				if c, ok := cur[sp.topicPart]; ok && c >= sp.first && c <= sp.last {
+					sp.cursor = c
+				}
+				out = append(out, sp)
 			}
-			sp := spillPart{topicPart: topicPart{t, po.Partition}, first: po.FirstOffset, last: po.LastOffset, cursor: po.FirstOffset}
-			if c, ok := cur[sp.topicPart]; ok && c >= sp.first && c <= sp.last {
-				sp.cursor = c
-			}
-			out = append(out, sp)
 		}
 	}
 	slices.SortFunc(out, func(a, b spillPart) int {
@@ -135,7 +148,8 @@ func (s *SpillLog) cursors(ctx context.Context, parts map[string][]int) (map[top
 // Pending returns the lanes of source partition p whose spill partition p
 // holds records past the cursor: the tenants an earlier process, or the
 // previous owner of p, spilled and did not finish. It costs one listing of
-// the cluster's topics, one ListOffsets and one OffsetFetch (see survey),
+// the cluster's topics, one OffsetFetch and ListOffsets of partition p of
+// every spill topic of the source (see survey),
 // and for a hashed token one fetch, once per topic, to read the tenant's
 // full key from SpillHeaderTenant.
 //

@@ -442,3 +442,44 @@ func FuzzSpillRecord(f *testing.F) {
 		}
 	})
 }
+
+// Pending over more spill topics than one ListOffsets call asks about
+// names exactly the lanes with records past their cursor.
+func TestSpillPendingManyTenants(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	log := h.open(t)
+	p := h.Partition()
+	n := offsetsChunk + 6
+	var want []string
+	for i := range n {
+		lane := consumer.SpillLane{Tenant: fmt.Sprintf("t%03d", i), Partition: p}
+		if err := log.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: int64(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := log.Commit(ctx, lane, 1); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want = append(want, lane.Tenant)
+	}
+	lanes, err := h.open(t).Pending(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range lanes {
+		got = append(got, l.Tenant)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Pending named %d lanes %q, want %d %q", len(got), got, len(want), want)
+	}
+	if other, err := log.Pending(ctx, h.Other()); err != nil || len(other) != 0 {
+		t.Fatalf("Pending of the other partition = %v, %v; want none", other, err)
+	}
+}
