@@ -178,7 +178,8 @@
 // Read fetches from a position (from the cursor when asked for the oldest
 // entry) and never waits at the log's end. Records that are not this
 // group's spill records are passed over; at the cursor, the cursor is moved
-// past them. A fetch returns whole record batches (an Append's, up to 256
+// past them. A Read that passed over them for 5s without finding one of
+// its own returns an error, and the next Read goes on from there. A fetch returns whole record batches (an Append's, up to 256
 // records) while the engine reads a window at a time, so what a Read
 // fetched beyond its window is kept for the next Read of that lane, within
 // SpillReadAhead bytes across lanes (8 MiB). Pending, called when a

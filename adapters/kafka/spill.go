@@ -173,8 +173,9 @@ type SpillLog struct {
 	topics  flight.Group[spillTopic]  // spill topic -> what the log knows of it
 	tenants flight.Group[string]      // spill topic with a hashed token -> tenant key
 
-	ahead readAhead
-	stats spillCounters
+	ahead      readAhead
+	skipBudget time.Duration // see Read; a field so that tests can shorten it
+	stats      spillCounters
 }
 
 // spillSource is what a SpillLog knows of its source topic.
@@ -248,6 +249,8 @@ func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOptio
 		log:     cfg.logger.With("source", sourceTopic, "group", group),
 		tr:      transportFor(cfg.dialer),
 		ahead:   readAhead{max: cfg.readAhead},
+
+		skipBudget: skipBudget,
 	}
 	if s.cursor == "" {
 		s.cursor = group + DefaultSpillGroupSuffix

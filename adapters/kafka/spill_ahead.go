@@ -28,14 +28,20 @@ type readAhead struct {
 }
 
 // ahead is what is kept for one lane: the entries at positions from on,
-// in order (positions of other groups' records left out).
+// in order (positions of other groups' records left out), up to next, the
+// position a fetch must go on from once they are taken. An ahead with no
+// entries says only that nothing of the lane lies in [from, next).
 type ahead struct {
 	from  int64
+	next  int64
 	msgs  []*consumer.Message
 	sizes []int
 	bytes int
 	used  uint64
 }
+
+// aheadOverhead is what keeping anything for a lane costs, roughly.
+const aheadOverhead = 128
 
 // entrySize is what a kept message costs, roughly.
 func entrySize(m *consumer.Message) int {
@@ -46,19 +52,24 @@ func entrySize(m *consumer.Message) int {
 	return n
 }
 
-// take returns up to limit entries kept for lane at position from, or
-// false when none are kept there (what is kept elsewhere is dropped: the
-// reader moved).
-func (r *readAhead) take(lane consumer.SpillLane, from int64, limit int) ([]*consumer.Message, bool) {
+// take returns up to limit entries kept for lane at position from, or,
+// when nothing of the lane lies between from and the position a fetch
+// must go on from, none and that position. ok is false when nothing is
+// kept at from (what is kept elsewhere is dropped: the reader moved).
+func (r *readAhead) take(lane consumer.SpillLane, from int64, limit int) (msgs []*consumer.Message, resume int64, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := r.lanes[lane]
 	if a == nil {
-		return nil, false
+		return nil, 0, false
 	}
 	if a.from != from {
 		r.drop(lane, a)
-		return nil, false
+		return nil, 0, false
+	}
+	if len(a.msgs) == 0 {
+		r.drop(lane, a)
+		return nil, a.next, true
 	}
 	n := min(limit, len(a.msgs))
 	out := a.msgs[:n:n]
@@ -68,7 +79,7 @@ func (r *readAhead) take(lane consumer.SpillLane, from int64, limit int) ([]*con
 	}
 	if n == len(a.msgs) {
 		r.drop(lane, a)
-		return out, true
+		return out, 0, true
 	}
 	a.msgs, a.sizes = a.msgs[n:], a.sizes[n:]
 	a.bytes -= freed
@@ -76,18 +87,19 @@ func (r *readAhead) take(lane consumer.SpillLane, from int64, limit int) ([]*con
 	a.from = out[n-1].SpillPos + 1
 	r.seq++
 	a.used = r.seq
-	return out, true
+	return out, 0, true
 }
 
-// put keeps msgs (in order, all past the entries just returned) for lane,
-// to be read from position from; it keeps nothing when they alone pass
-// the bound, and makes room by dropping the least recently used lanes.
-func (r *readAhead) put(lane consumer.SpillLane, from int64, msgs []*consumer.Message) {
-	if r.max <= 0 || len(msgs) == 0 {
+// put keeps msgs (in order, all past the entries just returned, all
+// before next) for lane, to be read from position from; it keeps nothing
+// when they alone pass the bound, and makes room by dropping the least
+// recently used lanes.
+func (r *readAhead) put(lane consumer.SpillLane, from int64, msgs []*consumer.Message, next int64) {
+	if r.max <= 0 {
 		return
 	}
 	sizes := make([]int, len(msgs))
-	total := 0
+	total := aheadOverhead
 	for i, m := range msgs {
 		sizes[i] = entrySize(m)
 		total += sizes[i]
@@ -114,7 +126,7 @@ func (r *readAhead) put(lane consumer.SpillLane, from int64, msgs []*consumer.Me
 		r.drop(lru, victim)
 	}
 	r.seq++
-	r.lanes[lane] = &ahead{from: from, msgs: msgs, sizes: sizes, bytes: total, used: r.seq}
+	r.lanes[lane] = &ahead{from: from, next: next, msgs: msgs, sizes: sizes, bytes: total, used: r.seq}
 	r.bytes += total
 }
 

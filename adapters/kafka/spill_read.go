@@ -18,14 +18,26 @@ import (
 // connection must not hold a spill worker for ever.
 const opTimeout = 30 * time.Second
 
+// skipBudget bounds how long one Read passes over records that are not
+// this group's before it returns (see errSkipping).
+const skipBudget = 5 * time.Second
+
+// errSkipping: Read passed over other groups' records for skipBudget
+// without finding one of this group's. The next Read of the lane goes on
+// from where this one stopped.
+var errSkipping = errors.New("kafka: spill lane holds many records of other groups; still passing over them")
+
 // Read returns up to limit spill records of lane at positions (offsets of
 // partition p of the tenant's spill topic) >= from, or, for from < 0, from
 // the cursor group's committed offset (the log start when there is none).
 // Each comes back as the original: key, value and headers byte for byte,
 // topic, partition, offset and time, with Refed set and SpillPos its
 // offset. Records that are not this group's spill records are passed over
-// (when they lie at the cursor, the cursor is moved past them). Read does
-// not wait for new records: at the log's end it returns none at once.
+// (when they lie at the cursor, the cursor is moved past them); a lane
+// whose next record of this group lies behind more of them than one Read
+// passes in skipBudget gets an error wrapping errSkipping, and the next
+// Read goes on from there. Read does not wait for new records: at the
+// log's end it returns none at once.
 func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64, limit int) ([]*consumer.Message, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -37,11 +49,15 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	p := int(lane.Partition.ID)
+	asked := from
 	if from >= 0 {
-		if out, ok := s.ahead.take(lane, from, limit); ok {
-			s.stats.read.Add(uint64(len(out)))
+		if out, resume, ok := s.ahead.take(lane, from, limit); ok {
 			s.stats.aheadHits.Add(1)
-			return out, nil
+			if len(out) > 0 {
+				s.stats.read.Add(uint64(len(out)))
+				return out, nil
+			}
+			from = resume // what lies before resume is not ours
 		}
 	}
 	atCursor := from < 0
@@ -57,6 +73,8 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	var out, extra []*consumer.Message
 	skipTo := int64(-1) // past the records at the cursor that are not ours
 	refreshed := false
+	began := time.Now()
+	var skipping error
 	for stalls := 0; len(out) == 0 && stalls < fetchStalls; {
 		resp, err := s.client.Fetch(ctx, &kafkago.FetchRequest{
 			Topic: topic, Partition: p, Offset: from,
@@ -118,11 +136,11 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 			}
 			return nil
 		})
-		if err != nil && len(out) == 0 {
-			return nil, fmt.Errorf("kafka: read spill %s/%d: %w", topic, p, err)
-		}
 		if err != nil {
-			break // return what was read; the next Read meets the error again
+			if len(out) > 0 {
+				break // return what was read; the next Read meets the error again
+			}
+			return nil, fmt.Errorf("kafka: read spill %s/%d: %w", topic, p, err)
 		}
 		if from >= resp.HighWatermark {
 			break
@@ -132,17 +150,27 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 		} else {
 			stalls = 0
 		}
+		if len(out) == 0 && time.Since(began) >= s.skipBudget {
+			if !atCursor {
+				s.ahead.put(lane, asked, nil, from)
+			}
+			skipping = fmt.Errorf("%w (%s/%d, at %d)", errSkipping, topic, p, from)
+			break
+		}
 	}
 	if atCursor && skipTo > cursor {
 		// Nothing of ours lies between the cursor and skipTo: move the
 		// cursor past what is not ours, or Pending would name this lane
 		// for ever.
-		if err := commitOffsets(ctx, s.client, s.cursor, topic, map[int]int64{p: skipTo}); err != nil {
-			s.log.Warn("kafka: moving a spill cursor past foreign records failed", "topic", topic, "partition", p, "err", err)
+		if cerr := commitOffsets(ctx, s.client, s.cursor, topic, map[int]int64{p: skipTo}); cerr != nil {
+			s.log.Warn("kafka: moving a spill cursor past foreign records failed", "topic", topic, "partition", p, "err", cerr)
 		}
 	}
+	if skipping != nil {
+		return nil, skipping
+	}
 	if len(extra) > 0 {
-		s.ahead.put(lane, out[len(out)-1].SpillPos+1, extra)
+		s.ahead.put(lane, out[len(out)-1].SpillPos+1, extra, from)
 	}
 	s.stats.read.Add(uint64(len(out)))
 	return out, nil

@@ -483,3 +483,48 @@ func TestSpillPendingManyTenants(t *testing.T) {
 		t.Fatalf("Pending of the other partition = %v, %v; want none", other, err)
 	}
 }
+
+// A lane whose next record lies behind many of another group's records
+// is read in steps: each Read passes over what it can in its budget (here
+// one fetch, of one record batch), says so with errSkipping, and the next
+// Read goes on from there, from the cursor and from a position alike.
+func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	a := h.open(t, SpillFetchBytes(1))
+	a.skipBudget = 0
+	b := h.open(t)
+	b.group = "other"
+	p := h.Partition()
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	for i := range 3 {
+		if err := b.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: int64(i), Value: []byte("b")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: 9, Value: []byte("a")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []int64{0, -1} {
+		steps := 0
+		var ms []*consumer.Message
+		for ; steps < 10; steps++ {
+			var err error
+			ms, err = a.Read(ctx, lane, from, 5)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errSkipping) {
+				t.Fatalf("Read from %d: %v", from, err)
+			}
+		}
+		if len(ms) != 1 || string(ms[0].Value) != "a" || ms[0].SpillPos != 3 {
+			t.Fatalf("Read from %d after %d steps = %d entries (%q), want a's record at 3", from, steps, len(ms), firstValue(ms))
+		}
+		if steps != 3 {
+			t.Fatalf("Read from %d took %d steps, want one per batch of b's records (3)", from, steps)
+		}
+	}
+}
