@@ -8,7 +8,9 @@
 // it was given, so it can neither pause one partition nor leave a parked
 // message uncommitted. Source is built on the lower-level ConsumerGroup and
 // Generation API instead: each assigned partition is fetched by its own
-// goroutine on its own connection (Pause stops that one only), and a single
+// goroutine (Pause stops that one only; concurrent fetches each take a
+// pooled connection of their own, so a long poll of one partition holds up
+// no other), and a single
 // committer per generation commits the engine's watermarks (the lowest
 // unsettled offset of each partition) every CommitInterval, on revocation
 // and on shutdown.

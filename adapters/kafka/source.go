@@ -19,7 +19,7 @@ import (
 var ErrAlreadyRunning = errors.New("kafka: source already running")
 
 // Source is a consumer.Source reading one topic as a member of a Kafka
-// consumer group. Every assigned partition is fetched on its own connection
+// consumer group. Every assigned partition is fetched by its own goroutine
 // so that Pause stops that partition only; the engine's watermarks are
 // committed by one committer per generation. Source is safe for concurrent
 // use; Run may be called once.

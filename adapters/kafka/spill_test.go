@@ -528,3 +528,41 @@ func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
 		}
 	}
 }
+
+// A spill topic made by another process after this one's metadata cache
+// was loaded is found by Pending, read and appended to at once (not only
+// after kafka-go's 6s metadata refresh).
+func TestSpillTopicMadeByAnotherProcess(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	p := h.Partition()
+	mine, theirs := h.open(t), h.open(t)
+	if ls, err := mine.Pending(ctx, p); err != nil || len(ls) != 0 { // loads mine's cache
+		t.Fatalf("Pending before any spill = %v, %v", ls, err)
+	}
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	if err := theirs.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: 1, Value: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := mine.Pending(ctx, p)
+	if err != nil || len(ls) != 1 || ls[0] != lane {
+		t.Fatalf("Pending = %v, %v; want the lane", ls, err)
+	}
+	ms, err := mine.Read(ctx, lane, -1, 10)
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("Read = %d entries, %v", len(ms), err)
+	}
+	if err := mine.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: h.Other()}, []*consumer.Message{{Topic: h.source, Partition: h.Other(), Offset: 2}}); err != nil {
+		t.Fatalf("Append to a topic another process made: %v", err)
+	}
+	// And a topic this process never heard of, read without Pending.
+	other := consumer.SpillLane{Tenant: "globex", Partition: p}
+	if err := theirs.Append(ctx, other, []*consumer.Message{{Topic: h.source, Partition: p, Offset: 3, Value: []byte("3")}}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := mine.Read(ctx, other, -1, 10); err != nil || len(ms) != 1 {
+		t.Fatalf("Read of a topic unknown to the cache = %d entries, %v", len(ms), err)
+	}
+}
