@@ -310,6 +310,7 @@ func BenchmarkSpillEngine(b *testing.B) {
 	ctx := context.Background()
 	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
 	var spillTime, refeedTime time.Duration
+	var spillStats SpillStats
 	b.ReportAllocs()
 	for i := range b.N {
 		topic := fmt.Sprintf("bench-spill-engine-%d", i)
@@ -381,8 +382,14 @@ func BenchmarkSpillEngine(b *testing.B) {
 		if err := <-errc; err != nil {
 			b.Fatal(err)
 		}
+		st := log.Stats()
+		spillStats.Produces += st.Produces
+		spillStats.Commits += st.Commits
+		spillStats.AheadHits += st.AheadHits
 		_ = log.Close()
 	}
 	b.ReportMetric(float64(n*b.N)/spillTime.Seconds(), "spill-msgs/s")
 	b.ReportMetric(float64(n*b.N)/refeedTime.Seconds(), "refeed-msgs/s")
+	b.ReportMetric(float64(spillStats.Produces)/float64(b.N), "produces/op")
+	b.ReportMetric(float64(spillStats.Commits)/float64(b.N), "cursor-commits/op")
 }
