@@ -186,7 +186,7 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		defer dlqSink.Close()
-		src, ccfg.Tenant, ccfg.DLQ = s, s.Tenant(), dlqSink
+		src, ccfg.Tenant, ccfg.DLQ = s, consumer.FromKey(), dlqSink
 	case "nats":
 		nc, err := nats.Connect(cfg.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err != nil {

@@ -71,12 +71,27 @@ func (h *harness) NewSource(t testing.TB) consumer.Source {
 
 func (h *harness) source(t testing.TB) *Source {
 	t.Helper()
-	s, err := NewSource(h.c.Addrs(), h.topic, h.group, fastOpts(TenantFromHeader(tenantHeader), WithUnknownTopicTimeout(time.Second))...)
+	s, err := NewSource(h.c.Addrs(), h.topic, h.group, fastOpts(WithUnknownTopicTimeout(time.Second))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
+
+// SpillLog returns a spill log of the harness's topic and group; every
+// call a new instance over the same topics and cursors, as a restarted
+// process would open.
+func (h *harness) SpillLog(t testing.TB) consumer.SpillLog {
+	t.Helper()
+	l, err := NewSpillLog(h.c.Addrs(), h.topic, h.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+var _ consumertest.Spiller = (*harness)(nil)
 
 // rebalancingSource lets the suite's Revocation case trigger a real
 // rebalance.

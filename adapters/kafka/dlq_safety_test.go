@@ -72,13 +72,20 @@ func produceOne(ctx context.Context, addrs []string, topic string, m kafkago.Mes
 }
 
 // fetchAt reads the record at offset of topic/0 with the protocol-level
-// decoder, which keeps a null header value apart from an empty one.
+// decoder, which keeps a null header value apart from an empty one. It uses
+// a transport of its own: kafka-go's default one caches metadata for 6s
+// and may not know a topic made since.
 func fetchAt(t *testing.T, addrs []string, topic string, offset int64) *kafkago.Record {
 	t.Helper()
-	cl := &kafkago.Client{Addr: kafkago.TCP(addrs...)}
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafkago.Client{Addr: kafkago.TCP(addrs...), Transport: tr}
 	resp, err := cl.Fetch(testCtx(t, 30*time.Second), &kafkago.FetchRequest{Topic: topic, Offset: offset, MinBytes: 1, MaxBytes: 64 << 20, MaxWait: time.Second})
-	if err != nil || resp.Error != nil {
-		t.Fatalf("fetch %s at %d: %v %v", topic, offset, err, resp.Error)
+	if err == nil {
+		err = resp.Error
+	}
+	if err != nil {
+		t.Fatalf("fetch %s at %d: %v", topic, offset, err)
 	}
 	for {
 		r, err := resp.Records.ReadRecord()

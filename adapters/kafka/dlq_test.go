@@ -293,7 +293,7 @@ func TestKcatInterop(t *testing.T) {
 	if out, err := prod.CombinedOutput(); err != nil {
 		t.Fatalf("kcat produce: %v\n%s", err, out)
 	}
-	src, err := NewSource(c.Addrs(), topic, uniq("g"), fastOpts(TenantFromHeader("tenant"))...)
+	src, err := NewSource(c.Addrs(), topic, uniq("g"), fastOpts()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestKcatInterop(t *testing.T) {
 	col.src = src
 	tenants := make(chan string, 1)
 	col.onMsg = func(m *consumer.Message) {
-		tn, err := src.Tenant()(m)
+		tn, err := consumer.FromHeader("tenant")(m)
 		if err != nil {
 			tn = "error: " + err.Error()
 		}

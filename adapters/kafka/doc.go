@@ -8,10 +8,24 @@
 // it was given, so it can neither pause one partition nor leave a parked
 // message uncommitted. Source is built on the lower-level ConsumerGroup and
 // Generation API instead: each assigned partition is fetched by its own
-// goroutine on its own connection (Pause stops that one only), and a single
+// goroutine (Pause stops that one only; concurrent fetches each take a
+// pooled connection of their own, so a long poll of one partition holds up
+// no other), and a single
 // committer per generation commits the engine's watermarks (the lowest
 // unsettled offset of each partition) every CommitInterval, on revocation
 // and on shutdown.
+//
+// A partition is fetched with kafka-go's Client.Fetch, whose decoder keeps a
+// header value's null apart from an empty one (Conn.ReadBatch reads both as
+// nil), and each fetch is handed to the engine with DeliverBatch, in slices
+// of at most 64 messages: a fetch of MaxBytes may hold thousands of small
+// messages, and once the engine pauses the partition the rest of the fetch
+// is dropped (and fetched again on Resume), so the engine's per-partition
+// bounds hold within one slice.
+//
+// The source does not know tenants: the engine's consumer.Config.Tenant is
+// the one place a tenant key is read (consumer.FromKey, consumer.FromHeader
+// or a function of your own).
 //
 // A rebalance ends the generation: the source reports every partition as
 // revoked (the engine drops its buffered and parked messages, which the new
@@ -112,6 +126,92 @@
 // On a shared DLQ topic (SinkSharedTopic) each tenant has its own cursor
 // group, "ringfence-dlq.<token>", so replaying or purging one tenant never
 // hides another's records.
+//
+// # Spill
+//
+// SpillLog is the consumer.SpillLog of Kafka. When a tenant cannot make
+// progress (its breaker stays open past its parked bound, a message of it
+// holds the partition's commit for StuckAfter, its backlog passes its share
+// of the partition), the engine appends its messages to the tenant's spill
+// topic and settles the originals only once every in-sync replica
+// acknowledged them, so the source partition's commit moves on and the
+// tenant's partition-mates never wait. Once the tenant recovers the engine
+// reads the spill topic back, oldest first, before the tenant's live
+// messages, and commits the spill cursor past what it settled.
+//
+// The spill topic of tenant T for source S is SpillTopic(S, T) =
+// "S.spill.<token>", the token being dlq.TenantToken(T), the DLQ topics'
+// tenant-safe token: a key made of [A-Za-z0-9-] is its own token, every
+// other byte is escaped as _hh, and a key whose token would pass 180
+// characters is hashed (its records then carry the full key in
+// ringfence-spill-tenant). Source topics longer than MaxSpillSourceLen (62)
+// are refused, so that every token fits. A spill topic has the source's
+// partition count: the lane of T in source partition p is partition p, and
+// whoever owns source partition p owns its lanes. It is created on its
+// first spill (single-flight per topic, no lock shared between tenants)
+// with the source's partition count and replication factor,
+// max.message.bytes twice the source's plus 64 KiB (the message plus the
+// ringfence-spill- headers, which may hold a tenant key as long as the
+// message), cleanup.policy=delete (a compacted spill topic would keep one
+// record per key) and the source's retention.ms (SpillRetention). An
+// existing spill topic keeps its settings; one with fewer partitions than
+// the source is grown; a record that does not fit raises its
+// max.message.bytes.
+//
+// A spill record is the original's key, value and headers byte for byte
+// (null and empty header values apart) followed by ringfence-spill-
+// headers: the original's topic, partition, offset and time, the consumer
+// group, the full tenant key for a hashed token, a dedupe id
+// "<topic>/<partition>/<offset>", and the count of the original's headers
+// (SpillHeaderCount, last), so that an original header that happens to
+// start with ringfence-spill- survives too. Its Kafka timestamp is the
+// time of the spill, so retention counts from then. Append sends a batch
+// in as few produce requests as the topic's limit allows (one record batch
+// each, sized exactly: no kafka-go Writer and its 1 MiB BatchBytes) with
+// acks=all.
+//
+// The cursor of a lane is the committed offset, on partition p of the
+// spill topic, of the consumer group "<group>.ringfence-spill"
+// (DefaultSpillGroupSuffix; SpillCursorGroup to choose another), committed
+// outside any generation; no member ever joins that group. Two consumer
+// groups reading one source share its spill topics: each writes its group
+// into its records, reads back only its own, and keeps its own cursor.
+//
+// Read fetches from a position (from the cursor when asked for the oldest
+// entry) and never waits at the log's end. Records that are not this
+// group's spill records are passed over; at the cursor, the cursor is moved
+// past them. A Read that passed over them for 5s without finding one of
+// its own returns an error, and the next Read goes on from there. A fetch returns whole record batches (an Append's, up to 256
+// records) while the engine reads a window at a time, so what a Read
+// fetched beyond its window is kept for the next Read of that lane, within
+// SpillReadAhead bytes across lanes (8 MiB). Pending, called when a
+// partition is assigned, lists the cluster's topics once (asking a broker
+// directly: kafka-go's metadata cache, refreshed every 6s, may not know a
+// spill topic another process made a moment ago), then reads every spill
+// topic's cursor in one OffsetFetch and its bounds with ListOffsets (64
+// partitions per call: kafka-go sends a request per partition, each on a
+// pooled connection).
+//
+// What it costs. kafka-go has no DeleteRecords, so a Commit removes
+// nothing: a spilled record stays on the broker's disk until retention
+// deletes its segment, re-fed or not. A tenant that spills R bytes a second
+// holds up to R x retention.ms of disk, times the replication factor. Every
+// tenant that ever spilled keeps a topic (with the source's partition
+// count), and Pending's topic listing grows with the cluster's topics.
+//
+// How it is bounded. Disk per spill topic is bounded by its retention.ms;
+// the default, the source's, lets a spilled message live at least as long
+// as the source would have kept it unconsumed (its clock restarts at the
+// spill). A message that is not re-fed within retention is gone: set
+// SpillRetention to outlast your longest outage; Read logs at Error level,
+// and SpillStats.Lost counts, a cursor found below the log start. Topics
+// are bounded by the tenants that spill. The package never deletes a spill
+// topic: a consumer could append to it between the check that it is
+// drained and the deletion, and it would have settled the originals
+// already. Delete drained spill topics (Backlog reports them, Total 0)
+// while no consumer of the source runs. Memory is bounded by
+// SpillReadAhead plus one fetch (SpillFetchBytes, 1 MiB) per concurrent
+// Read.
 //
 // # Scaling out
 //

@@ -10,11 +10,11 @@ import (
 	"github.com/ringfence/ringfence/consumer"
 )
 
-// Wiring a Kafka consumer group through the engine, with a DLQ topic per
-// tenant. (Compiled, not run: it needs a broker.)
+// Wiring a Kafka consumer group through the engine, with a DLQ topic and a
+// spill topic per tenant. (Compiled, not run: it needs a broker.)
 func Example() {
 	brokers := []string{"127.0.0.1:9092"}
-	src, err := kafka.NewSource(brokers, "orders", "billing", kafka.TenantFromHeader("tenant"))
+	src, err := kafka.NewSource(brokers, "orders", "billing")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -23,9 +23,17 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer sink.Close()
+	// orders.spill.<tenant>, created on first use; cursors in the group
+	// billing.ringfence-spill.
+	spill, err := kafka.NewSpillLog(brokers, "orders", "billing")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer spill.Close()
 	c, err := consumer.New(consumer.Config{
-		Tenant: src.Tenant(),
+		Tenant: consumer.FromHeader("tenant"),
 		DLQ:    sink,
+		Spill:  spill,
 		Group:  src.Group(),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
 			return nil // handle the order

@@ -251,11 +251,18 @@ func (in *Inspector) advance(ctx context.Context, v view, done map[letter]bool) 
 }
 
 func (in *Inspector) commit(ctx context.Context, group, topic string, offsets map[int]int64) error {
+	return commitOffsets(ctx, in.client, group, topic, offsets)
+}
+
+// commitOffsets commits offsets of topic's partitions for group, outside
+// any generation (a "simple" commit, accepted while the group has no
+// member).
+func commitOffsets(ctx context.Context, cl *kafkago.Client, group, topic string, offsets map[int]int64) error {
 	req := &kafkago.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafkago.OffsetCommit{}}
 	for p, off := range offsets {
 		req.Topics[topic] = append(req.Topics[topic], kafkago.OffsetCommit{Partition: p, Offset: off})
 	}
-	resp, err := in.client.OffsetCommit(ctx, req)
+	resp, err := cl.OffsetCommit(ctx, req)
 	if err != nil {
 		return fmt.Errorf("kafka: advance cursor %s on %s: %w", group, topic, err)
 	}

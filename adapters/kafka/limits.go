@@ -49,12 +49,26 @@ func batchSize(m *kafkago.Message) int {
 // recordSize is the size of m as one record of a v2 batch (offset and
 // timestamp deltas of 0), length prefix included.
 func recordSize(m *kafkago.Message) int {
-	body := 1 + varintLen(0) + varintLen(0) // attributes, timestamp delta, offset delta
-	body += nullableLen(m.Key) + nullableLen(m.Value)
-	body += varintLen(int64(len(m.Headers)))
-	for _, h := range m.Headers {
+	return recordSizeAt(recordBody(m.Key, m.Value, m.Headers), 0)
+}
+
+// recordBody is the size of a record's body without its offset delta
+// (attributes, a timestamp delta of 0, key, value and headers).
+func recordBody(key, value []byte, headers []kafkago.Header) int {
+	body := 1 + varintLen(0) // attributes, timestamp delta
+	body += nullableLen(key) + nullableLen(value)
+	body += varintLen(int64(len(headers)))
+	for _, h := range headers {
 		body += varintLen(int64(len(h.Key))) + len(h.Key) + nullableLen(h.Value)
 	}
+	return body
+}
+
+// recordSizeAt is the size on the wire, length prefix included, of a
+// record whose body (see recordBody) is body, at offset delta i of its
+// batch (all records of the batch sharing one timestamp).
+func recordSizeAt(body, i int) int {
+	body += varintLen(int64(i))
 	return varintLen(int64(body)) + body
 }
 

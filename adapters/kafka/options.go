@@ -7,8 +7,6 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-
-	"github.com/ringfence/ringfence/consumer"
 )
 
 // ErrInvalidOption is wrapped by every error that an option or a
@@ -24,7 +22,6 @@ type SourceOption func(*sourceConfig) error
 
 type sourceConfig struct {
 	dialer            *kafkago.Dialer
-	tenant            consumer.TenantFunc
 	commitInterval    time.Duration
 	heartbeatInterval time.Duration
 	sessionTimeout    time.Duration
@@ -40,7 +37,6 @@ type sourceConfig struct {
 func defaultSourceConfig() sourceConfig {
 	return sourceConfig{
 		dialer:            kafkago.DefaultDialer,
-		tenant:            consumer.FromKey(),
 		commitInterval:    time.Second,
 		heartbeatInterval: 3 * time.Second,
 		sessionTimeout:    30 * time.Second,
@@ -62,27 +58,6 @@ func WithDialer(d *kafkago.Dialer) SourceOption {
 			return invalid("nil dialer")
 		}
 		c.dialer = d
-		return nil
-	}
-}
-
-// TenantFromKey takes the tenant from the Kafka message key. This is the
-// default.
-func TenantFromKey() SourceOption {
-	return func(c *sourceConfig) error {
-		c.tenant = consumer.FromKey()
-		return nil
-	}
-}
-
-// TenantFromHeader takes the tenant from the first header named name.
-// Default: TenantFromKey.
-func TenantFromHeader(name string) SourceOption {
-	return func(c *sourceConfig) error {
-		if name == "" {
-			return invalid("empty tenant header name")
-		}
-		c.tenant = consumer.FromHeader(name)
 		return nil
 	}
 }

@@ -344,6 +344,14 @@ func produceRecords(ctx context.Context, cl *kafkago.Client, topic string, parti
 	for i, m := range msgs {
 		recs[i] = kafkago.Record{Time: m.Time, Key: kafkago.NewBytes(m.Key), Value: kafkago.NewBytes(m.Value), Headers: m.Headers}
 	}
+	_, err := produceBatch(ctx, cl, topic, partition, recs)
+	return err
+}
+
+// produceBatch writes recs to topic/partition in one request, as one
+// batch, waits for every in-sync replica, and returns the offset of the
+// first record.
+func produceBatch(ctx context.Context, cl *kafkago.Client, topic string, partition int, recs []kafkago.Record) (int64, error) {
 	resp, err := cl.Produce(ctx, &kafkago.ProduceRequest{
 		Topic:        topic,
 		Partition:    partition,
@@ -351,15 +359,15 @@ func produceRecords(ctx context.Context, cl *kafkago.Client, topic string, parti
 		Records:      kafkago.NewRecordReader(recs...),
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if resp.Error != nil {
-		return resp.Error
+		return 0, resp.Error
 	}
 	for _, err := range resp.RecordErrors {
-		return err
+		return 0, err
 	}
-	return nil
+	return resp.BaseOffset, nil
 }
 
 // partitionFor places a tenant's dead letters on one partition of a

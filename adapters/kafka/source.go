@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -20,7 +19,7 @@ import (
 var ErrAlreadyRunning = errors.New("kafka: source already running")
 
 // Source is a consumer.Source reading one topic as a member of a Kafka
-// consumer group. Every assigned partition is fetched on its own connection
+// consumer group. Every assigned partition is fetched by its own goroutine
 // so that Pause stops that partition only; the engine's watermarks are
 // committed by one committer per generation. Source is safe for concurrent
 // use; Run may be called once.
@@ -137,10 +136,6 @@ func (s *Source) Topic() string { return s.topic }
 
 // Group returns the consumer group.
 func (s *Source) Group() string { return s.group }
-
-// Tenant returns the tenant extractor chosen with TenantFromKey or
-// TenantFromHeader, for consumer.New.
-func (s *Source) Tenant() consumer.TenantFunc { return s.cfg.tenant }
 
 // Run joins the group and fetches until ctx is cancelled, and returns nil
 // then. It returns an error when the source can never work (see the
@@ -372,7 +367,7 @@ func (s *Source) lookup(p consumer.Partition) *partition {
 	return (*s.parts.Load())[p.ID]
 }
 
-// Pause stops fetching p after the message being delivered.
+// Pause stops fetching p after the batch being delivered.
 func (s *Source) Pause(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
 		ps.mu.Lock()
@@ -413,144 +408,6 @@ func (ps *partition) waitResumed(ctx context.Context) bool {
 		}
 	}
 	return ctx.Err() == nil
-}
-
-// fetch reads ps from its leader and delivers in offset order until ctx
-// ends, reconnecting with backoff.
-func (s *Source) fetch(ctx context.Context, ps *partition, d consumer.Dispatcher) {
-	offset := ps.start
-	var conn *kafkago.Conn
-	var stopClose func() bool
-	closeConn := func() {
-		if conn != nil {
-			stopClose()
-			_ = conn.Close()
-			conn = nil
-		}
-	}
-	defer closeConn()
-	for attempt := 0; ; {
-		if !ps.waitResumed(ctx) {
-			return
-		}
-		if conn == nil {
-			if attempt > 0 && !sleep(ctx, backoff(attempt)) {
-				return
-			}
-			attempt++
-			c, start, err := s.dial(ctx, int(ps.id.ID), offset)
-			if err != nil {
-				if ctx.Err() != nil || s.failed(err) {
-					return
-				}
-				s.log.Warn("kafka: connecting to partition leader failed; retrying", "partition", ps.id.ID, "attempt", attempt, "err", err)
-				continue
-			}
-			s.watch.seen()
-			conn, offset = c, start
-			stopClose = context.AfterFunc(ctx, func() { _ = c.Close() })
-		}
-
-		var err error
-		offset, err = s.readBatch(conn, ps, offset, d)
-		switch {
-		case err == nil, errors.Is(err, io.EOF), errors.Is(err, kafkago.RequestTimedOut):
-			attempt = 0
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, kafkago.OffsetOutOfRange):
-			// Retention removed what we wanted, or we are past the end:
-			// reconnecting re-resolves the offset against the log's range.
-			s.log.Warn("kafka: offset out of range", "partition", ps.id.ID, "offset", offset)
-			closeConn()
-		case s.failed(err):
-			return
-		default:
-			s.log.Warn("kafka: fetch failed; reconnecting", "partition", ps.id.ID, "offset", offset, "err", err)
-			closeConn()
-		}
-	}
-}
-
-// dial connects to the partition leader and resolves offset (which may be
-// FirstOffset, LastOffset, or below the log start) to an absolute one.
-func (s *Source) dial(ctx context.Context, part int, offset int64) (*kafkago.Conn, int64, error) {
-	var errs []error
-	for _, b := range s.brokers {
-		conn, err := s.cfg.dialer.DialLeader(ctx, "tcp", b, s.topic, part)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-		first, last, err := conn.ReadOffsets()
-		if err != nil {
-			_ = conn.Close()
-			errs = append(errs, err)
-			continue
-		}
-		switch {
-		case offset == kafkago.FirstOffset, offset >= 0 && offset < first:
-			offset = first
-		case offset == kafkago.LastOffset, offset > last:
-			offset = last
-		}
-		_ = conn.SetDeadline(time.Time{})
-		return conn, offset, nil
-	}
-	return nil, offset, errors.Join(errs...)
-}
-
-// readBatch fetches once from offset and delivers what came back. It
-// returns the offset to fetch next.
-func (s *Source) readBatch(conn *kafkago.Conn, ps *partition, offset int64, d consumer.Dispatcher) (int64, error) {
-	if _, err := conn.Seek(offset, kafkago.SeekAbsolute|kafkago.SeekDontCheck); err != nil {
-		return offset, err
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(s.cfg.maxWait + 10*time.Second))
-	batch := conn.ReadBatchWith(kafkago.ReadBatchConfig{MinBytes: 1, MaxBytes: s.cfg.maxBytes, MaxWait: s.cfg.maxWait})
-	var err error
-	for {
-		var m kafkago.Message
-		if m, err = batch.ReadMessage(); err != nil {
-			break
-		}
-		if m.Offset < offset {
-			continue // compressed batches may start before the fetch offset
-		}
-		d.Deliver(toMessage(ps.id, &m))
-		offset = m.Offset + 1
-		if ps.paused.Load() {
-			break
-		}
-	}
-	cerr := batch.Close()
-	_ = conn.SetReadDeadline(time.Time{})
-	if err == nil || errors.Is(err, io.EOF) {
-		err = cerr
-	}
-	return offset, err
-}
-
-func toMessage(p consumer.Partition, m *kafkago.Message) *consumer.Message {
-	out := &consumer.Message{
-		Key:       m.Key,
-		Value:     m.Value,
-		Topic:     m.Topic,
-		Partition: p,
-		Offset:    m.Offset,
-		Time:      m.Time,
-	}
-	if out.Topic == "" {
-		out.Topic = p.Topic
-	}
-	if len(m.Headers) > 0 {
-		out.Headers = make([]consumer.Header, len(m.Headers))
-		for i, h := range m.Headers {
-			out.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return out
 }
 
 // backoff is the wait before reconnect attempt n (1-based): 100ms doubling

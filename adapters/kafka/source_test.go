@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
 )
 
 func TestNewSourceValidates(t *testing.T) {
@@ -32,7 +36,6 @@ func TestNewSourceValidates(t *testing.T) {
 		{"empty group", ok, "t", "", nil},
 		{"nil option", ok, "t", "g", []SourceOption{nil}},
 		{"nil dialer", ok, "t", "g", []SourceOption{WithDialer(nil)}},
-		{"empty header", ok, "t", "g", []SourceOption{TenantFromHeader("")}},
 		{"zero commit interval", ok, "t", "g", []SourceOption{WithCommitInterval(0)}},
 		{"negative heartbeat", ok, "t", "g", []SourceOption{WithHeartbeatInterval(-time.Second)}},
 		{"zero session", ok, "t", "g", []SourceOption{WithSessionTimeout(0)}},
@@ -52,13 +55,8 @@ func TestNewSourceValidates(t *testing.T) {
 			}
 		})
 	}
-	s, err := NewSource(ok, "orders.v1", "g", TenantFromHeader("tenant"), WithStartOffset(kafkago.LastOffset))
-	if err != nil {
+	if _, err := NewSource(ok, "orders.v1", "g", WithStartOffset(kafkago.LastOffset)); err != nil {
 		t.Fatal(err)
-	}
-	got, err := s.Tenant()(&consumer.Message{Headers: []consumer.Header{{Key: "tenant", Value: []byte("acme")}}})
-	if err != nil || got != "acme" {
-		t.Fatalf("Tenant() = %q, %v; want acme", got, err)
 	}
 }
 
@@ -161,20 +159,19 @@ func TestSourcePausesOnePartition(t *testing.T) {
 	consumertest.StartSource(t, src, col)
 	ctx := testCtx(t, 30*time.Second)
 	col.waitFor(t, ctx, "partition 1 and the pausing message", func() bool { return len(col.byPart[1]) == per && len(col.byPart[0]) > 0 })
+	// The batch that held the pausing message is delivered whole; no
+	// fetch of partition 0 follows it.
 	col.mu.Lock()
 	n0 := len(col.byPart[0])
 	col.mu.Unlock()
-	if n0 != 1 {
-		t.Fatalf("paused partition 0 delivered %d messages, want 1", n0)
-	}
 	// More traffic on partition 1 still flows while 0 stays paused.
 	produce(t, c.Addrs(), topic, kafkago.Message{Partition: 1, Value: []byte("late-1")}, kafkago.Message{Partition: 0, Value: []byte("late-0")})
 	col.waitFor(t, ctx, "late message on partition 1", func() bool { return col.seen["late-1"] == 1 })
 	col.mu.Lock()
-	n0 = len(col.byPart[0])
+	n, late := len(col.byPart[0]), col.seen["late-0"]
 	col.mu.Unlock()
-	if n0 != 1 {
-		t.Fatalf("paused partition 0 delivered %d messages, want 1", n0)
+	if n != n0 || late != 0 {
+		t.Fatalf("paused partition 0 went on: %d messages delivered (%d when paused), late-0 seen %d times", n, n0, late)
 	}
 	src.Resume(consumer.Partition{Topic: topic, ID: 0})
 	col.waitFor(t, ctx, "partition 0 after resume", func() bool { return len(col.byPart[0]) == per+1 })
@@ -317,5 +314,80 @@ func TestSourceCommitsAfterRunReturned(t *testing.T) {
 	}
 	if got := committed(t, c.Addrs(), group, topic, 1)[0]; got != 6 {
 		t.Fatalf("committed %d after a stale Commit(3), want 6", got)
+	}
+}
+
+// Header values reach the handler and the dead letters as they were
+// produced: an empty value stays empty (not nil) and a null one stays nil,
+// for a tenant header "" (the no-tenant bucket) too (issue 15 item 5).
+func TestSourceEmptyHeaderValuesEndToEnd(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	topic := uniq("hdrs")
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	if err := createTopic(ctx, cl, topic, 1, -1); err != nil {
+		t.Fatal(err)
+	}
+	acme := []kafkago.Header{{Key: "tenant", Value: []byte("acme")}, {Key: "empty", Value: []byte{}}, {Key: "null", Value: nil}}
+	none := []kafkago.Header{{Key: "tenant", Value: []byte{}}, {Key: "null", Value: nil}}
+	for _, hs := range [][]kafkago.Header{acme, none} {
+		if _, err := produceOne(ctx, c.Addrs(), topic, kafkago.Message{Key: []byte("k"), Value: []byte("v"), Headers: hs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := NewSource(c.Addrs(), topic, uniq("g"), fastOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	seen := make(chan []consumer.Header, 2)
+	cons, err := consumer.New(consumer.Config{
+		Scope:  scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+		Tenant: consumer.FromHeader("tenant"),
+		DLQ:    sink,
+		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+			seen <- slices.Clone(m.Headers)
+			return policy.Permanent(errors.New("refused"))
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(rctx, src) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	select {
+	case hs := <-seen:
+		if !sameHeaders(hs, acme) {
+			t.Fatalf("the handler got headers %q, want %q (empty and null apart)", hs, acme)
+		}
+	case <-ctx.Done():
+		t.Fatal("the message never reached the handler")
+	}
+	in, err := NewInspector(c.Addrs(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	for tenant, want := range map[string][]kafkago.Header{"acme": acme, "": none} {
+		var recs []dlq.Record
+		eventually(t, ctx, fmt.Sprintf("the dead letter of %q", tenant), func() bool {
+			recs, err = in.Peek(ctx, tenant, 0)
+			return err == nil && len(recs) == 1
+		})
+		if !sameHeaders(recs[0].Headers, want) {
+			t.Fatalf("dead letter of %q has headers %q, want %q (empty and null apart)", tenant, recs[0].Headers, want)
+		}
 	}
 }

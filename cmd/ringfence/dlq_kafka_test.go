@@ -129,7 +129,7 @@ func TestDLQKafka(t *testing.T) {
 // messages of tenant, with a raised redrive count, were handled.
 func handleReplayed(t *testing.T, addr, tenant string, n int) {
 	t.Helper()
-	src, err := rfkafka.NewSource([]string{addr}, "orders", "cli-test", rfkafka.TenantFromHeader("tenant"))
+	src, err := rfkafka.NewSource([]string{addr}, "orders", "cli-test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func handleReplayed(t *testing.T, addr, tenant string, n int) {
 	got := 0
 	c, err := consumer.New(consumer.Config{
 		Scope:  scope.New(policy.Default(), scope.Options[string]{}),
-		Tenant: src.Tenant(),
+		Tenant: consumer.FromHeader("tenant"),
 		DLQ:    dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
 			tn, _ := m.Header("tenant")

@@ -88,7 +88,7 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	var parked atomic.Int64
 	src, err := kafka.NewSource(brokers, "orders", "billing",
-		kafka.TenantFromKey(), kafka.WithMaxWait(100*time.Millisecond), kafka.WithHeartbeatInterval(200*time.Millisecond))
+		kafka.WithMaxWait(100*time.Millisecond), kafka.WithHeartbeatInterval(200*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func run(ctx context.Context, out io.Writer) error {
 	c, err := consumer.New(consumer.Config{
 		Scope:   scope.New(template, scope.Options[string]{}),
 		Handler: handler,
-		Tenant:  src.Tenant(),
+		Tenant:  consumer.FromKey(),
 		DLQ:     sink,
 		Group:   src.Group(),
 		OnEvent: func(e consumer.Event) {

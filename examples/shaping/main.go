@@ -93,7 +93,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer sink.Close()
-	c, err := consumer.New(consumer.Config{Scope: tenants, Handler: handler, Tenant: src.Tenant(), DLQ: sink, Group: src.Group()})
+	c, err := consumer.New(consumer.Config{Scope: tenants, Handler: handler, Tenant: consumer.FromKey(), DLQ: sink, Group: src.Group()})
 	if err != nil {
 		return err
 	}

@@ -101,7 +101,6 @@ func (t *kafkaTopic) Produce(ctx context.Context, msgs []Msg) error {
 
 func (t *kafkaTopic) Source(group string, _ consumer.TenantFunc, _ bool) (consumer.Source, error) {
 	return kafka.NewSource(t.b.addrs, t.name, group,
-		kafka.TenantFromKey(),
 		kafka.WithLogger(t.b.log),
 		kafka.WithHeartbeatInterval(250*time.Millisecond),
 		kafka.WithSessionTimeout(5*time.Second),

@@ -1,0 +1,437 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
+)
+
+// Spill topic naming.
+const (
+	// SpillInfix separates the source topic from the tenant token in a
+	// spill topic's name: "<source>.spill.<token>".
+	SpillInfix = ".spill."
+	// MaxSpillSourceLen is the longest source topic a SpillLog accepts:
+	// "<source>.spill.<token>" must fit Kafka's 249 characters for the
+	// longest token (dlq.MaxTokenLen).
+	MaxSpillSourceLen = 249 - len(SpillInfix) - dlq.MaxTokenLen
+	// DefaultSpillGroupSuffix makes the cursor group of a SpillLog from
+	// its consumer group: "<group>.ringfence-spill".
+	DefaultSpillGroupSuffix = ".ringfence-spill"
+	// DefaultSpillFetchBytes is what one Read asks the broker for.
+	DefaultSpillFetchBytes = 1 << 20
+)
+
+// SpillTopic names the spill topic of tenant for source:
+// "<source>.spill.<token>", the token being dlq.TenantToken(tenant), the
+// same tenant-safe token the DLQ topics use.
+func SpillTopic(source, tenant string) string {
+	return source + SpillInfix + dlq.TenantToken(tenant)
+}
+
+// SpillOption configures a SpillLog. Each option checks its own argument.
+type SpillOption func(*spillConfig) error
+
+type spillConfig struct {
+	dialer      *kafkago.Dialer
+	cursorGroup string        // "" means group + DefaultSpillGroupSuffix
+	replication int           // 0: the source topic's
+	retention   time.Duration // 0: the source topic's; < 0: none
+	fetchBytes  int
+	readAhead   int
+	logger      *slog.Logger
+}
+
+// SpillDialer sets the dialer (TLS, SASL, timeouts). Default: kafka-go's
+// DefaultDialer.
+func SpillDialer(d *kafkago.Dialer) SpillOption {
+	return func(c *spillConfig) error {
+		if d == nil {
+			return invalid("nil dialer")
+		}
+		c.dialer = d
+		return nil
+	}
+}
+
+// SpillCursorGroup sets the consumer group whose committed offsets on the
+// spill topics mark what was re-fed and settled. No member ever joins it.
+// Default: "<group>" + DefaultSpillGroupSuffix.
+func SpillCursorGroup(name string) SpillOption {
+	return func(c *spillConfig) error {
+		if name == "" {
+			return invalid("empty spill cursor group")
+		}
+		c.cursorGroup = name
+		return nil
+	}
+}
+
+// SpillReplication sets the replication factor of the spill topics the
+// log creates. Default: the source topic's.
+func SpillReplication(n int) SpillOption {
+	return func(c *spillConfig) error {
+		if n < 1 {
+			return invalid("spill replication factor %d is not positive", n)
+		}
+		c.replication = n
+		return nil
+	}
+}
+
+// SpillRetention sets retention.ms of the spill topics the log creates; d
+// < 0 means no time limit (-1). A spilled message not re-fed within it is
+// deleted by the broker: lost. Default: the source topic's retention.ms,
+// so a spilled message lives at least as long as the source would have
+// kept it unconsumed (its clock restarts at the spill); the broker's
+// default when the source's may not be read.
+func SpillRetention(d time.Duration) SpillOption {
+	return func(c *spillConfig) error {
+		switch {
+		case d == 0:
+			return invalid("spill retention 0; use a negative value for no limit")
+		case d > 0 && d < time.Millisecond:
+			return invalid("spill retention %v is below Kafka's unit (1ms)", d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// SpillFetchBytes sets how many bytes one Read asks the broker for (a
+// larger record batch still comes back whole). Default:
+// DefaultSpillFetchBytes (1 MiB).
+func SpillFetchBytes(n int) SpillOption {
+	return func(c *spillConfig) error {
+		if n < 1 {
+			return invalid("spill fetch bytes %d is not positive", n)
+		}
+		c.fetchBytes = n
+		return nil
+	}
+}
+
+// SpillReadAhead bounds, in bytes across lanes, the spill records a log
+// keeps decoded between Reads: a fetch returns whole record batches (an
+// Append's, up to 256 records), while the engine reads a lane a window at
+// a time, so what one Read fetched beyond its limit is kept for the next
+// Read of that lane (the least recently read lane's records are dropped
+// first). 0 keeps nothing: every Read fetches. Default:
+// DefaultSpillReadAhead (8 MiB).
+func SpillReadAhead(n int) SpillOption {
+	return func(c *spillConfig) error {
+		if n < 0 {
+			return invalid("spill read-ahead %d is negative", n)
+		}
+		c.readAhead = n
+		return nil
+	}
+}
+
+// SpillLogger sets the logger for entries lost to retention and skipped
+// foreign records. Default: slog.Default().
+func SpillLogger(l *slog.Logger) SpillOption {
+	return func(c *spillConfig) error {
+		if l == nil {
+			return invalid("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// SpillLog is a consumer.SpillLog on Kafka: one topic per source topic and
+// tenant, "<source>.spill.<token>" (see SpillTopic), with as many
+// partitions as the source. The lane of tenant T and source partition p is
+// partition p of T's spill topic, so whoever owns source partition p owns
+// its lanes. See the package documentation, "Spill", for what it costs and
+// how it is bounded.
+//
+// SpillLog is safe for concurrent use. It holds no lock across a network
+// call: creating one tenant's topic holds up no other tenant.
+type SpillLog struct {
+	source  string
+	group   string
+	cursor  string // the cursor group
+	brokers []string
+	cfg     spillConfig
+	log     *slog.Logger
+	tr      *kafkago.Transport
+	client  *kafkago.Client
+
+	sources flight.Group[spillSource] // the source topic -> its shape and settings
+	topics  flight.Group[spillTopic]  // spill topic -> what the log knows of it
+	tenants flight.Group[string]      // spill topic with a hashed token -> tenant key
+
+	ahead      readAhead
+	skipBudget time.Duration // see Read; a field so that tests can shorten it
+	stats      spillCounters
+}
+
+// spillSource is what a SpillLog knows of its source topic.
+type spillSource struct {
+	partitions  int
+	replication int
+	limit       int    // max.message.bytes
+	retention   string // retention.ms, "" when unknown
+}
+
+// spillTopic is what a SpillLog knows of one of its spill topics.
+type spillTopic struct {
+	partitions int
+	limit      int // max.message.bytes
+}
+
+// SpillStats counts what a SpillLog did since it was made.
+type SpillStats struct {
+	Appended      uint64 // records acknowledged by the broker (re-appended copies included)
+	AppendedBytes uint64 // their size in record batches
+	Produces      uint64 // produce requests that succeeded
+	Read          uint64 // spill records returned by Read
+	Skipped       uint64 // records Read passed over: another group's, or not spill records
+	Commits       uint64 // cursor commits
+	Created       uint64 // spill topics created
+	Lost          uint64 // times Read found its cursor below the log start (entries removed by retention)
+	AheadHits     uint64 // Reads served from records an earlier Read fetched
+	AheadBytes    int    // bytes of records kept for the next Reads now (bound: SpillReadAhead)
+}
+
+type spillCounters struct {
+	appended, appendedBytes, produces, read, skipped, commits, created, lost, aheadHits atomic.Uint64
+}
+
+// NewSpillLog returns a SpillLog for the spilled messages of sourceTopic
+// read by consumer group group, through brokers (host:port). It validates
+// its arguments; nothing connects until the first call.
+func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOption) (*SpillLog, error) {
+	if len(brokers) == 0 {
+		return nil, invalid("no brokers")
+	}
+	for _, b := range brokers {
+		if b == "" || !strings.Contains(b, ":") {
+			return nil, invalid("broker %q is not host:port", b)
+		}
+	}
+	if err := validTopic(sourceTopic); err != nil {
+		return nil, err
+	}
+	if len(sourceTopic) > MaxSpillSourceLen {
+		return nil, invalid("source topic %q is longer than %d characters: the spill topic of a long tenant key would pass Kafka's 249", sourceTopic, MaxSpillSourceLen)
+	}
+	if group == "" {
+		return nil, invalid("empty consumer group")
+	}
+	cfg := spillConfig{dialer: kafkago.DefaultDialer, fetchBytes: DefaultSpillFetchBytes, readAhead: DefaultSpillReadAhead, logger: slog.Default()}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("nil option")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	s := &SpillLog{
+		source:  sourceTopic,
+		group:   group,
+		cursor:  cfg.cursorGroup,
+		brokers: append([]string(nil), brokers...),
+		cfg:     cfg,
+		log:     cfg.logger.With("source", sourceTopic, "group", group),
+		tr:      transportFor(cfg.dialer),
+		ahead:   readAhead{max: cfg.readAhead},
+
+		skipBudget: skipBudget,
+	}
+	if s.cursor == "" {
+		s.cursor = group + DefaultSpillGroupSuffix
+	}
+	s.client = &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: s.tr}
+	return s, nil
+}
+
+// Source returns the source topic.
+func (s *SpillLog) Source() string { return s.source }
+
+// CursorGroup returns the consumer group holding the spill cursors.
+func (s *SpillLog) CursorGroup() string { return s.cursor }
+
+// Stats returns what the log did so far.
+func (s *SpillLog) Stats() SpillStats {
+	c := &s.stats
+	return SpillStats{
+		Appended: c.appended.Load(), AppendedBytes: c.appendedBytes.Load(), Produces: c.produces.Load(),
+		Read: c.read.Load(), Skipped: c.skipped.Load(), Commits: c.commits.Load(),
+		Created: c.created.Load(), Lost: c.lost.Load(),
+		AheadHits: c.aheadHits.Load(), AheadBytes: s.ahead.kept(),
+	}
+}
+
+// Close closes the log's idle connections.
+func (s *SpillLog) Close() error {
+	s.tr.CloseIdleConnections()
+	return nil
+}
+
+// laneTopic returns lane's spill topic, refusing a lane of another source.
+func (s *SpillLog) laneTopic(lane consumer.SpillLane) (string, error) {
+	if lane.Partition.Topic != s.source {
+		return "", fmt.Errorf("kafka: spill lane of topic %q given to the spill log of %q", lane.Partition.Topic, s.source)
+	}
+	if lane.Partition.ID < 0 {
+		return "", fmt.Errorf("kafka: spill lane of partition %d", lane.Partition.ID)
+	}
+	return SpillTopic(s.source, lane.Tenant), nil
+}
+
+// hashedTenant returns the tenant key to write in SpillHeaderTenant: the key
+// when its token is hashed (the topic name does not say it), else "".
+func hashedTenant(tenant string) string {
+	if _, ok, err := dlq.ParseTenantToken(dlq.TenantToken(tenant)); err == nil && !ok {
+		return tenant
+	}
+	return ""
+}
+
+// Append writes msgs to partition p of the tenant's spill topic (created on
+// first use), in order, and returns once every in-sync replica acknowledged
+// each of them. The records are sent in as few produce requests as the
+// topic's max.message.bytes allows, one record batch each, sized exactly;
+// a record that does not fit raises the topic's limit. On an error none of
+// msgs counts as appended (some may have been: the engine drops such copies
+// when it reads them back).
+func (s *SpillLog) Append(ctx context.Context, lane consumer.SpillLane, msgs []*consumer.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	topic, err := s.laneTopic(lane)
+	if err != nil {
+		return err
+	}
+	tenant := hashedTenant(lane.Tenant)
+	recs := make([]spillRec, len(msgs))
+	for i, m := range msgs {
+		recs[i] = encodeSpill(m, s.group, tenant)
+	}
+	p := int(lane.Partition.ID)
+	now := time.Now()
+	retried := false
+	for start := 0; start < len(recs); {
+		tctx, cancel := context.WithTimeout(ctx, opTimeout)
+		t, err := s.topic(tctx, topic, p)
+		cancel()
+		if err != nil {
+			return err
+		}
+		end, size := chunk(recs, start, t.limit)
+		if end == start {
+			// One record alone does not fit: raise the topic's limit.
+			need := batchOverhead + recordSizeAt(recs[start].body, 0)
+			if need > maxTopicLimit {
+				return fmt.Errorf("kafka: spill record for %s is %d bytes, more than a produce request may carry (%d): %w", topic, need, maxTopicLimit, dlq.ErrUnwritable)
+			}
+			rctx, cancel := context.WithTimeout(ctx, opTimeout)
+			err := s.raise(rctx, topic, t, need)
+			cancel()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		batch := make([]kafkago.Record, end-start)
+		for i, r := range recs[start:end] {
+			batch[i] = kafkago.Record{Time: now, Key: kafkago.NewBytes(r.key), Value: kafkago.NewBytes(r.value), Headers: r.headers}
+		}
+		pctx, cancel := context.WithTimeout(ctx, produceTimeout)
+		_, err = produceBatch(pctx, s.client, topic, p, batch)
+		cancel()
+		if err != nil {
+			if tooLarge(err) && !retried {
+				// The topic's limit may have been lowered since it was
+				// read: read it again and size the rest anew.
+				retried = true
+				s.topics.Forget(topic, nil)
+				continue
+			}
+			if cacheMiss(err) || errors.Is(err, kafkago.UnknownTopicOrPartition) {
+				// Made by another process and unknown to our metadata
+				// cache yet, or deleted: look again (and create it
+				// again) on the next call.
+				s.topics.Forget(topic, nil)
+			}
+			return fmt.Errorf("kafka: spill to %s/%d: %w", topic, p, err)
+		}
+		s.stats.produces.Add(1)
+		s.stats.appended.Add(uint64(end - start))
+		s.stats.appendedBytes.Add(uint64(size))
+		start = end
+	}
+	return nil
+}
+
+// produceTimeout bounds one produce request of Append, acknowledgement by
+// every in-sync replica included.
+const produceTimeout = 60 * time.Second
+
+// chunk returns the end of the longest run of recs from start that fits a
+// record batch of at most limit bytes, and the batch's size; end == start
+// when recs[start] alone does not fit.
+func chunk(recs []spillRec, start, limit int) (end, size int) {
+	size = batchOverhead
+	end = start
+	for i := start; i < len(recs); i++ {
+		n := recordSizeAt(recs[i].body, i-start)
+		if size+n > limit {
+			break
+		}
+		size += n
+		end = i + 1
+	}
+	return end, size
+}
+
+func tooLarge(err error) bool {
+	return errors.Is(err, kafkago.MessageSizeTooLarge) || errors.Is(err, kafkago.RecordListTooLarge)
+}
+
+// raise sets topic's max.message.bytes to need.
+func (s *SpillLog) raise(ctx context.Context, topic string, t spillTopic, need int) error {
+	if err := setTopicLimit(ctx, s.client, topic, need); err != nil {
+		if refused(err) {
+			return fmt.Errorf("kafka: spill record is %d bytes, more than %s accepts (max.message.bytes %d), and the limit may not be raised: %w: %w", need, topic, t.limit, dlq.ErrUnwritable, err)
+		}
+		return err
+	}
+	t.limit = need
+	s.topics.Set(topic, t)
+	return nil
+}
+
+// Commit moves the cursor of lane to next: entries below it are settled.
+// It is a committed offset of the cursor group on partition p of the
+// tenant's spill topic; the entries stay in the topic until retention
+// removes them (kafka-go has no DeleteRecords).
+func (s *SpillLog) Commit(ctx context.Context, lane consumer.SpillLane, next int64) error {
+	topic, err := s.laneTopic(lane)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := commitOffsets(ctx, s.client, s.cursor, topic, map[int]int64{int(lane.Partition.ID): next}); err != nil {
+		return err
+	}
+	s.stats.commits.Add(1)
+	return nil
+}
+
+var _ consumer.SpillLog = (*SpillLog)(nil)

@@ -1,0 +1,321 @@
+package kafka
+
+// Surveying a source's spill topics: Pending for the lanes an earlier owner
+// left, Backlog for operators.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// errFull stops a walk over fetched records once the caller has enough.
+var errFull = errors.New("kafka: read full")
+
+// errNoTenantRecord: a spill topic with a hashed token holds no spill
+// record, so nothing says whose it is (and nothing of it needs re-feeding).
+var errNoTenantRecord = errors.New("kafka: no spill record names the tenant")
+
+type topicPart struct {
+	topic string
+	part  int
+}
+
+// spillPart is the state of one partition of a spill topic.
+type spillPart struct {
+	topicPart
+	first, last int64 // log start and end
+	cursor      int64 // where Read(from < 0) starts: the cursor when in [first, last], else first
+}
+
+// backlog is how many records lie past the cursor (another group's
+// records included).
+func (p spillPart) backlog() int64 { return p.last - p.cursor }
+
+// offsetsChunk is how many partitions one ListOffsets call of survey asks
+// about. kafka-go sends a request per partition and offset kind, all at
+// once, each on a pooled connection of its own: a chunk bounds the
+// connections a survey of many spill topics opens.
+const offsetsChunk = 64
+
+// survey returns the state of partition part (all partitions for part <
+// 0) of every spill topic of the source, sorted, and each topic's token. It
+// lists the cluster's topics once (directly, not through kafka-go's
+// metadata cache, which may not know a topic another process made a
+// moment ago), then asks for the cursors in one OffsetFetch and for the
+// bounds with ListOffsets, offsetsChunk partitions at a time.
+func (s *SpillLog) survey(ctx context.Context, part int) ([]spillPart, map[string]string, error) {
+	live, err := liveTopics(ctx, s.cfg.dialer, s.brokers)
+	if err != nil {
+		return nil, nil, err
+	}
+	tokens := map[string]string{}
+	var all []topicPart
+	want := map[string][]int{}
+	for name, sh := range live {
+		tok, ok := splitSpillTopic(s.source, name)
+		if !ok || part >= sh.partitions {
+			continue
+		}
+		tokens[name] = tok
+		for p := range sh.partitions {
+			if part < 0 || p == part {
+				all = append(all, topicPart{name, p})
+				want[name] = append(want[name], p)
+			}
+		}
+	}
+	if len(all) == 0 {
+		return nil, tokens, nil
+	}
+	cur, err := s.cursors(ctx, want)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []spillPart
+	for len(all) > 0 {
+		n := min(len(all), offsetsChunk)
+		req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+		for _, tp := range all[:n] {
+			req.Topics[tp.topic] = append(req.Topics[tp.topic], kafkago.FirstOffsetOf(tp.part), kafkago.LastOffsetOf(tp.part))
+		}
+		all = all[n:]
+		resp, err := s.client.ListOffsets(ctx, req)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kafka: spill topic offsets: %w", err)
+		}
+		for t, ps := range resp.Topics {
+			for _, po := range ps {
+				switch {
+				case errors.Is(po.Error, kafkago.UnknownTopicOrPartition):
+					continue // deleted since it was listed
+				case po.Error != nil:
+					return nil, nil, fmt.Errorf("kafka: offsets of %s/%d: %w", t, po.Partition, po.Error)
+				}
+				sp := spillPart{topicPart: topicPart{t, po.Partition}, first: po.FirstOffset, last: po.LastOffset, cursor: po.FirstOffset}
+				if c, ok := cur[sp.topicPart]; ok && c >= sp.first && c <= sp.last {
+					sp.cursor = c
+				}
+				out = append(out, sp)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b spillPart) int {
+		if a.topic != b.topic {
+			if a.topic < b.topic {
+				return -1
+			}
+			return 1
+		}
+		return a.part - b.part
+	})
+	return out, tokens, nil
+}
+
+// cursors returns the cursor group's committed offsets on the given
+// partitions (absent: none).
+func (s *SpillLog) cursors(ctx context.Context, parts map[string][]int) (map[topicPart]int64, error) {
+	resp, err := s.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: s.cursor, Topics: parts})
+	if err != nil {
+		return nil, fmt.Errorf("kafka: spill cursors of %s: %w", s.cursor, err)
+	}
+	if errors.Is(resp.Error, kafkago.GroupIdNotFound) {
+		return map[topicPart]int64{}, nil
+	}
+	if resp.Error != nil {
+		return nil, fmt.Errorf("kafka: spill cursors of %s: %w", s.cursor, resp.Error)
+	}
+	out := make(map[topicPart]int64)
+	for t, ps := range resp.Topics {
+		for _, po := range ps {
+			if po.Error != nil && !errors.Is(po.Error, kafkago.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("kafka: spill cursor of %s on %s/%d: %w", s.cursor, t, po.Partition, po.Error)
+			}
+			if po.Error == nil && po.CommittedOffset >= 0 {
+				out[topicPart{t, po.Partition}] = po.CommittedOffset
+			}
+		}
+	}
+	return out, nil
+}
+
+// Pending returns the lanes of source partition p whose spill partition p
+// holds records past the cursor: the tenants an earlier process, or the
+// previous owner of p, spilled and did not finish. It costs one listing of
+// the cluster's topics, one OffsetFetch and ListOffsets of partition p of
+// every spill topic of the source (see survey),
+// and for a hashed token one fetch, once per topic, to read the tenant's
+// full key from SpillHeaderTenant.
+//
+// A lane whose records past the cursor are all another group's is named
+// too; its first Read moves the cursor past them.
+func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consumer.SpillLane, error) {
+	if p.Topic != s.source || p.ID < 0 {
+		return nil, nil
+	}
+	// p was (re)assigned: its lanes start again from the broker's state.
+	s.ahead.forget(p)
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	parts, tokens, err := s.survey(ctx, int(p.ID))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, sp := range parts {
+		if sp.backlog() > 0 {
+			names = append(names, sp.topic)
+		}
+	}
+	// Read will fetch these: make sure our metadata cache knows them.
+	refreshCache(ctx, s.client, names...)
+	lanes := make([]consumer.SpillLane, 0, len(names))
+	for _, t := range names {
+		tenant, err := s.tenantOf(ctx, t, tokens[t], int(p.ID))
+		if errors.Is(err, errNoTenantRecord) {
+			s.log.Warn("kafka: spill topic holds records past the cursor, none of them a spill record; ignored", "topic", t, "partition", p.ID)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		lanes = append(lanes, consumer.SpillLane{Tenant: tenant, Partition: p})
+	}
+	return lanes, nil
+}
+
+// SpillBacklog is what one tenant's spill topic holds past the cursor.
+type SpillBacklog struct {
+	Tenant string
+	Topic  string
+	// Partitions holds, by source partition, the records past the
+	// cursor. They include records of other groups that share the topic
+	// and copies (a re-appended batch), so they are an upper bound.
+	Partitions map[int]int64
+	// Total is the sum of Partitions. A topic with Total 0 is drained: it
+	// holds only settled records until retention removes them.
+	Total int64
+}
+
+// Backlog lists every spill topic of the source with what it holds past
+// the cursor, sorted by topic (drained topics too: see SpillBacklog.Total).
+// It costs what Pending costs, for all partitions.
+func (s *SpillLog) Backlog(ctx context.Context) ([]SpillBacklog, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	parts, tokens, err := s.survey(ctx, -1)
+	if err != nil {
+		return nil, err
+	}
+	var out []SpillBacklog
+	for _, sp := range parts {
+		if len(out) == 0 || out[len(out)-1].Topic != sp.topic {
+			out = append(out, SpillBacklog{Topic: sp.topic, Partitions: map[int]int64{}})
+		}
+		b := &out[len(out)-1]
+		b.Partitions[sp.part] = sp.backlog()
+		b.Total += sp.backlog()
+	}
+	for i := range out {
+		b := &out[i]
+		tenant, ok, err := dlq.ParseTenantToken(tokens[b.Topic])
+		if err == nil && !ok {
+			// Hashed: read the key from a partition that holds records.
+			for _, sp := range parts {
+				if sp.topic == b.Topic && sp.last > sp.first {
+					if full, err := s.tenantOf(ctx, b.Topic, tokens[b.Topic], sp.part); err == nil {
+						tenant = full
+						break
+					}
+				}
+			}
+		}
+		b.Tenant = tenant
+	}
+	return out, nil
+}
+
+// tenantOf returns the tenant of topic, a spill topic with token tok: the
+// token's key, or for a hashed token the SpillHeaderTenant of a record of
+// partition p (whose token must be tok).
+func (s *SpillLog) tenantOf(ctx context.Context, topic, tok string, p int) (string, error) {
+	tenant, ok, err := dlq.ParseTenantToken(tok)
+	if err != nil || ok {
+		return tenant, err
+	}
+	return s.tenants.Do(ctx, topic, func(ctx context.Context) (string, error) {
+		first, last, err := partitionBounds(ctx, s.client, topic, p)
+		if err != nil {
+			return "", err
+		}
+		var tenant string
+		err = s.scan(ctx, topic, p, first, last, func(f *fetched) bool {
+			sp, ok := decodeSpill(f, s.source)
+			if ok && sp.tenant != "" && dlq.TenantToken(sp.tenant) == tok {
+				tenant = sp.tenant
+				return false
+			}
+			return true
+		})
+		if err != nil {
+			return "", err
+		}
+		if tenant == "" {
+			return "", fmt.Errorf("%w: %s/%d", errNoTenantRecord, topic, p)
+		}
+		return tenant, nil
+	})
+}
+
+// scan calls fn for each record of topic/p in [from, to) until fn returns
+// false.
+func (s *SpillLog) scan(ctx context.Context, topic string, p int, from, to int64, fn func(*fetched) bool) error {
+	refreshed := false
+	for stalls := 0; from < to && stalls < fetchStalls; {
+		resp, err := s.client.Fetch(ctx, &kafkago.FetchRequest{
+			Topic: topic, Partition: p, Offset: from, MinBytes: 0, MaxBytes: int64(s.cfg.fetchBytes), MaxWait: fetchSlack,
+		})
+		if err == nil && resp.Error != nil {
+			err = resp.Error
+			closeRecords(resp.Records)
+		}
+		if cacheMiss(err) && !refreshed {
+			// Listed a moment ago, but unknown to our metadata cache.
+			refreshCache(ctx, s.client, topic)
+			refreshed = true
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("kafka: read spill %s/%d at %d: %w", topic, p, from, err)
+		}
+		before := from
+		from, err = walkRecords(resp.Records, from, func(r *kafkago.Record) error {
+			f, err := readRecord(r)
+			if err != nil {
+				return err
+			}
+			if !fn(f) {
+				return errFull
+			}
+			return nil
+		})
+		if errors.Is(err, errFull) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if from == before {
+			stalls++
+		} else {
+			stalls = 0
+		}
+	}
+	return nil
+}

@@ -1,0 +1,165 @@
+package kafka
+
+// The record format of spill topics: the original message's key, value and
+// headers, byte for byte, followed by ringfence-spill- headers.
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/consumer"
+)
+
+// Headers a SpillLog adds after the original message's headers. A reader
+// takes the first N headers as the original's, N being the value of
+// SpillHeaderCount (always the last header), so an original header that
+// happens to start with SpillHeaderPrefix is kept too.
+const (
+	// SpillHeaderPrefix starts every header a SpillLog adds.
+	SpillHeaderPrefix = "ringfence-spill-"
+	// SpillHeaderSource is the original's topic.
+	SpillHeaderSource = "ringfence-spill-source"
+	// SpillHeaderPartition is the original's partition, in decimal.
+	SpillHeaderPartition = "ringfence-spill-partition"
+	// SpillHeaderOffset is the original's offset, in decimal.
+	SpillHeaderOffset = "ringfence-spill-offset"
+	// SpillHeaderTime is the original's time, RFC 3339 with nanoseconds;
+	// absent for a zero time (or one outside years 0-9999).
+	SpillHeaderTime = "ringfence-spill-time"
+	// SpillHeaderStream is the original's stream; absent when empty (it
+	// is always empty for Kafka).
+	SpillHeaderStream = "ringfence-spill-stream"
+	// SpillHeaderGroup is the consumer group that spilled the record. Two
+	// groups reading one source share its spill topics; each reads back
+	// only its own records.
+	SpillHeaderGroup = "ringfence-spill-group"
+	// SpillHeaderTenant is the full tenant key, written only when the
+	// topic's token is hashed (the token then does not say it).
+	SpillHeaderTenant = "ringfence-spill-tenant"
+	// SpillHeaderID is the dedupe id, "<topic>/<partition>/<offset>" of the
+	// original: copies of one message (a re-appended batch) share it.
+	SpillHeaderID = "ringfence-spill-id"
+	// SpillHeaderCount is how many of the record's headers, from the first,
+	// are the original's, in decimal. It is the last header.
+	SpillHeaderCount = "ringfence-spill-headers"
+)
+
+// spillRec is one message encoded for a spill topic, before it becomes a
+// kafka-go Record (whose key and value readers can be sent only once).
+type spillRec struct {
+	key, value []byte
+	headers    []kafkago.Header
+	body       int // recordBody of the record
+}
+
+// encodeSpill encodes m for lane's spill topic. tenant is set only for a
+// hashed token.
+func encodeSpill(m *consumer.Message, group, tenant string) spillRec {
+	topic := m.Topic
+	if topic == "" {
+		topic = m.Partition.Topic
+	}
+	hs := make([]kafkago.Header, 0, len(m.Headers)+9)
+	for _, h := range m.Headers {
+		hs = append(hs, kafkago.Header{Key: h.Key, Value: h.Value})
+	}
+	part := strconv.FormatInt(int64(m.Partition.ID), 10)
+	off := strconv.FormatInt(m.Offset, 10)
+	hs = append(hs,
+		kafkago.Header{Key: SpillHeaderSource, Value: []byte(topic)},
+		kafkago.Header{Key: SpillHeaderPartition, Value: []byte(part)},
+		kafkago.Header{Key: SpillHeaderOffset, Value: []byte(off)},
+	)
+	if t := m.Time; !t.IsZero() && t.Year() >= 0 && t.Year() <= 9999 {
+		hs = append(hs, kafkago.Header{Key: SpillHeaderTime, Value: []byte(t.UTC().Format(time.RFC3339Nano))})
+	}
+	if m.Stream != "" {
+		hs = append(hs, kafkago.Header{Key: SpillHeaderStream, Value: []byte(m.Stream)})
+	}
+	hs = append(hs, kafkago.Header{Key: SpillHeaderGroup, Value: []byte(group)})
+	if tenant != "" {
+		hs = append(hs, kafkago.Header{Key: SpillHeaderTenant, Value: []byte(tenant)})
+	}
+	hs = append(hs,
+		kafkago.Header{Key: SpillHeaderID, Value: []byte(topic + "/" + part + "/" + off)},
+		kafkago.Header{Key: SpillHeaderCount, Value: []byte(strconv.Itoa(len(m.Headers)))},
+	)
+	return spillRec{key: m.Key, value: m.Value, headers: hs, body: recordBody(m.Key, m.Value, hs)}
+}
+
+// spilled is a spill record read back.
+type spilled struct {
+	msg    *consumer.Message
+	group  string
+	tenant string // SpillHeaderTenant; "" when absent
+	id     string
+}
+
+// decodeSpill decodes a record of a spill topic read at f.offset; source is
+// the SpillLog's source topic (the Partition's Topic). ok is false for a
+// record that is not a spill record (a marker, or anything written by
+// someone else). Key, value and the original's headers are f's own slices.
+func decodeSpill(f *fetched, source string) (s spilled, ok bool) {
+	hs := f.headers
+	if len(hs) == 0 || hs[len(hs)-1].Key != SpillHeaderCount {
+		return s, false
+	}
+	n, err := strconv.Atoi(string(hs[len(hs)-1].Value))
+	if err != nil || n < 0 || n > len(hs)-1 {
+		return s, false
+	}
+	m := &consumer.Message{}
+	var havePart, haveOff bool
+	for _, h := range hs[n : len(hs)-1] {
+		if !strings.HasPrefix(h.Key, SpillHeaderPrefix) {
+			return s, false
+		}
+		v := string(h.Value)
+		switch h.Key {
+		case SpillHeaderSource:
+			m.Topic = v
+		case SpillHeaderPartition:
+			p, err := strconv.ParseInt(v, 10, 32)
+			if err != nil || p < 0 {
+				return s, false
+			}
+			m.Partition.ID, havePart = int32(p), true
+		case SpillHeaderOffset:
+			o, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || o < 0 {
+				return s, false
+			}
+			m.Offset, haveOff = o, true
+		case SpillHeaderTime:
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return s, false
+			}
+			m.Time = t
+		case SpillHeaderStream:
+			m.Stream = v
+		case SpillHeaderGroup:
+			s.group = v
+		case SpillHeaderTenant:
+			s.tenant = v
+		case SpillHeaderID:
+			s.id = v
+		}
+		// Other ringfence-spill- headers (a later version's) are ignored.
+	}
+	if m.Topic == "" || !havePart || !haveOff || s.group == "" {
+		return s, false
+	}
+	m.Partition.Topic = source
+	m.Key, m.Value = f.key, f.value
+	if n > 0 {
+		m.Headers = f.headers[:n:n]
+	}
+	m.Refed = true
+	m.SpillPos = f.offset
+	s.msg = m
+	return s, true
+}

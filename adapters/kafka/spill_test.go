@@ -1,0 +1,568 @@
+package kafka
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/kafkatest"
+)
+
+// spillHarness gives consumertest.RunSpillLog spill logs over one kfake
+// cluster: a fresh source topic (two partitions) and group per harness,
+// and on each Open a new SpillLog over the same names.
+type spillHarness struct {
+	c      *kafkatest.Cluster
+	source string
+	group  string
+}
+
+func newSpillHarness(t testing.TB, c *kafkatest.Cluster) *spillHarness {
+	t.Helper()
+	h := &spillHarness{c: c, source: uniq("spillsrc"), group: uniq("g")}
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	if err := createTopic(testCtx(t, 10*time.Second), cl, h.source, 2, -1); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *spillHarness) Open(t testing.TB) consumer.SpillLog { return h.open(t) }
+
+func (h *spillHarness) open(t testing.TB, opts ...SpillOption) *SpillLog {
+	t.Helper()
+	l, err := NewSpillLog(h.c.Addrs(), h.source, h.group, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func (h *spillHarness) Partition() consumer.Partition { return consumer.Partition{Topic: h.source} }
+func (h *spillHarness) Other() consumer.Partition     { return consumer.Partition{Topic: h.source, ID: 1} }
+
+func TestSpillLogConformance(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	consumertest.RunSpillLog(t, func(t testing.TB) consumertest.SpillLogHarness { return newSpillHarness(t, c) })
+}
+
+func TestNewSpillLogValidates(t *testing.T) {
+	t.Parallel()
+	ok := []string{"127.0.0.1:9092"}
+	tests := []struct {
+		name    string
+		brokers []string
+		source  string
+		group   string
+		opts    []SpillOption
+	}{
+		{"no brokers", nil, "t", "g", nil},
+		{"broker without port", []string{"localhost"}, "t", "g", nil},
+		{"bad source", ok, "a/b", "g", nil},
+		{"source too long for long tenant keys", ok, strings.Repeat("s", MaxSpillSourceLen+1), "g", nil},
+		{"empty group", ok, "t", "", nil},
+		{"nil option", ok, "t", "g", []SpillOption{nil}},
+		{"nil dialer", ok, "t", "g", []SpillOption{SpillDialer(nil)}},
+		{"empty cursor group", ok, "t", "g", []SpillOption{SpillCursorGroup("")}},
+		{"zero replication", ok, "t", "g", []SpillOption{SpillReplication(0)}},
+		{"zero retention", ok, "t", "g", []SpillOption{SpillRetention(0)}},
+		{"sub-millisecond retention", ok, "t", "g", []SpillOption{SpillRetention(time.Microsecond)}},
+		{"zero fetch bytes", ok, "t", "g", []SpillOption{SpillFetchBytes(0)}},
+		{"nil logger", ok, "t", "g", []SpillOption{SpillLogger(nil)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := NewSpillLog(tt.brokers, tt.source, tt.group, tt.opts...); !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("err = %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+	l, err := NewSpillLog(ok, strings.Repeat("s", MaxSpillSourceLen), "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.CursorGroup(); got != "billing"+DefaultSpillGroupSuffix {
+		t.Fatalf("cursor group %q", got)
+	}
+	long := string(bytes.Repeat([]byte{0xff}, 1000))
+	if n := len(SpillTopic(l.Source(), long)); n > 249 {
+		t.Fatalf("spill topic of the longest source and a long key is %d characters", n)
+	}
+	if err := validTopic(SpillTopic(l.Source(), long)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Tenant keys crafted to look like each other's tokens, and long keys
+// (hashed tokens) that share a readable prefix or spell another's hashed
+// token, each get a topic of their own; Pending maps every topic back to
+// its full key, and no lane reads another's entries.
+func TestSpillHostileTenantKeys(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	h := newSpillHarness(t, c)
+	ctx := testCtx(t, 60*time.Second)
+	log := h.open(t)
+	prefix := strings.Repeat("p", 300)
+	hashedA := prefix + "-a"
+	tenants := []string{
+		"a.b", "a_2eb", // "a.b" encodes as "a_2eb"
+		"x_5f", "x_", // "x_" encodes as "x_5f"
+		hashedA, prefix + "-b", // same readable prefix, different hashes
+		dlq.TenantToken(hashedA), // a key spelling hashedA's token
+		"_none", "",              // "" is the no-tenant token "_none"
+	}
+	topics := map[string]string{}
+	for _, tn := range tenants {
+		name := SpillTopic(h.source, tn)
+		if other, dup := topics[name]; dup {
+			t.Fatalf("tenants %q and %q share the spill topic %s", other, tn, name)
+		}
+		topics[name] = tn
+	}
+	p := h.Partition()
+	for i, tn := range tenants {
+		lane := consumer.SpillLane{Tenant: tn, Partition: p}
+		m := &consumer.Message{Topic: h.source, Partition: p, Offset: int64(i), Value: []byte("v" + strconv.Itoa(i))}
+		if err := log.Append(ctx, lane, []*consumer.Message{m}); err != nil {
+			t.Fatalf("append for %q: %v", tn, err)
+		}
+	}
+	// A fresh instance knows nothing: everything comes from the broker.
+	lanes, err := h.open(t).Pending(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range lanes {
+		got = append(got, l.Tenant)
+	}
+	want := slices.Clone(tenants)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Pending = %q\nwant    %q", got, want)
+	}
+	// Backlog names the same tenants, one record each, from a fresh
+	// instance too.
+	backlog, err := h.open(t).Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for _, b := range backlog {
+		if b.Total != 1 || b.Partitions[0] != 1 || b.Partitions[1] != 0 || b.Topic != SpillTopic(h.source, b.Tenant) {
+			t.Fatalf("backlog %+v, want one record in partition 0 of the tenant's topic", b)
+		}
+		got = append(got, b.Tenant)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Backlog tenants = %q\nwant %q", got, want)
+	}
+	for i, tn := range tenants {
+		ms, err := log.Read(ctx, consumer.SpillLane{Tenant: tn, Partition: p}, -1, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) != 1 || string(ms[0].Value) != "v"+strconv.Itoa(i) {
+			t.Fatalf("lane %q reads %d entries (%q...), want only its own", tn, len(ms), firstValue(ms))
+		}
+	}
+	// The hashed topics carry the full key in every record.
+	rec := fetchAt(t, c.Addrs(), SpillTopic(h.source, hashedA), 0)
+	if v, ok := headerOf(rec.Headers, SpillHeaderTenant); !ok || string(v) != hashedA {
+		t.Fatalf("hashed topic's record carries tenant %q (%v), want the full key", v, ok)
+	}
+	if _, ok := headerOf(fetchAt(t, c.Addrs(), SpillTopic(h.source, "a.b"), 0).Headers, SpillHeaderTenant); ok {
+		t.Fatal("a plain token's record carries the tenant header (the topic name says it)")
+	}
+}
+
+func firstValue(ms []*consumer.Message) string {
+	if len(ms) == 0 {
+		return ""
+	}
+	return string(ms[0].Value)
+}
+
+func headerOf(hs []kafkago.Header, key string) ([]byte, bool) {
+	for _, h := range hs {
+		if h.Key == key {
+			return h.Value, true
+		}
+	}
+	return nil, false
+}
+
+// A message as large as the broker accepts is spilled and read back byte
+// for byte, with its empty and null header values apart; three of them in
+// one Append go out as two produce requests, each within the spill topic's
+// limit (twice the source's plus 64 KiB).
+func TestSpillMessageAtBrokerLimit(t *testing.T) {
+	t.Parallel()
+	const limit = 2 << 20
+	c := startStrictCluster(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(limit)}))
+	ctx := testCtx(t, 120*time.Second)
+	h := newSpillHarness(t, c)
+	tenant := "acme"
+	hs := []kafkago.Header{{Key: "tenant", Value: []byte(tenant)}, {Key: "empty", Value: []byte{}}, {Key: "null", Value: nil}, {Key: SpillHeaderOffset, Value: []byte("not ours")}}
+	m := kafkago.Message{Key: []byte("order-1"), Headers: hs}
+	m.Value = bytes.Repeat([]byte("0123456789abcdef"), limit/16)[:atLimit(t, m.Key, m.Headers, limit)]
+	m.Value[0], m.Value[len(m.Value)-1] = 0xff, 0x00
+	var originals []*consumer.Message
+	for range 3 {
+		off, err := produceOne(ctx, c.Addrs(), h.source, m)
+		if err != nil {
+			t.Fatalf("the broker refuses a message at its limit: %v", err)
+		}
+		// Read it as the source does.
+		rec := fetchAt(t, c.Addrs(), h.source, off)
+		orig, err := sourceMessage(h.Partition(), rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		originals = append(originals, orig)
+	}
+	over := m
+	over.Value = append(bytes.Clone(m.Value), 'x')
+	if _, err := produceOne(ctx, c.Addrs(), h.source, over); !errors.Is(err, kafkago.MessageSizeTooLarge) {
+		t.Fatalf("a message one byte over the limit: %v, want MessageSizeTooLarge (the test's message is not at the limit)", err)
+	}
+	log := h.open(t)
+	lane := consumer.SpillLane{Tenant: tenant, Partition: h.Partition()}
+	if err := log.Append(ctx, lane, originals); err != nil {
+		t.Fatalf("spill three messages at the broker's limit: %v", err)
+	}
+	if s := log.Stats(); s.Produces != 2 || s.Appended != 3 {
+		t.Fatalf("stats %+v: want 3 records in 2 produce requests", s)
+	}
+	got := readAllSpill(t, log, lane)
+	if len(got) != 3 {
+		t.Fatalf("read back %d entries, want 3", len(got))
+	}
+	for i, g := range got {
+		o := originals[i]
+		if !bytes.Equal(g.Value, o.Value) || !bytes.Equal(g.Key, o.Key) || g.Offset != o.Offset || g.Partition != o.Partition || !g.Time.Equal(o.Time) {
+			t.Fatalf("entry %d differs: value %d bytes (want %d), key %q, %v@%d (want %v@%d)", i, len(g.Value), len(o.Value), g.Key, g.Partition, g.Offset, o.Partition, o.Offset)
+		}
+		if !sameHeaders(g.Headers, hs) {
+			t.Fatalf("entry %d headers %q, want %q (null and empty apart)", i, g.Headers, hs)
+		}
+	}
+}
+
+// readAllSpill reads lane from its cursor to the end.
+func readAllSpill(t testing.TB, log *SpillLog, lane consumer.SpillLane) []*consumer.Message {
+	t.Helper()
+	var out []*consumer.Message
+	from := int64(-1)
+	for range 100 {
+		ms, err := log.Read(testCtx(t, 30*time.Second), lane, from, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) == 0 {
+			return out
+		}
+		out = append(out, ms...)
+		from = ms[len(ms)-1].SpillPos + 1
+	}
+	t.Fatal("Read never reached the end")
+	return nil
+}
+
+// Two consumer groups of one source share its spill topics; each reads
+// back only its own records, and a group whose lane holds only the other's
+// records is named by Pending once, after which its cursor has moved past
+// them.
+func TestSpillGroupsApart(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	a := h.open(t)
+	b, err := NewSpillLog(c.Addrs(), h.source, uniq("other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	p := h.Partition()
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	msg := func(off int64, v string) *consumer.Message {
+		return &consumer.Message{Topic: h.source, Partition: p, Offset: off, Value: []byte(v)}
+	}
+	if err := b.Append(ctx, lane, []*consumer.Message{msg(1, "b1"), msg(2, "b2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Append(ctx, lane, []*consumer.Message{msg(1, "a1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Append(ctx, lane, []*consumer.Message{msg(3, "b3")}); err != nil {
+		t.Fatal(err)
+	}
+	values := func(ms []*consumer.Message) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, string(m.Value))
+		}
+		return out
+	}
+	if got := values(readAllSpill(t, a, lane)); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("group a reads %q", got)
+	}
+	if got := values(readAllSpill(t, b, lane)); !slices.Equal(got, []string{"b1", "b2", "b3"}) {
+		t.Fatalf("group b reads %q", got)
+	}
+	// a settles its entry: only b's record remains past a's cursor.
+	all := readAllSpill(t, a, lane)
+	if err := a.Commit(ctx, lane, all[0].SpillPos+1); err != nil {
+		t.Fatal(err)
+	}
+	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 1 {
+		t.Fatalf("Pending with another group's record past the cursor = %v, %v; want the lane", ls, err)
+	}
+	if rest := readAllSpill(t, a, lane); len(rest) != 0 {
+		t.Fatalf("group a reads %q past its cursor", values(rest))
+	}
+	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 0 {
+		t.Fatalf("Pending after the read moved the cursor = %v, %v; want none", ls, err)
+	}
+}
+
+// A spill topic is created like its source (partitions, a max.message.bytes
+// with room for the headers, never compacted, the source's retention), and
+// an existing one that has fewer partitions than the source grows.
+func TestSpillTopicSettings(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	source := uniq("shaped")
+	_, err := createTopicWith(ctx, cl, source, 3, -1,
+		kafkago.ConfigEntry{ConfigName: "retention.ms", ConfigValue: "3600000"},
+		kafkago.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "200000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := NewSpillLog(c.Addrs(), source, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	p2 := consumer.Partition{Topic: source, ID: 2}
+	if err := log.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: p2}, []*consumer.Message{{Topic: source, Partition: p2, Offset: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	topic := SpillTopic(source, "acme")
+	for name, want := range map[string]string{"retention.ms": "3600000", "cleanup.policy": "delete", "max.message.bytes": strconv.Itoa(spillLimit(200000))} {
+		if got, _ := topicConfig(ctx, cl, topic, name); got != want {
+			t.Fatalf("%s of %s = %q, want %q", name, topic, got, want)
+		}
+	}
+	live, err := liveTopics(ctx, kafkago.DefaultDialer, c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := live[topic].partitions; n != 3 {
+		t.Fatalf("spill topic has %d partitions, want the source's 3", n)
+	}
+
+	// An older spill topic with one partition grows to the source's count.
+	other := SpillTopic(source, "globex")
+	if err := createTopic(ctx, cl, other, 1, -1); err != nil {
+		t.Fatal(err)
+	}
+	log2, err := NewSpillLog(c.Addrs(), source, "g", SpillRetention(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log2.Close()
+	// kafka-go's metadata cache learns of new partitions within its TTL
+	// (6s); until then an append fails and the engine retries it.
+	eventually(t, ctx, "an append to the grown spill topic", func() bool {
+		return log2.Append(ctx, consumer.SpillLane{Tenant: "globex", Partition: p2}, []*consumer.Message{{Topic: source, Partition: p2, Offset: 8}}) == nil
+	})
+	if live, err = liveTopics(ctx, kafkago.DefaultDialer, c.Addrs()); err != nil || live[other].partitions != 3 {
+		t.Fatalf("older spill topic has %d partitions (%v), want 3", live[other].partitions, err)
+	}
+}
+
+// The spill record codec round-trips any message and never panics on
+// foreign headers.
+func FuzzSpillRecord(f *testing.F) {
+	f.Add([]byte("k"), []byte("v"), "h", []byte(""), int32(3), int64(42), "acme", int64(1700000000123456789))
+	f.Add([]byte(nil), []byte(nil), SpillHeaderCount, []byte(nil), int32(0), int64(0), strings.Repeat("x", 300), int64(0))
+	f.Fuzz(func(t *testing.T, key, value []byte, hk string, hv []byte, part int32, off int64, tenant string, nanos int64) {
+		if part < 0 || off < 0 {
+			return
+		}
+		m := &consumer.Message{
+			Key: key, Value: value, Headers: []consumer.Header{{Key: hk, Value: hv}},
+			Topic: "orders", Partition: consumer.Partition{Topic: "orders", ID: part}, Offset: off,
+		}
+		if nanos != 0 {
+			m.Time = time.Unix(0, nanos)
+		}
+		r := encodeSpill(m, "g", hashedTenant(tenant))
+		f := &fetched{offset: 9, key: r.key, value: r.value, headers: fromKafkaHeaders(r.headers)}
+		sp, ok := decodeSpill(f, "orders")
+		if !ok {
+			t.Fatalf("own record not decoded: %q", r.headers)
+		}
+		g := sp.msg
+		if !bytes.Equal(g.Key, key) || !bytes.Equal(g.Value, value) || g.Offset != off || g.Partition != m.Partition || !g.Time.Equal(m.Time) || g.SpillPos != 9 || !g.Refed {
+			t.Fatalf("round trip: %+v, want %+v", g, m)
+		}
+		if len(g.Headers) != 1 || g.Headers[0].Key != hk || !bytes.Equal(g.Headers[0].Value, hv) || (g.Headers[0].Value == nil) != (hv == nil) {
+			t.Fatalf("headers %q, want [%q=%q]", g.Headers, hk, hv)
+		}
+		if sp.tenant != hashedTenant(tenant) || sp.group != "g" || sp.id != fmt.Sprintf("orders/%d/%d", part, off) {
+			t.Fatalf("tenant %q group %q id %q", sp.tenant, sp.group, sp.id)
+		}
+		// Foreign header lists: cut anywhere, or a value changed.
+		for i := range f.headers {
+			_, _ = decodeSpill(&fetched{headers: f.headers[i:]}, "orders")
+			hs := slices.Clone(f.headers)
+			hs[i].Value = hv
+			_, _ = decodeSpill(&fetched{headers: hs}, "orders")
+		}
+	})
+}
+
+// Pending over more spill topics than one ListOffsets call asks about
+// names exactly the lanes with records past their cursor.
+func TestSpillPendingManyTenants(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	log := h.open(t)
+	p := h.Partition()
+	n := offsetsChunk + 6
+	var want []string
+	for i := range n {
+		lane := consumer.SpillLane{Tenant: fmt.Sprintf("t%03d", i), Partition: p}
+		if err := log.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: int64(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := log.Commit(ctx, lane, 1); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want = append(want, lane.Tenant)
+	}
+	lanes, err := h.open(t).Pending(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range lanes {
+		got = append(got, l.Tenant)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Pending named %d lanes %q, want %d %q", len(got), got, len(want), want)
+	}
+	if other, err := log.Pending(ctx, h.Other()); err != nil || len(other) != 0 {
+		t.Fatalf("Pending of the other partition = %v, %v; want none", other, err)
+	}
+}
+
+// A lane whose next record lies behind many of another group's records
+// is read in steps: each Read passes over what it can in its budget (here
+// one fetch, of one record batch), says so with errSkipping, and the next
+// Read goes on from there, from the cursor and from a position alike.
+func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	a := h.open(t, SpillFetchBytes(1))
+	a.skipBudget = 0
+	b := h.open(t)
+	b.group = "other"
+	p := h.Partition()
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	for i := range 3 {
+		if err := b.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: int64(i), Value: []byte("b")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: 9, Value: []byte("a")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []int64{0, -1} {
+		steps := 0
+		var ms []*consumer.Message
+		for ; steps < 10; steps++ {
+			var err error
+			ms, err = a.Read(ctx, lane, from, 5)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errSkipping) {
+				t.Fatalf("Read from %d: %v", from, err)
+			}
+		}
+		if len(ms) != 1 || string(ms[0].Value) != "a" || ms[0].SpillPos != 3 {
+			t.Fatalf("Read from %d after %d steps = %d entries (%q), want a's record at 3", from, steps, len(ms), firstValue(ms))
+		}
+		if steps != 3 {
+			t.Fatalf("Read from %d took %d steps, want one per batch of b's records (3)", from, steps)
+		}
+	}
+}
+
+// A spill topic made by another process after this one's metadata cache
+// was loaded is found by Pending, read and appended to at once (not only
+// after kafka-go's 6s metadata refresh).
+func TestSpillTopicMadeByAnotherProcess(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	p := h.Partition()
+	mine, theirs := h.open(t), h.open(t)
+	if ls, err := mine.Pending(ctx, p); err != nil || len(ls) != 0 { // loads mine's cache
+		t.Fatalf("Pending before any spill = %v, %v", ls, err)
+	}
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	if err := theirs.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: 1, Value: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := mine.Pending(ctx, p)
+	if err != nil || len(ls) != 1 || ls[0] != lane {
+		t.Fatalf("Pending = %v, %v; want the lane", ls, err)
+	}
+	ms, err := mine.Read(ctx, lane, -1, 10)
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("Read = %d entries, %v", len(ms), err)
+	}
+	if err := mine.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: h.Other()}, []*consumer.Message{{Topic: h.source, Partition: h.Other(), Offset: 2}}); err != nil {
+		t.Fatalf("Append to a topic another process made: %v", err)
+	}
+	// And a topic this process never heard of, read without Pending.
+	other := consumer.SpillLane{Tenant: "globex", Partition: p}
+	if err := theirs.Append(ctx, other, []*consumer.Message{{Topic: h.source, Partition: p, Offset: 3, Value: []byte("3")}}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := mine.Read(ctx, other, -1, 10); err != nil || len(ms) != 1 {
+		t.Fatalf("Read of a topic unknown to the cache = %d entries, %v", len(ms), err)
+	}
+}
