@@ -33,9 +33,9 @@ const (
 )
 
 var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
-	"dur":   durText,
-	"stamp": stamp,
-	"short": func(s string) string { return cut(s, keyTextLimit) },
+	"dur":            durText,
+	"stamp":          stamp,
+	"short":          func(s string) string { return cut(s, keyTextLimit) },
 	"trouble":        func(t TenantStats) bool { return inTrouble(&t) },
 	"valueTextLimit": func() int { return valueTextLimit },
 	"hexLimit":       func() int { return hexLimit },
