@@ -65,6 +65,8 @@ func durText(ns int64) string {
 	switch {
 	case d <= 0:
 		return "-"
+	case d < time.Microsecond:
+		return "<1µs"
 	case d < time.Millisecond:
 		return fmt.Sprintf("%dµs", d/time.Microsecond)
 	case d < time.Second:

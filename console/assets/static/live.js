@@ -21,6 +21,7 @@
   function tenantName(t) { return t.no_tenant ? '(no tenant)' : cut(t.key, 120); }
   function dur(ns) {
     if (ns <= 0) { return '-'; }
+    if (ns < 1e3) { return '<1µs'; }
     if (ns < 1e6) { return Math.floor(ns / 1e3) + 'µs'; }
     if (ns < 1e9) { return (ns / 1e6).toFixed(1) + 'ms'; }
     return (ns / 1e9).toFixed(2) + 's';
