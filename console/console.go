@@ -370,3 +370,23 @@ func (c *Console) hostAllowed(r *http.Request) bool {
 	}
 	return false
 }
+
+// Start listens on addr and serves the console in the background until ctx
+// ends (see Serve). It returns the URL to open: with ?token= unless the
+// console is read-only, so that opening it signs in.
+func (c *Console) Start(ctx context.Context, addr string) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("console: %w", err)
+	}
+	go func() {
+		if err := c.Serve(ctx, ln); err != nil {
+			c.o.Logger.Warn("console: server stopped", "err", err)
+		}
+	}()
+	u := "http://" + ln.Addr().String() + c.o.Prefix
+	if !c.o.ReadOnly {
+		u += "?token=" + c.o.Token
+	}
+	return u, nil
+}
