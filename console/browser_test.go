@@ -193,6 +193,9 @@ func TestBrowserTenantView(t *testing.T) {
 	if !eval[bool](b, `window.__notReloaded === true`) {
 		t.Fatal("the page was reloaded: the live updates did not come from the event stream")
 	}
+	b.do("open the event log", chromedp.Navigate(srv.URL+"/log"))
+	b.until("events listed", `[...document.querySelectorAll('.events .kind')].some(k => k.textContent === 'resumed')`)
+	b.shot("log")
 	if n := b.dialogs.Load(); n != 0 {
 		t.Fatalf("%d dialogs opened", n)
 	}
@@ -309,6 +312,18 @@ func TestBrowserDLQ(t *testing.T) {
 		t.Fatalf("source stream: %v, %+v", err, info)
 	}
 	b.shot("dlq-replayed")
+
+	// A purge's dry run shows what it would remove; cancelling changes
+	// nothing.
+	b.do("purge dry run", chromedp.Click(chromedp.ID("purge-dry")), chromedp.WaitVisible(chromedp.ID("confirm")))
+	if c := eval[string](b, `document.getElementById('confirm-count').textContent`); c != "1" || left() != 1 {
+		t.Fatalf("purge dry run would remove %s, %d left", c, left())
+	}
+	b.shot("dlq-purge-confirm")
+	b.do("cancel", chromedp.Click(chromedp.CSS(`#confirm a`)), chromedp.WaitVisible(chromedp.ID("tenant-dlq")))
+	if left() != 1 {
+		t.Fatalf("%d left after a cancelled purge", left())
+	}
 
 	b.do("binary tenant", chromedp.Navigate(srv.URL+"/dlq/acme"), chromedp.WaitVisible(chromedp.ID("tenant-dlq")))
 	b.do("open hex", chromedp.Click(chromedp.CSS(`#records article details summary`)))

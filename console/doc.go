@@ -35,8 +35,8 @@
 //	                         spilling, handled, failed, dead-lettered, latency, commit lag),
 //	                         partitions (paused, queued, unsettled, commit lag, oldest), events.
 //	                         JSON: one StatsLine.
-//	GET  /live               server-sent events: "stats" (a StatsLine) each Refresh while the
-//	                         engine changes, "log" (an EventLine, id = its seq) per new event.
+//	GET  /live               server-sent events: "stats" (a StatsLine) each Refresh, "log"
+//	                         (an EventLine, id = its seq) per new event.
 //	                         ?after=SEQ or Last-Event-ID resumes the events.
 //	GET  /log                the kept engine events. JSON: EventLines, oldest first.
 //	GET  /dlq                tenants with dead letters. JSON: TenantLines (as `ringfence dlq ls --json`).
