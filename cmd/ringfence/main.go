@@ -2,6 +2,7 @@
 //
 //	ringfence demo [flags]                     noisy-neighbour demo on in-process brokers
 //	ringfence dlq ls|peek|replay|purge [flags] list, inspect, replay and purge a tenant's dead letters
+//	ringfence console [flags]                  the ops console (DLQ browser) in a web browser
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage error.
 package main
@@ -17,6 +18,7 @@ const usage = `ringfence: per-tenant resilience for Kafka and NATS consumers
 Usage:
   ringfence demo [flags]      run the noisy-neighbour demo (in-process Kafka and NATS by default)
   ringfence dlq <command>     list, peek, replay and purge a tenant's dead letters
+  ringfence console [flags]   browse, replay and purge dead letters in a web browser
 
 Run 'ringfence <command> --help' for a command's flags.
 `
@@ -33,6 +35,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runDemo(args[1:])
 	case "dlq":
 		return runDLQ(args[1:], stdout, stderr)
+	case "console":
+		return runConsoleMain(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringfence/ringfence/console"
 	"github.com/ringfence/ringfence/consumer"
 )
 
@@ -30,6 +31,9 @@ type Options struct {
 	// MetricsAddr, if set, serves Prometheus metrics of the running
 	// consumer at http://MetricsAddr/metrics.
 	MetricsAddr string
+	// ConsoleAddr, if set, serves the ops console's tenant view of the
+	// running consumer at http://ConsoleAddr/ while the demo runs.
+	ConsoleAddr string
 	// JSON prints one JSON object per broker instead of tables.
 	JSON bool
 	// Check makes Run fail when a broker's results are not as expected.
@@ -98,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	kafkaAddr := fs.String("kafka", "", "HOST:PORT of a real Kafka broker (default: start kfake in-process)")
 	natsURL := fs.String("nats", "", "URL of a real NATS server with JetStream (default: start one in-process)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at ADDR/metrics while the demo runs (e.g. 127.0.0.1:9464)")
+	consoleAddr := fs.String("console", "", "serve the ops console at ADDR while the demo runs, to watch a tenant park and recover live (e.g. 127.0.0.1:8089)")
 	asJSON := fs.Bool("json", false, "print one JSON object per broker instead of tables")
 	check := fs.Bool("check", false, "exit 1 unless per-tenant guards kept >= 95% of healthy goodput, dead-lettered nothing of the outage and lost nothing")
 	verbose := fs.Bool("v", false, "log the library's warnings (slog) to stderr")
@@ -124,6 +129,7 @@ Flags:
 		KafkaAddr:   *kafkaAddr,
 		NATSURL:     *natsURL,
 		MetricsAddr: *metricsAddr,
+		ConsoleAddr: *consoleAddr,
 		JSON:        *asJSON,
 		Check:       *check,
 	}
@@ -174,6 +180,21 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 		fmt.Fprintf(o.Progress, "metrics: http://%s/metrics\n", srv.Addr)
 	}
 
+	var con *console.Console
+	if o.ConsoleAddr != "" {
+		cctx, stopConsole := context.WithCancel(ctx)
+		defer stopConsole()
+		var err error
+		if con, err = console.New(console.Options{ReadOnly: true, Logger: logger, Title: "ringfence demo"}); err != nil {
+			return nil, err
+		}
+		u, err := con.Start(cctx, o.ConsoleAddr)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(o.Progress, "console: %s\n", u)
+	}
+
 	p := newPlan(sc)
 	v := newView(o.Progress, o.TTY)
 	var out []*BrokerResult
@@ -193,6 +214,9 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 			rc := runConfig{broker: b, logger: logger, observe: v.Observe}
 			if register != nil {
 				rc.consumer = func(c *consumer.Consumer, m Mode) func() { return register(c, name, m) }
+			}
+			if con != nil {
+				rc.consumer, rc.onEvent = consoleHook(con, name, rc.consumer), con.OnEvent
 			}
 			r, err := runMode(ctx, p, m, rc)
 			v.Done()
@@ -243,4 +267,15 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// consoleHook shows each run's consumer on the console, then calls next.
+func consoleHook(con *console.Console, broker string, next func(*consumer.Consumer, Mode) func()) func(*consumer.Consumer, Mode) func() {
+	return func(c *consumer.Consumer, m Mode) func() {
+		con.SetEngine(c, broker+", "+m.String())
+		if next != nil {
+			return next(c, m)
+		}
+		return func() {}
+	}
 }

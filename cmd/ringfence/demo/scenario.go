@@ -433,6 +433,7 @@ type runConfig struct {
 	logger   *slog.Logger
 	observe  func(Snapshot)                        // called every tick; may be nil
 	consumer func(*consumer.Consumer, Mode) func() // registers metrics; returns unregister
+	onEvent  func(consumer.Event)                  // the console's event log; may be nil
 	tick     time.Duration
 }
 
@@ -470,6 +471,7 @@ func runMode(ctx context.Context, p *plan, mode Mode, rc runConfig) (RunResult, 
 		Group:        name,
 		Logger:       rc.logger,
 		DrainTimeout: 5 * time.Second,
+		OnEvent:      rc.onEvent,
 	})
 	if err != nil {
 		return RunResult{}, err

@@ -1,0 +1,128 @@
+// Live updates of the tenant view, from the server-sent events of /live.
+// The page is complete without this script; it only keeps it current.
+// Everything from the server is set with textContent (never as HTML).
+(function () {
+  'use strict';
+  var root = document.getElementById('tenants');
+  if (!root || !window.EventSource) { return; }
+  var dlqBase = root.dataset.dlq;
+  var maxRows = parseInt(root.dataset.maxRows, 10) || 500;
+  var status = document.getElementById('live-status');
+  var es = new EventSource(root.dataset.live);
+  es.onopen = function () { status.textContent = 'live'; };
+  es.onerror = function () { status.textContent = 'reconnecting…'; };
+  es.addEventListener('stats', function (ev) { render(JSON.parse(ev.data)); });
+  es.addEventListener('log', function (ev) { addEvent(JSON.parse(ev.data)); });
+
+  function cut(s, n) {
+    var cps = Array.from(s);
+    return cps.length > n ? cps.slice(0, n).join('') + '…' : s;
+  }
+  function tenantName(t) { return t.no_tenant ? '(no tenant)' : cut(t.key, 120); }
+  function dur(ns) {
+    if (ns <= 0) { return '-'; }
+    if (ns < 1e3) { return '<1µs'; }
+    if (ns < 1e6) { return Math.floor(ns / 1e3) + 'µs'; }
+    if (ns < 1e9) { return (ns / 1e6).toFixed(1) + 'ms'; }
+    return (ns / 1e9).toFixed(2) + 's';
+  }
+  function stamp(s) { return (!s || s.indexOf('0001-') === 0) ? '-' : s.replace('T', ' ').slice(0, 19); }
+  function trouble(t) { return t.state !== 'closed' || t.parked > 0 || t.spilling > 0; }
+  function cell(tr, cls, text) {
+    var td = document.createElement('td');
+    if (cls) { td.className = cls; }
+    td.textContent = text;
+    tr.appendChild(td);
+    return td;
+  }
+  function set(id, text) { var el = document.getElementById(id); if (el) { el.textContent = text; } }
+
+  function render(s) {
+    set('snap-time', stamp(s.time));
+    ['handled', 'failed', 'dead_lettered', 'retried', 'parked', 'queued', 'in_flight', 'spilling_tenants', 'paused_partitions']
+      .forEach(function (k) { set('t-' + k, String(s[k])); });
+    set('t-spilled', s.spilled + ' / ' + s.refed);
+    set('tenant-count', String(s.tenants.length));
+
+    var ts = s.tenants.slice();
+    ts.sort(function (a, b) { return (trouble(b) ? 1 : 0) - (trouble(a) ? 1 : 0); });
+    var hidden = Math.max(0, ts.length - maxRows);
+    ts = ts.slice(0, maxRows);
+    var body = document.createElement('tbody');
+    body.id = 'tenant-rows';
+    ts.forEach(function (t) {
+      var tr = document.createElement('tr');
+      tr.dataset.token = t.tenant.token;
+      tr.className = (trouble(t) ? 'trouble ' : '') + 'state-' + t.state;
+      var td = cell(tr, 'c-tenant', '');
+      td.title = t.tenant.key;
+      if (dlqBase) {
+        var a = document.createElement('a');
+        a.href = dlqBase + encodeURIComponent(t.tenant.token);
+        a.textContent = tenantName(t.tenant);
+        td.appendChild(a);
+      } else {
+        td.textContent = tenantName(t.tenant);
+      }
+      cell(tr, 'c-state', t.state);
+      cell(tr, 'c-parked', String(t.parked));
+      cell(tr, 'c-queued', String(t.queued));
+      cell(tr, 'c-in_flight', t.in_flight + ' / ' + t.limit);
+      cell(tr, 'c-spilling', String(t.spilling));
+      cell(tr, 'c-handled', String(t.handled));
+      cell(tr, 'c-failed', String(t.failed));
+      cell(tr, 'c-dead_lettered', String(t.dead_lettered));
+      cell(tr, 'c-latency', dur(t.latency_ns));
+      cell(tr, 'c-commit_lag', String(t.commit_lag));
+      body.appendChild(tr);
+    });
+    if (!ts.length) { var e = document.createElement('tr'); e.className = 'empty'; cell(e, '', 'no tenants tracked').colSpan = 11; body.appendChild(e); }
+    document.getElementById('tenant-rows').replaceWith(body);
+    var h = document.getElementById('tenant-hidden');
+    h.hidden = hidden === 0;
+    h.textContent = hidden + ' more tenants not shown (all are in the JSON).';
+
+    var pb = document.createElement('tbody');
+    pb.id = 'partition-rows';
+    s.partitions.forEach(function (p) {
+      var tr = document.createElement('tr');
+      if (p.paused) { tr.className = 'trouble'; }
+      cell(tr, '', p.topic + '/' + p.partition);
+      cell(tr, '', p.paused ? 'paused: ' + p.pause_reason : 'no');
+      cell(tr, '', String(p.queued));
+      cell(tr, '', String(p.unsettled));
+      cell(tr, '', String(p.commit_lag));
+      cell(tr, '', dur(p.oldest_ns));
+      cell(tr, '', p.oldest_tenant ? tenantName(p.oldest_tenant) : '-');
+      cell(tr, '', String(p.lanes));
+      pb.appendChild(tr);
+    });
+    if (!s.partitions.length) { var pe = document.createElement('tr'); pe.className = 'empty'; cell(pe, '', 'no partitions assigned').colSpan = 8; pb.appendChild(pe); }
+    document.getElementById('partition-rows').replaceWith(pb);
+  }
+
+  function span(li, cls, text) {
+    var el = document.createElement('span');
+    el.className = cls;
+    el.textContent = text;
+    li.appendChild(document.createTextNode(' '));
+    li.appendChild(el);
+  }
+  function addEvent(e) {
+    var list = document.getElementById('event-list');
+    var empty = list.querySelector('.empty');
+    if (empty) { empty.remove(); }
+    var li = document.createElement('li');
+    var tm = document.createElement('time');
+    tm.textContent = stamp(e.time);
+    li.appendChild(tm);
+    span(li, 'kind kind-' + e.kind, e.kind);
+    if (e.tenant) { span(li, 'who', tenantName(e.tenant)); }
+    if (e.topic) { span(li, 'where', e.topic + '/' + e.partition); }
+    var extra = (e.reason ? ' reason ' + e.reason : '') + (e.pause ? ' (' + e.pause + ')' : '') + (e.spill ? ' (' + e.spill + ')' : '');
+    if (extra) { li.appendChild(document.createTextNode(extra)); }
+    if (e.error) { span(li, 'err', e.error); }
+    list.insertBefore(li, list.firstChild);
+    while (list.children.length > 20) { list.removeChild(list.lastChild); }
+  }
+}());

@@ -1,0 +1,84 @@
+// Package console is an ops console for a running ringfence consumer and
+// its dead-letter queues: a live tenant view and a DLQ browser, served from
+// the binary by net/http and html/template (no JavaScript framework, no
+// CDN), with a JSON API under the same routes.
+//
+// Mount it next to a service's own endpoints, like net/http/pprof:
+//
+//	con, err := console.New(console.Options{Prefix: "/console/", DLQ: inspector})
+//	cfg.OnEvent = con.OnEvent // optional: the live event log
+//	c, err := consumer.New(cfg)
+//	con.SetEngine(c, "orders")
+//	mux.Handle("/console/", con)
+//
+// or run it alone over a DLQ with `ringfence console`.
+//
+// # Cost
+//
+// With no one looking the console does nothing: it starts no goroutine and
+// no timer, and it does not touch the per-message path (OnEvent, if
+// chained, copies an event into a ring under a leaf lock; retry events are
+// dropped at once). A viewer triggers at most one consumer.Stats per
+// Options.Refresh, shared by every viewer (Stats takes each partition's
+// lock briefly, one at a time, and calls no user code); the console calls
+// it with no lock of its own held and writes to viewers with no lock held,
+// so a slow or stalled browser slows only its own stream.
+//
+// # Routes
+//
+// Paths are relative to Options.Prefix. Every GET answers HTML, or JSON
+// Lines (Content-Type application/x-ndjson, one object per line, "type"
+// first) with ?format=json or an Accept header asking for
+// application/json.
+//
+//	GET  /                   tenant view: totals, tenants (breaker, parked, queued, in flight,
+//	                         spilling, handled, failed, dead-lettered, latency, commit lag),
+//	                         partitions (paused, queued, unsettled, commit lag, oldest), events.
+//	                         JSON: one StatsLine.
+//	GET  /live               server-sent events: "stats" (a StatsLine) each Refresh, "log"
+//	                         (an EventLine, id = its seq) per new event.
+//	                         ?after=SEQ or Last-Event-ID resumes the events.
+//	GET  /log                the kept engine events. JSON: EventLines, oldest first.
+//	GET  /dlq                tenants with dead letters. JSON: TenantLines (as `ringfence dlq ls --json`).
+//	GET  /dlq/{token}        a tenant's oldest dead letters (?n=, at most MaxPeek), with headers
+//	                         and the value as text and hex. JSON: RecordLines (as `ringfence dlq
+//	                         peek --json`; ?raw=1 keeps whole values in "text").
+//	POST /dlq/{token}/replay dry_run=1&limit=N: what a replay of the oldest N would move
+//	                         (RecordLines, a ReplayLine with dry_run true, a ConfirmLine);
+//	                         expect=E&limit=N: move them (RecordLines, a ReplayLine).
+//	POST /dlq/{token}/purge  dry_run=1: what a purge would remove (a TenantLine, a ConfirmLine);
+//	                         expect=E: remove them (a PurgeLine).
+//	GET  /static/...         the style sheet and live.js.
+//
+// Tenants are addressed by token (dlq.TenantToken of the raw key), never by
+// raw key: any key, however hostile, is a path segment of [A-Za-z0-9._-].
+// A hashed token (for a very long key) is resolved among the tenants the
+// DLQ lists. Errors are an ErrorLine with the HTTP status: 400 bad input,
+// 403 refused, 404 unknown, 409 changed since the dry run or another action
+// running, 429 rate limited (Retry-After), 502 the DLQ failed, 503 too many
+// live streams.
+//
+// # Security
+//
+// Reading is open to whoever reaches the console, as with pprof: bind it to
+// loopback (the command's default) or behind the service's own
+// authentication. A console reached on a loopback address answers only
+// loopback Host names (and Options.Hosts), so a web page that rebinds its
+// name to 127.0.0.1 cannot read it. Every answer forbids framing, inline
+// scripts and outside resources (Content-Security-Policy), and every tenant
+// key, header and value is escaped by html/template after Printable made
+// control bytes and invalid UTF-8 visible.
+//
+// Replay and purge change the DLQ, so they are POST-only and need the
+// token (Options.Token, or a random one from Token()): either
+// Authorization: Bearer TOKEN (scripts), or the session cookie that
+// GET ?token=TOKEN sets (HttpOnly, SameSite=Strict, holding a value derived
+// from the token, not the token) together with the page's CSRF field.
+// Cross-origin browser POSTs are refused first (http.CrossOriginProtection).
+// Each action is a dry run first, showing what it would touch; carrying it
+// out needs the dry run's expect value and is refused (409) if the DLQ no
+// longer holds the same dead letters. Replays are rate-limited like SQS
+// redrive (MaxReplay at once, ReplayRate per second on average), purges to
+// one per PurgeEvery, and one action runs at a time. ReadOnly hides and
+// refuses both.
+package console
