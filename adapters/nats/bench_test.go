@@ -157,7 +157,7 @@ func BenchmarkConsume(b *testing.B) {
 
 	b.Run("ringfence-Source-loop", func(b *testing.B) {
 		f := bs.ensure(b, b.N)
-		src, err := NewSource(context.Background(), f.js, freshConsumer(b, f), tenant)
+		src, err := NewSource(context.Background(), f.js, freshConsumer(b, f))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -178,7 +178,7 @@ func BenchmarkConsume(b *testing.B) {
 
 	b.Run("ringfence-Source-engine", func(b *testing.B) {
 		f := bs.ensure(b, b.N)
-		src, err := NewSource(context.Background(), f.js, freshConsumer(b, f), tenant)
+		src, err := NewSource(context.Background(), f.js, freshConsumer(b, f))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -203,6 +203,6 @@ func BenchmarkConsume(b *testing.B) {
 		cancel()
 		<-ran
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-		b.ReportMetric(float64(src.Stats().Spilled), "spilled")
+		b.ReportMetric(float64(c.Stats().Spilled), "spilled")
 	})
 }

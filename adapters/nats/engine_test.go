@@ -15,16 +15,19 @@ import (
 	"github.com/ringfence/ringfence/scope"
 )
 
-// TestEngineParkedTenantIsolation runs the real engine on the Source: a
-// tenant whose dependency is down, with a backlog 10x MaxAckPending, parks
-// in the engine and spills in the Source, and the other tenants are all
-// handled meanwhile. When the dependency is back, every parked message
-// reaches the handler (or, by the engine's poison rule, the DLQ).
+// TestEngineParkedTenantIsolation runs the real engine on the Source with
+// the spill log: a tenant whose dependency is down, with a backlog 10x
+// MaxAckPending, parks in the engine and spills to the spill stream, and
+// the other tenants are all handled meanwhile, with the engine's bound on
+// the partition below MaxAckPending (PartitionCapacity). When the
+// dependency is back, every parked message reaches the handler in order
+// (or, by the engine's poison rule, the DLQ), and the spill stream ends
+// empty.
 func TestEngineParkedTenantIsolation(t *testing.T) {
 	t.Parallel()
 	const (
 		maxAckPending = 32
-		limit         = 4
+		parkedBound   = 4
 		backlog       = 10 * maxAckPending
 		others        = 3 * maxAckPending
 	)
@@ -41,12 +44,17 @@ func TestEngineParkedTenantIsolation(t *testing.T) {
 		}
 	}
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant, WithTenantLimit(limit), WithSpillAfter(0))
+	src := f.source(t)
+	spill, err := src.SpillLog(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var down atomic.Bool
 	down.Store(true)
 	var mu sync.Mutex
 	seen := map[string]bool{}
-	var calmDone atomic.Int64
+	var order []string
+	var calmDone, paused atomic.Int64
 	c, err := consumer.New(consumer.Config{
 		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
 			tn, _ := tenant(m)
@@ -57,14 +65,29 @@ func TestEngineParkedTenantIsolation(t *testing.T) {
 			if !seen[string(m.Value)] && tn == "calm" {
 				calmDone.Add(1)
 			}
+			if tn == "noisy" {
+				order = append(order, string(m.Value))
+			}
 			seen[string(m.Value)] = true
 			mu.Unlock()
 			return nil
 		}),
-		Tenant: tenant,
-		DLQ:    q,
-		Group:  f.durable,
-		Scope:  scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+		Tenant:             tenant,
+		DLQ:                q,
+		Spill:              spill,
+		Group:              f.durable,
+		MaxParkedPerTenant: parkedBound,
+		Scope:              scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
+		OnEvent: func(e consumer.Event) {
+			// The engine's bound is MaxAckPending-1, the window the server
+			// gives the consumer: a queue-full pause only mirrors the
+			// server's own flow control while an append is in flight.
+			// Any other pause would stop the partition on one tenant's
+			// account.
+			if e.Kind == consumer.EventPaused && e.Pause != consumer.PauseQueueFull {
+				paused.Add(1)
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -80,12 +103,15 @@ func TestEngineParkedTenantIsolation(t *testing.T) {
 	}()
 
 	eventually(t, "calm handled while noisy is down", func() bool { return calmDone.Load() == others })
-	eventually(t, "noisy spilled", func() bool { return src.Stats().Spilled >= backlog-limit })
-	if st := src.Stats(); st.Held > limit {
-		t.Fatalf("noisy holds %d of %d ack-pending slots, bound %d", st.Held, maxAckPending, limit)
+	eventually(t, "noisy spilled", func() bool { return c.Stats().Spilled >= backlog-maxAckPending })
+	if st := src.Stats(); st.Held >= maxAckPending {
+		t.Fatalf("the engine holds %d messages, MaxAckPending is %d", st.Held, maxAckPending)
 	}
-	t.Logf("engine isolation: noisy backlog %d > MaxAckPending %d; calm %d/%d handled; source stats %+v",
-		backlog, maxAckPending, calmDone.Load(), others, src.Stats())
+	if n := paused.Load(); n != 0 {
+		t.Fatalf("the partition was paused %d times for a tenant's bound: a spilling tenant must not stop the others", n)
+	}
+	t.Logf("engine isolation: noisy backlog %d > MaxAckPending %d; calm %d/%d handled; engine spilled %d; source %+v; spill log %+v",
+		backlog, maxAckPending, calmDone.Load(), others, c.Stats().Spilled, src.Stats(), spill.Stats())
 
 	down.Store(false)
 	eventually(t, "every noisy message handled or dead-lettered", func() bool {
@@ -105,7 +131,10 @@ func TestEngineParkedTenantIsolation(t *testing.T) {
 		}
 		return true
 	})
-	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
+	mu.Lock()
+	checkInOrder(t, "noisy", order)
+	mu.Unlock()
+	eventually(t, "spill stream drained", func() bool { return f.spillBacklog(t) == 0 })
 }
 
 // TestEngineServerRestartLosesNothing restarts the server under the engine:
@@ -123,7 +152,7 @@ func TestEngineServerRestartLosesNothing(t *testing.T) {
 		f.publish(t, fmt.Sprintf("t%d", i%5), fmt.Sprintf("m-%05d", i))
 	}
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant)
+	src := f.source(t)
 	var mu sync.Mutex
 	seen := map[string]bool{}
 	c, err := consumer.New(consumer.Config{

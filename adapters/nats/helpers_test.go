@@ -60,13 +60,34 @@ func (f *fixture) consumer(t testing.TB) jetstream.Consumer {
 	return c
 }
 
-func (f *fixture) source(t testing.TB, tenant consumer.TenantFunc, opts ...SourceOption) *Source {
+func (f *fixture) source(t testing.TB, opts ...SourceOption) *Source {
 	t.Helper()
-	s, err := NewSource(testCtx(t), f.js, f.consumer(t), tenant, opts...)
+	s, err := NewSource(testCtx(t), f.js, f.consumer(t), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// spillLog opens the fixture's spill log: every call gives a new SpillLog
+// over the same stream, as a restarted process would open.
+func (f *fixture) spillLog(t testing.TB, opts ...SpillOption) *SpillLog {
+	t.Helper()
+	s, err := NewSpillLog(testCtx(t), f.js, f.stream, f.durable, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// spillBacklog counts the records in the fixture's spill stream.
+func (f *fixture) spillBacklog(t testing.TB) int {
+	t.Helper()
+	info, err := f.js.Stream(testCtx(t), "RINGFENCE_SPILL_"+f.stream+"_"+f.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(info.CachedInfo().State.Msgs)
 }
 
 // publishRetry publishes one message, retrying while the client reconnects.
