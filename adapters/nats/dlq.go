@@ -281,8 +281,11 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 	}
 	ack, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: q.Subject(r.Bucket()), Header: h, Data: data})
 	if err != nil {
-		if body != "" {
-			q.dropBody(ctx, body)
+		if body != "" && refused(err) {
+			// Not stored: the body has no record. (After a timeout the
+			// record may have landed, so its body stays: an orphan at
+			// worst, never a record without its body.)
+			q.dropBody(context.WithoutCancel(ctx), body)
 		}
 		if tooLarge(err) {
 			return fmt.Errorf("nats: dlq write: %w: %w", dlq.ErrUnwritable, err)

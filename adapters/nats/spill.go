@@ -26,30 +26,6 @@ import (
 	"github.com/ringfence/ringfence/dlq"
 )
 
-// Headers of a spill record. Read removes them (and every "Nats-" header
-// the server adds) before the message goes back to the engine.
-const (
-	hdrSpillPrefix  = "ringfence-spill-"
-	hdrSpillTenant  = "ringfence-spill-tenant"
-	hdrSpillSubject = "ringfence-spill-subject"
-	hdrSpillStream  = "ringfence-spill-stream"
-	hdrSpillSeq     = "ringfence-spill-seq"
-	hdrSpillTime    = "ringfence-spill-time"
-	// hdrSpillBody names the object ("<bucket>/<object>") holding a record
-	// stored out of line.
-	hdrSpillBody = "ringfence-spill-body"
-	// hdrSpillNats prefixes the original's "Nats-" headers, which the spill
-	// stream would otherwise act on (Nats-Msg-Id, Nats-Expected-*,
-	// Nats-TTL).
-	hdrSpillNats = "ringfence-spill-h-"
-	// quotedSuffix marks a header holding strconv.Quote of a value a NATS
-	// header would not carry exactly.
-	quotedSuffix = "-q"
-	// spillMsgIDPrefix starts a spill record's Nats-Msg-Id:
-	// "ringfence-spill:<tenant token>:<partition topic>/<partition id>/<offset>".
-	spillMsgIDPrefix = "ringfence-spill:"
-)
-
 // Stream metadata that marks a ringfence spill stream.
 const (
 	// MetaSpill is set ("1") on every spill stream NewSpillLog creates or
@@ -365,31 +341,9 @@ type spillRec struct {
 // of line when it must.
 func (s *SpillLog) record(ctx context.Context, lane consumer.SpillLane, subj string, m *consumer.Message) (spillRec, error) {
 	tok := dlq.TenantToken(lane.Tenant)
-	_, exactTok, _ := dlq.ParseTenantToken(tok)
-	tenantInline := exactValue(lane.Tenant) && len(lane.Tenant) <= maxInlineTenant
-	h := make(nats.Header, len(m.Headers)+7)
-	setExact(h, hdrSpillSubject, m.Topic)
-	if m.Stream != "" {
-		setExact(h, hdrSpillStream, m.Stream)
-	}
-	h[hdrSpillSeq] = []string{strconv.FormatInt(m.Offset, 10)}
-	h[hdrSpillTime] = []string{m.Time.UTC().Format(time.RFC3339Nano)}
-	if tenantInline {
-		h[hdrSpillTenant] = []string{lane.Tenant}
-	}
-	if id := spillMsgID(tok, m); exactValue(id) {
-		h[jetstream.MsgIDHeader] = []string{id}
-	}
-	if m.Key == nil && (tenantInline || exactTok) && carriableHeaders(m.Headers) {
-		full := maps.Clone(h)
-		for _, x := range m.Headers {
-			k := x.Key
-			if strings.HasPrefix(k, "Nats-") {
-				k = hdrSpillNats + k
-			}
-			full[k] = append(full[k], string(x.Value))
-		}
-		if n := msgSize(full, m.Value); n <= s.limit() && msgSize(full, nil) <= maxHeaderBlock {
+	h, inline := spillHeaders(lane.Tenant, tok, m)
+	if inline {
+		if full, n, ok := inlineRecord(h, m, s.limit()); ok {
 			return spillRec{msg: &nats.Msg{Subject: subj, Header: full, Data: m.Value}, size: int(n)}, nil
 		}
 	}
@@ -407,59 +361,6 @@ func (s *SpillLog) record(ctx context.Context, lane consumer.SpillLane, subj str
 	}
 	s.outOfLine.Add(1)
 	return spillRec{msg: &nats.Msg{Subject: subj, Header: h}, body: ref, size: int(n)}, nil
-}
-
-// setExact sets header key to v, or key+"-q" to strconv.Quote(v) when a
-// NATS header would not carry v exactly.
-func setExact(h nats.Header, key, v string) {
-	if exactValue(v) {
-		h[key] = []string{v}
-		return
-	}
-	h[key+quotedSuffix] = []string{strconv.Quote(v)}
-}
-
-// getExact reads what setExact wrote.
-func getExact(h nats.Header, key string) string {
-	if v, ok := h[key]; ok && len(v) > 0 {
-		return v[0]
-	}
-	if v := h.Get(key + quotedSuffix); v != "" {
-		if u, err := strconv.Unquote(v); err == nil {
-			return u
-		}
-	}
-	return ""
-}
-
-// spillMsgID is the Nats-Msg-Id of m's spill record in the subject of the
-// tenant token tok.
-func spillMsgID(tok string, m *consumer.Message) string {
-	return spillMsgIDPrefix + tok + ":" + m.Partition.Topic + "/" + strconv.FormatInt(int64(m.Partition.ID), 10) + "/" + strconv.FormatInt(m.Offset, 10)
-}
-
-// carriableHeaders reports whether a NATS message carries hs exactly and
-// Read gives them back in the same order: names NATS accepts and no spill
-// header, values NATS does not trim or rewrite, sorted by name (Read lists
-// a NATS header's names in order, each name's values in theirs).
-func carriableHeaders(hs []consumer.Header) bool {
-	for i, h := range hs {
-		if !validHeaderKey(h.Key) || hasPrefixFold(h.Key, hdrSpillPrefix) || !exactValue(string(h.Value)) {
-			return false
-		}
-		if i > 0 && hs[i-1].Key > h.Key {
-			return false
-		}
-		if i > 0 && hs[i-1].Key != h.Key {
-			// A name seen before, not adjacent: Read would group them.
-			for j := 0; j < i-1; j++ {
-				if hs[j].Key == h.Key {
-					return false
-				}
-			}
-		}
-	}
-	return true
 }
 
 // Append implements consumer.SpillLog: it stores msgs in lane's subject,

@@ -6,10 +6,8 @@ package nats
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -102,17 +100,20 @@ func (s *SpillLog) directBatch(ctx context.Context, subj string, start uint64, m
 		if err != nil {
 			return nil, err
 		}
-		if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
-			switch status {
+		sseq := m.Header.Get(jetstream.SequenceHeader)
+		if sseq == "" {
+			// A status, not a record (a record always comes with its
+			// sequence; its own headers may have any name).
+			switch status := m.Header.Get("Status"); status {
 			case "204", "404": // end of batch; nothing (more) there
 				return out, nil
 			case "503":
 				return nil, nats.ErrNoResponders
 			default:
-				return nil, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
+				return nil, fmt.Errorf("direct get: status %q %s", status, m.Header.Get("Description"))
 			}
 		}
-		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		seq, err := strconv.ParseUint(sseq, 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("direct get: bad %s header: %w", jetstream.SequenceHeader, err)
 		}
@@ -178,57 +179,31 @@ func (s *SpillLog) leaderRead(ctx context.Context, subj string, start uint64, ma
 	return out, nil
 }
 
-// errNotSpillRecord: a message in the spill stream that no SpillLog wrote.
-var errNotSpillRecord = errors.New("nats: not a spill record")
-
 // message restores the original message of record r of lane.
 func (s *SpillLog) message(ctx context.Context, subj string, lane consumer.SpillLane, r rawRec) (*consumer.Message, error) {
-	h := r.hdr
-	off, err := strconv.ParseInt(h.Get(hdrSpillSeq), 10, 64)
+	m, ref, err := restoreRecord(r.hdr, r.data, lane.Partition)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s sequence %d has no valid %s header", errNotSpillRecord, subj, r.seq, hdrSpillSeq)
+		return nil, fmt.Errorf("nats: spill read %s sequence %d: %w", subj, r.seq, err)
 	}
-	m := &consumer.Message{
-		Topic:     getExact(h, hdrSpillSubject),
-		Stream:    getExact(h, hdrSpillStream),
-		Partition: lane.Partition,
-		Offset:    off,
-		Time:      r.time,
-		Refed:     true,
-		SpillPos:  int64(r.seq),
+	m.SpillPos = int64(r.seq)
+	if _, ok := r.hdr[hdrSpillTime]; !ok {
+		m.Time = r.time
 	}
-	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrSpillTime)); err == nil {
-		m.Time = t
-	}
-	if ref := h.Get(hdrSpillBody); ref != "" {
-		b, err := s.bodies.get(ctx, ref)
-		if err != nil {
-			return nil, fmt.Errorf("nats: spill read %s sequence %d: %w", subj, r.seq, err)
-		}
-		_, m.Key, m.Value, m.Headers, err = decodeBody(b)
-		if err != nil {
-			return nil, fmt.Errorf("nats: spill read %s sequence %d: %w", subj, r.seq, err)
-		}
-		s.mu.Lock()
-		if s.refs[subj] == nil {
-			s.refs[subj] = make(map[uint64]string)
-		}
-		s.refs[subj][r.seq] = ref
-		s.mu.Unlock()
+	if ref == "" {
 		return m, nil
 	}
-	m.Value = r.data
-	orig := make(nats.Header, len(h))
-	for k, v := range h {
-		switch {
-		case strings.HasPrefix(k, hdrSpillNats):
-			orig[k[len(hdrSpillNats):]] = v
-		case hasPrefixFold(k, hdrSpillPrefix), strings.HasPrefix(k, "Nats-"):
-			// the spill record's own, or the server's
-		default:
-			orig[k] = v
-		}
+	b, err := s.bodies.get(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("nats: spill read %s sequence %d: %w", subj, r.seq, err)
 	}
-	m.Headers = fromNATSHeader(orig)
+	if _, m.Key, m.Value, m.Headers, err = decodeBody(b); err != nil {
+		return nil, fmt.Errorf("nats: spill read %s sequence %d: %w", subj, r.seq, err)
+	}
+	s.mu.Lock()
+	if s.refs[subj] == nil {
+		s.refs[subj] = make(map[uint64]string)
+	}
+	s.refs[subj][r.seq] = ref
+	s.mu.Unlock()
 	return m, nil
 }
