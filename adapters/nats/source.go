@@ -204,7 +204,11 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	return err
 }
 
-// onMsg runs on the consume goroutine, one message at a time.
+// onMsg runs on the consume goroutine, one message at a time, and hands
+// each to the engine with Deliver. (Batching them for DeliverBatch through
+// a staging goroutine was measured with BenchmarkConsume: 7.0-8.6 µs per
+// message either way, no gain to pay a goroutine hop and a second buffer
+// for.)
 func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream.Msg) {
 	seq, ts, ok := ackSeqTime(msg.Reply())
 	if !ok { // not the ack subject layout we know: let nats.go parse it
