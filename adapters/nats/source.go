@@ -31,7 +31,7 @@ type Source struct {
 	maxAckPending int
 	log           *slog.Logger
 
-	mu      sync.Mutex
+	mu      sync.Mutex               // guards the fields below; held for no call out
 	held    map[uint64]jetstream.Msg // messages the engine holds, by stream sequence
 	paused  bool
 	resumed chan struct{} // closed by Resume while paused
@@ -41,6 +41,11 @@ type Source struct {
 
 	dupDropped, extends atomic.Uint64
 }
+
+var (
+	_ consumer.Source            = (*Source)(nil)
+	_ consumer.PartitionCapacity = (*Source)(nil)
+)
 
 // SourceStats are a Source's counters. Spilling is the engine's: see
 // consumer.Stats.
