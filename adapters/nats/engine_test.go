@@ -296,7 +296,7 @@ func TestEngineSpillsMaxPayloadHostileTenant(t *testing.T) {
 	eventually(t, "the other tenant handled and the hostile one spilled", func() bool {
 		return others.Load() == 6 && spill.Stats().Appended >= 4
 	})
-	if st := spill.Stats(); st.OutOfLine != st.Appended {
+	if st := spill.Stats(); st.OutOfLine < st.Appended {
 		t.Fatalf("spill log %+v: messages at max payload must go out of line", st)
 	}
 	down.Store(false)

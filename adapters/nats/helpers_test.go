@@ -94,10 +94,16 @@ func (f *fixture) spillBacklog(t testing.TB) int {
 func (f *fixture) publishRetry(t testing.TB, subject, value string) {
 	t.Helper()
 	ctx := testCtx(t)
+	t0 := time.Now()
 	var err error
+	last := ""
 	for range 600 {
 		if _, err = f.js.Publish(ctx, subject, []byte(value)); err == nil {
 			return
+		}
+		if err.Error() != last {
+			last = err.Error()
+			t.Logf("publish %s, retrying (%v in): %v", subject, time.Since(t0).Round(time.Millisecond), err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

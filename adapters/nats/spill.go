@@ -103,7 +103,8 @@ type SpillStats struct {
 	// Appended counts records stored; Duplicates the appends the stream's
 	// duplicate window dropped (a copy was stored already).
 	Appended, Duplicates uint64
-	// OutOfLine counts records stored with their body in the bucket.
+	// OutOfLine counts the appended records stored with their body in the
+	// bucket.
 	OutOfLine uint64
 	// Read counts records read back.
 	Read uint64

@@ -54,7 +54,6 @@ func (s *SpillLog) record(ctx context.Context, lane consumer.SpillLane, subj str
 		s.bodies.drop(ctx, ref)
 		return spillRec{}, fmt.Errorf("nats: spill append: even the record pointing to the stored body is %d bytes, more than the %d the server or stream %s accepts: %w", n, min(s.limit(), maxHeaderBlock), s.name, dlq.ErrUnwritable)
 	}
-	s.outOfLine.Add(1)
 	return spillRec{msg: &nats.Msg{Subject: subj, Header: h}, body: ref, size: int(n)}, nil
 }
 
@@ -70,6 +69,9 @@ func (s *SpillLog) record(ctx context.Context, lane consumer.SpillLane, subj str
 func (s *SpillLog) Append(ctx context.Context, lane consumer.SpillLane, msgs []*consumer.Message) error {
 	if len(msgs) == 0 {
 		return nil
+	}
+	if err := s.connected(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opt.timeout)
 	defer cancel()
@@ -108,7 +110,7 @@ func (s *SpillLog) Append(ctx context.Context, lane consumer.SpillLane, msgs []*
 			}
 			return fmt.Errorf("nats: spill append to %s: %w", subj, err)
 		}
-		s.appended.Add(uint64(n))
+		s.stored(recs[:n])
 		recs = recs[n:]
 	}
 	return nil
@@ -117,6 +119,20 @@ func (s *SpillLog) Append(ctx context.Context, lane consumer.SpillLane, msgs []*
 // jsAtomicDuplicate is JetStream's error code for an atomic batch holding a
 // Nats-Msg-Id the stream has seen (nats.go names no constant for it).
 const jsAtomicDuplicate jetstream.ErrorCode = 10201
+
+// errDisconnected: a spill log call found the connection down.
+var errDisconnected = errors.New("nats: spill log: not connected")
+
+// connected fails while the connection is down: what is published then
+// waits in the client's reconnect buffer and reaches the server after the
+// caller gave up (an atomic batch would open there and never commit), and
+// the engine retries the call anyway.
+func (s *SpillLog) connected() error {
+	if nc := s.js.Conn(); !nc.IsConnected() {
+		return fmt.Errorf("%w (%v)", errDisconnected, nc.Status())
+	}
+	return nil
+}
 
 // appendBatch publishes recs as one atomic batch: all are stored, or none.
 func (s *SpillLog) appendBatch(ctx context.Context, recs []spillRec) error {
@@ -166,9 +182,20 @@ func (s *SpillLog) appendEach(ctx context.Context, recs []spillRec) error {
 			}
 			continue
 		}
-		s.appended.Add(1)
+		s.stored(recs[i : i+1])
 	}
 	return nil
+}
+
+// stored counts records the stream took (out-of-line ones first, so that
+// Stats never shows more appended than stored out of line for them).
+func (s *SpillLog) stored(recs []spillRec) {
+	for _, r := range recs {
+		if r.body != "" {
+			s.outOfLine.Add(1)
+		}
+	}
+	s.appended.Add(uint64(len(recs)))
 }
 
 // dropBodies deletes the bodies of records that were not stored.

@@ -35,6 +35,9 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	if max <= 0 {
 		return nil, nil
 	}
+	if err := s.connected(); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.opt.timeout)
 	defer cancel()
 	subj := s.subject(lane)
