@@ -42,7 +42,8 @@ type childConfig struct {
 	FaultTenant   string // this tenant's dependency is down...
 	FaultWindowMs int    // ...for this long after its first attempt
 	WorkMs        int    // simulated handler work per message
-	// NATSTenantLimit, if set, is the NATS source's WithTenantLimit.
+	// NATSTenantLimit, if set, is the engine's MaxParkedPerTenant for the
+	// NATS source (a parked tenant spills to the spill stream past it).
 	NATSTenantLimit int
 }
 
@@ -209,15 +210,18 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		ccfg.Tenant = natsad.FromSubjectToken(-1)
-		opts := []natsad.SourceOption{natsad.WithLogger(log)}
 		if cfg.NATSTenantLimit > 0 {
-			opts = append(opts, natsad.WithTenantLimit(cfg.NATSTenantLimit))
+			ccfg.MaxParkedPerTenant = cfg.NATSTenantLimit
 		}
-		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, ccfg.Tenant, opts...)
+		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, natsad.WithLogger(log))
 		if err != nil {
 			return err
 		}
-		src, ccfg.DLQ = s, q
+		spill, err := s.SpillLog(ctx)
+		if err != nil {
+			return err
+		}
+		src, ccfg.DLQ, ccfg.Spill = s, q, spill
 	default:
 		return fmt.Errorf("unknown broker %q", cfg.Broker)
 	}

@@ -1,19 +1,27 @@
 package nats
 
 import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/flight"
 )
 
-// A dead letter too large for one NATS message (or with bytes a NATS
-// message cannot carry: a key, a header name NATS refuses, a header value
-// NATS would trim or change) is stored out of line: its original message
-// (tenant key, message key, headers, value) as one object in the DLQ's
-// object store, in the form below, and the DLQ record names the object in
-// hdrBody.
+// A dead letter or spilled message too large for one NATS message (or with
+// bytes a NATS message cannot carry: a key, a header name NATS refuses, a
+// header value NATS would trim or change) is stored out of line: its
+// original message (tenant key, message key, headers, value) as one object
+// in the DLQ's or spill log's object store bucket, in the form below, and
+// the record in the stream names the object in hdrBody.
 //
 //	"RFDLQB1\n"
 //	uvarint len(tenant), tenant
@@ -23,9 +31,9 @@ import (
 const bodyMagic = "RFDLQB1\n"
 
 // errBody: an object that is not a body encodeBody wrote.
-var errBody = errors.New("nats: malformed dead-letter body")
+var errBody = errors.New("nats: malformed stored body")
 
-// encodeBody encodes a dead letter's original message.
+// encodeBody encodes a dead letter's or spilled message's original.
 func encodeBody(tenant string, key, value []byte, headers []dlq.Header) []byte {
 	n := len(bodyMagic) + 4*binary.MaxVarintLen64 + len(tenant) + len(key) + len(value)
 	for _, h := range headers {
@@ -123,4 +131,103 @@ func (d *bodyDecoder) bytes() []byte {
 	v := d.b[:n:n]
 	d.b = d.b[n:]
 	return v
+}
+
+// bodyStore keeps records stored out of line (see encodeBody) in JetStream
+// object store buckets: the DLQ's and the spill log's. It is safe for
+// concurrent use; one open of a bucket runs at a time, with no lock held
+// while it does.
+type bodyStore struct {
+	js jetstream.JetStream
+	// own is the bucket this writer puts bodies in, created on first need
+	// when create is set (with desc and meta).
+	own    string
+	create bool
+	desc   string
+	meta   map[string]string
+
+	stores flight.Group[jetstream.ObjectStore] // bucket -> opened store
+}
+
+// put stores b in the own bucket as "<dir>/<random>" and returns
+// "<bucket>/<object>".
+func (s *bodyStore) put(ctx context.Context, dir string, b []byte) (string, error) {
+	store, err := s.open(ctx, s.own)
+	if err != nil {
+		return "", err
+	}
+	var r [16]byte
+	_, _ = rand.Read(r[:])
+	name := dir + "/" + hex.EncodeToString(r[:])
+	if _, err := store.PutBytes(ctx, name, b); err != nil {
+		return "", fmt.Errorf("nats: store body in %s: %w", s.own, err)
+	}
+	return s.own + "/" + name, nil
+}
+
+// get reads the body ref names.
+func (s *bodyStore) get(ctx context.Context, ref string) ([]byte, error) {
+	bucket, name, ok := strings.Cut(ref, "/")
+	if !ok {
+		return nil, fmt.Errorf("%w: bad %s %q", errBody, hdrBody, ref)
+	}
+	store, err := s.open(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	b, err := store.GetBytes(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("nats: body %s: %w", ref, err)
+	}
+	return b, nil
+}
+
+// drop deletes a stored body, best effort: one that outlives its record
+// only takes space.
+func (s *bodyStore) drop(ctx context.Context, ref string) {
+	bucket, name, ok := strings.Cut(ref, "/")
+	if !ok {
+		return
+	}
+	if store, err := s.open(ctx, bucket); err == nil {
+		_ = store.Delete(ctx, name)
+	}
+}
+
+// open opens bucket, creating the own bucket when allowed.
+func (s *bodyStore) open(ctx context.Context, bucket string) (jetstream.ObjectStore, error) {
+	return s.stores.Do(ctx, bucket, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		store, err := s.js.ObjectStore(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) && s.create && bucket == s.own {
+			store, err = s.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+				Bucket:      bucket,
+				Description: s.desc,
+				Storage:     jetstream.FileStorage,
+				Metadata:    s.meta,
+			})
+			if errors.Is(err, jetstream.ErrBucketExists) {
+				store, err = s.js.ObjectStore(ctx, bucket)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("nats: object store %s: %w", bucket, err)
+		}
+		return store, nil
+	})
+}
+
+// bucketName names the object store bucket of a stream: the stream's name
+// with "_BODIES" when that is a legal bucket name, else hashPrefix and a
+// hash of it.
+func bucketName(stream, hashPrefix string) string {
+	ok := true
+	for i := 0; i < len(stream); i++ {
+		c := stream[i]
+		ok = ok && ('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-')
+	}
+	if ok && len(stream) <= 200 {
+		return stream + "_BODIES"
+	}
+	sum := sha256.Sum256([]byte(stream))
+	return hashPrefix + hex.EncodeToString(sum[:8])
 }

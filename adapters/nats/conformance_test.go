@@ -29,9 +29,9 @@ type harness struct {
 func newHarness(srv *natstest.Server) func(t testing.TB) consumertest.Harness {
 	return func(t testing.TB) consumertest.Harness {
 		// AckWait 2s: the restart case waits for the server to redeliver
-		// what the first run left unsettled. MaxAckPending 1000 gives a
-		// tenant limit of 62, above the backpressure case's engine bound of
-		// 10, so that case sees the engine pause the partition.
+		// what the first run left unsettled. MaxAckPending 1000 lowers the
+		// engine's partition bound to 999 (PartitionCapacity), above what
+		// the suite's cases configure.
 		f := newFixture(t, srv, 2*time.Second, 1000)
 		n := nameSeq.Add(1)
 		q, err := NewDLQ(testCtx(t), f.js, WithDLQStream(fmt.Sprintf("DLQ%d", n)), WithDLQPrefix(fmt.Sprintf("dlq%d", n)))
@@ -81,8 +81,12 @@ func (h *harness) Produce(t testing.TB, msgs ...consumertest.Msg) {
 }
 
 func (h *harness) NewSource(t testing.TB) consumer.Source {
-	return rebalancingSource{h.f.source(t, h.Tenant())}
+	return rebalancingSource{h.f.source(t)}
 }
+
+// SpillLog implements consumertest.Spiller: a new SpillLog on the spill
+// stream of the harness's consumer.
+func (h *harness) SpillLog(t testing.TB) consumer.SpillLog { return h.f.spillLog(t) }
 
 // rebalancingSource lets the suite's Revocation case take the partitions
 // away and give them back (JetStream has no consumer-group rebalance).
@@ -111,6 +115,8 @@ func (h *harness) KillSource(t testing.TB) error {
 	}
 	return ErrConsumerGone
 }
+
+var _ consumertest.Spiller = (*harness)(nil)
 
 // TestConformance runs alone (not parallel): the suite's parking cases time
 // outages by wall clock, and a loaded machine stretches them.

@@ -2,9 +2,6 @@ package nats
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/dlq"
-	"github.com/ringfence/ringfence/internal/flight"
 )
 
 const (
@@ -85,11 +81,11 @@ type DLQ struct {
 	// ringfence DLQ, opened read-only by OpenDLQ: every message read from it
 	// must be a ringfence record.
 	marked bool
-	// create: the bucket may be created (NewDLQ); OpenDLQ only reads.
-	create bool
 	maxMsg int64 // the stream's max message size; <= 0: none
 
-	stores flight.Group[jetstream.ObjectStore] // bucket -> opened store
+	// bodies holds records stored out of line; its own bucket is created
+	// on first need only by NewDLQ (OpenDLQ only reads).
+	bodies *bodyStore
 }
 
 var (
@@ -131,7 +127,7 @@ func NewDLQ(ctx context.Context, js jetstream.JetStream, opts ...DLQOption) (*DL
 	if err != nil {
 		return nil, err
 	}
-	q.create = true
+	q.bodies.create = true
 	if !q.marked {
 		cfg := st.CachedInfo().Config
 		cfg.Metadata = maps.Clone(cfg.Metadata)
@@ -200,6 +196,12 @@ func openDLQ(ctx context.Context, js jetstream.JetStream, st jetstream.Stream, o
 	}
 	if !slices.Contains(cfg.Subjects, q.prefix+".>") {
 		return nil, fmt.Errorf("%w: stream %s does not take subjects %s.>", ErrInvalidOption, q.name, q.prefix)
+	}
+	q.bodies = &bodyStore{
+		js:   js,
+		own:  q.bucket,
+		desc: "ringfence: bodies of dead letters in stream " + q.name,
+		meta: map[string]string{MetaDLQ: dlqFormat, "ringfence.dlq.stream": q.name},
 	}
 	return q, nil
 }
@@ -279,8 +281,11 @@ func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 	}
 	ack, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: q.Subject(r.Bucket()), Header: h, Data: data})
 	if err != nil {
-		if body != "" {
-			q.dropBody(ctx, body)
+		if body != "" && refused(err) {
+			// Not stored: the body has no record. (After a timeout the
+			// record may have landed, so its body stays: an orphan at
+			// worst, never a record without its body.)
+			q.dropBody(context.WithoutCancel(ctx), body)
 		}
 		if tooLarge(err) {
 			return fmt.Errorf("nats: dlq write: %w: %w", dlq.ErrUnwritable, err)
@@ -401,89 +406,28 @@ func validHeaderKey(k string) bool {
 // putBody stores r's original message in the DLQ's bucket and returns
 // "<bucket>/<object>".
 func (q *DLQ) putBody(ctx context.Context, r *dlq.Record) (string, error) {
-	store, err := q.objectStore(ctx, q.bucket)
-	if err != nil {
-		return "", err
-	}
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	name := dlq.TenantToken(r.Bucket()) + "/" + hex.EncodeToString(b[:])
 	var headers []dlq.Header
 	for _, h := range r.Headers {
 		if !dlq.IsRingfenceHeader(h.Key) {
 			headers = append(headers, h)
 		}
 	}
-	if _, err := store.PutBytes(ctx, name, encodeBody(r.Tenant, r.Key, r.Value, headers)); err != nil {
-		return "", fmt.Errorf("nats: dlq write: store body in %s: %w", q.bucket, err)
-	}
-	return q.bucket + "/" + name, nil
+	return q.bodies.put(ctx, dlq.TenantToken(r.Bucket()), encodeBody(r.Tenant, r.Key, r.Value, headers))
 }
 
 // dropBody deletes a stored body, best effort: one that outlives its record
 // only takes space.
-func (q *DLQ) dropBody(ctx context.Context, ref string) {
-	bucket, name, ok := strings.Cut(ref, "/")
-	if !ok {
-		return
-	}
-	if store, err := q.objectStore(ctx, bucket); err == nil {
-		_ = store.Delete(ctx, name)
-	}
-}
+func (q *DLQ) dropBody(ctx context.Context, ref string) { q.bodies.drop(ctx, ref) }
 
 // getBody reads a stored body.
 func (q *DLQ) getBody(ctx context.Context, ref string) (tenant string, key, value []byte, headers []dlq.Header, err error) {
-	bucket, name, ok := strings.Cut(ref, "/")
-	if !ok {
-		return "", nil, nil, nil, fmt.Errorf("%w: bad %s %q", errBody, hdrBody, ref)
-	}
-	store, err := q.objectStore(ctx, bucket)
+	b, err := q.bodies.get(ctx, ref)
 	if err != nil {
 		return "", nil, nil, nil, err
-	}
-	b, err := store.GetBytes(ctx, name)
-	if err != nil {
-		return "", nil, nil, nil, fmt.Errorf("nats: dead letter body %s: %w", ref, err)
 	}
 	return decodeBody(b)
 }
 
-// objectStore opens bucket, creating it when the DLQ may (NewDLQ's own
-// bucket only). One open per bucket runs at a time; no lock is held while
-// it does.
-func (q *DLQ) objectStore(ctx context.Context, bucket string) (jetstream.ObjectStore, error) {
-	return q.stores.Do(ctx, bucket, func(ctx context.Context) (jetstream.ObjectStore, error) {
-		store, err := q.js.ObjectStore(ctx, bucket)
-		if errors.Is(err, jetstream.ErrBucketNotFound) && q.create && bucket == q.bucket {
-			store, err = q.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
-				Bucket:      bucket,
-				Description: "ringfence: bodies of dead letters in stream " + q.name,
-				Storage:     jetstream.FileStorage,
-				Metadata:    map[string]string{MetaDLQ: dlqFormat, "ringfence.dlq.stream": q.name},
-			})
-			if errors.Is(err, jetstream.ErrBucketExists) {
-				store, err = q.js.ObjectStore(ctx, bucket)
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("nats: dlq object store %s: %w", bucket, err)
-		}
-		return store, nil
-	})
-}
-
 // defaultBucket names the object store bucket of a DLQ stream: the stream's
 // name with "_BODIES" when that is a legal bucket name, else a hash of it.
-func defaultBucket(stream string) string {
-	ok := true
-	for i := 0; i < len(stream); i++ {
-		c := stream[i]
-		ok = ok && ('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-')
-	}
-	if ok && len(stream) <= 200 {
-		return stream + "_BODIES"
-	}
-	sum := sha256.Sum256([]byte(stream))
-	return "RINGFENCE_DLQ_BODIES_" + hex.EncodeToString(sum[:8])
-}
+func defaultBucket(stream string) string { return bucketName(stream, "RINGFENCE_DLQ_BODIES_") }

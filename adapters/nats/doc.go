@@ -1,84 +1,84 @@
 // Package nats is ringfence's NATS JetStream adapter, on nats.go's
 // jetstream package: a Source that feeds the consumer engine from a durable
-// pull consumer, and a DLQ that implements dlq.Sink and dlq.Inspector on a
-// JetStream stream.
+// pull consumer, a SpillLog the engine spills stuck tenants to, and a DLQ
+// that implements dlq.Sink and dlq.Inspector on a JetStream stream.
 //
 // # Source
 //
-// NewSource takes a durable pull consumer with explicit acks. Messages are
-// fetched with jetstream.Consumer.Consume and handed to the engine on one
-// partition, Partition{Topic: "<stream>/<durable>", ID: 0}; Message.Offset
-// and Message.Stream are the stream sequence and name, Message.Topic the
-// subject, and Handle the jetstream.Msg. The tenant key comes from a
-// consumer.TenantFunc: FromSubjectToken(i) for a subject token, or
-// consumer.FromHeader for a header.
+// NewSource (or Open) takes a durable pull consumer with explicit acks.
+// Messages are fetched with jetstream.Consumer.Consume and handed to the
+// engine on one partition, Partition{Topic: "<stream>/<durable>", ID: 0};
+// Message.Offset and Message.Stream are the stream sequence and name,
+// Message.Topic the subject, and Handle the jetstream.Msg. The tenant key
+// is given once, to the engine (consumer.Config.Tenant):
+// FromSubjectToken(i) for a subject token, or consumer.FromHeader for a
+// header.
 //
 // Settle acks the message (a plain Ack by default: an ack lost in transit
 // means a redelivery, never a loss; WithDoubleAck waits for the server's
-// confirmation). The engine calls Settle after the handler succeeded or the
-// dead letter's PubAck, so nothing is acked that is not done. Commit does
-// nothing: JetStream has no offsets to commit.
+// confirmation). The engine calls Settle after the handler succeeded, the
+// dead letter's PubAck, or the spill record's PubAck, so nothing is acked
+// that is not done or safe elsewhere. Commit does nothing: JetStream has no
+// offsets to commit.
 //
-// While the engine holds a message (queued in a lane, running, or parked),
-// the Source sends InProgress for it every third of the consumer's AckWait
-// (WithExtendEvery), so it is not redelivered under the engine's feet.
-// Anything unsettled when the process dies is redelivered by the server
-// after AckWait. A redelivery can arrive after later messages, so across a
-// crash a tenant's order is as loose as JetStream's own.
+// While the engine holds a message (queued in a lane, running, parked, or
+// waiting to be spilled), the Source sends InProgress for it every third of
+// the consumer's AckWait (WithExtendEvery), so it is not redelivered under
+// the engine's feet; a redelivery of a message the engine still holds is
+// dropped by sequence. Anything unsettled when the process dies is
+// redelivered by the server after AckWait. A redelivery can arrive after
+// later messages, so across a crash a tenant's order is as loose as
+// JetStream's own.
 //
-// # Parking without stalling the consumer
+// The server stops delivering once MaxAckPending messages are unsettled,
+// for every tenant at once. The Source reports that window to the engine
+// (consumer.PartitionCapacity), which keeps its partition bound below it:
+// a tenant that cannot make progress spills before the window fills. Pause
+// blocks the consume callback (messages nats.go already buffered wait in
+// the client and are not extended; if a pause outlasts AckWait they are
+// redelivered later).
 //
-// A message the engine parks is unacknowledged, so it holds one of the
-// consumer's MaxAckPending slots, and so would a NakWithDelay'd one. One
-// parked tenant with a backlog larger than MaxAckPending would take every
-// slot and stop all tenants. The Source prevents that with a per-tenant
-// limit L (WithTenantLimit; default MaxAckPending/16):
+// # Spilling
 //
-//   - A tenant that holds L unsettled messages and has settled none of them
-//     for WithSpillAfter (default 250ms), that is, a parked or stuck tenant,
-//     is not handed more. A busy tenant that keeps settling may go past L,
-//     up to 4L, so that a slow-but-healthy tenant does not pay for spilling.
-//   - The tenant's next messages are spilled: republished to the tenant's
-//     subject "<prefix>.<token>" in a side "park" stream (file storage,
-//     created if missing; WithParkStream), and acked only after the park
-//     stream's PubAck. A spilled message is durable before its slot is
-//     freed (at-least-once: a crash in between leaves a duplicate, not a
-//     gap).
-//   - Once a tenant has spilled, all its later messages spill too, so its
-//     order is kept. When it has nothing left in flight from the consumer,
-//     its spilled messages are re-fed, oldest first and at most L at a time,
-//     on a partition of its own, "<stream>/<durable>/park/<token>", with
-//     their original subject, headers and stream sequence (Offset); settled
-//     ones are purged from the park stream in batches (by subject, below
-//     the oldest unsettled one). When the park subject is empty the
-//     partition is revoked and the tenant flows directly again.
-//   - Each spill carries a Nats-Msg-Id made of stream, durable and
-//     sequence, so the park stream drops a second copy of the same message
-//     (a retried publish, or a redelivery after a lost ack) within its
-//     duplicate window.
-//   - Spilled messages survive restarts: a new Source finds the tenants with
-//     messages in the park stream and re-feeds them.
+// With one partition per consumer, a tenant whose messages pile up in the
+// engine would hold the whole consumer. The engine spills such a tenant
+// (see consumer.SpillLog): its messages go, in order, to a durable side log
+// and the originals are acked only once the log acknowledged them. NATS's
+// side log is a SpillLog (Source.SpillLog or NewSpillLog), a "spill stream"
+// per durable, by default "RINGFENCE_SPILL_<stream>_<durable>" (file
+// storage, created if missing; WithSpillStream) with one subject per
+// tenant, "ringfence.spill.<stream>.<durable>.<token>", the token of
+// dlq.TenantToken. Pass it as consumer.Config.Spill:
 //
-// The bound: a parked tenant holds at most L slots once it has been stuck
-// for SpillAfter, and never more than 4L; with WithSpillAfter(0), exactly
-// L. k tenants parked at once hold at most k*4L (k*L) slots and the rest of
-// the consumer keeps the remainder of MaxAckPending: with the defaults, 3
-// (15) parked tenants still leave the others a quarter (a sixteenth) of the
-// slots. Re-feeding costs a read per message, so a spilled tenant drains at
-// a few thousand messages a second; one whose arrival rate is higher stays
-// in spill mode until its rate drops. Keep L
-// at or below the engine's MaxParkedPerTenant so the engine does not pause
-// the whole consumer on one tenant's account (with one partition, a pause
-// stops everyone). Redeliveries of messages the engine still holds are
-// dropped by sequence, so the engine never sees one message twice at once;
-// other redeliveries may carry a lower Offset than messages before them,
-// which the engine's watermark allows (and Commit ignores). Stats reports
-// what the Source holds, spills and re-feeds.
+//	src, _ := nats.Open(ctx, nc, "ORDERS", "billing")
+//	spill, _ := src.SpillLog(ctx)
+//	c, _ := consumer.New(consumer.Config{Tenant: nats.FromSubjectToken(1), Spill: spill, ...})
 //
-// Pause blocks the consume callback (messages nats.go already buffered wait
-// in the client and are not extended; if a pause outlasts AckWait they are
-// redelivered later); Pause on a re-feed partition stops re-feeding that
-// tenant.
+// A spill record is the original message with ringfence-spill- headers
+// (original subject, stream, sequence, time, tenant) and its "Nats-"
+// headers renamed so the stream does not act on them; its Nats-Msg-Id,
+// made of the tenant token, stream, durable and sequence, makes the stream
+// drop a second copy of the same original within its duplicate window. A
+// message that does not fit one record, or has bytes a NATS message cannot
+// carry exactly, is stored out of line in the object store bucket
+// "<spill stream>_BODIES", as a dead letter is, and restored byte for byte.
+// Appends are atomic batches where the server allows them (2.12 and
+// later), else one record after the other, so what lands is always in
+// order; reads are batched direct gets; the engine's commit purges the
+// tenant's subject below the oldest record not yet settled. The engine asks
+// the log which tenants have records left when the consumer starts, so
+// spilled messages survive restarts and are re-fed before the tenant's
+// live ones. See SpillLog for the details and SpillStats for its counters;
+// what was spilled and re-fed per tenant is in the engine's Stats.
+//
+// Versions before the spill log spilled in the Source, to a "park stream"
+// ("RINGFENCE_PARK_<stream>_<durable>", subjects
+// "ringfence.park.<stream>.<durable>.<token>", headers ringfence-park-*).
+// NewSpillLog moves such a stream's records into the spill stream, tenant
+// by tenant and in order, before the engine reads the spill log, and
+// deletes the park stream once it is empty (WithParkMigration names a park
+// stream made with other names). No step is needed by hand; a crash during
+// the move is resumed by the next start.
 //
 // # Errors
 //
@@ -165,7 +165,7 @@
 // # Core NATS
 //
 // Core NATS subscriptions are not supported: they have no acknowledgement
-// and no redelivery, so a parked or failing message could not be kept. Open
-// and NewDLQ return an error wrapping ErrCoreNATS when the server has no
-// JetStream.
+// and no redelivery, so a parked or failing message could not be kept.
+// Open, NewSpillLog and NewDLQ return an error wrapping ErrCoreNATS when
+// the server has no JetStream.
 package nats

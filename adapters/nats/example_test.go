@@ -11,8 +11,10 @@ import (
 )
 
 // Wiring a durable JetStream consumer to the engine: the tenant is the
-// second subject token ("orders.<tenant>.created"), dead letters go to the
-// default DLQ stream. (Not run: it needs a NATS server.)
+// second subject token ("orders.<tenant>.created"), given once, to the
+// engine; dead letters go to the default DLQ stream; a tenant that cannot
+// make progress spills to the consumer's spill stream, so the others keep
+// flowing. (Not run: it needs a NATS server.)
 func ExampleOpen() {
 	ctx := context.Background()
 	nc, err := nats.Connect(nats.DefaultURL)
@@ -20,8 +22,7 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer nc.Close()
-	tenant := rfnats.FromSubjectToken(1)
-	src, err := rfnats.Open(ctx, nc, "ORDERS", "billing", tenant) // errors.Is(err, rfnats.ErrCoreNATS) without JetStream
+	src, err := rfnats.Open(ctx, nc, "ORDERS", "billing") // errors.Is(err, rfnats.ErrCoreNATS) without JetStream
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -29,10 +30,15 @@ func ExampleOpen() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	spill, err := src.SpillLog(ctx) // RINGFENCE_SPILL_ORDERS_billing
+	if err != nil {
+		log.Fatal(err)
+	}
 	c, err := consumer.New(consumer.Config{
 		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error { return nil }),
-		Tenant:  tenant,
+		Tenant:  rfnats.FromSubjectToken(1),
 		DLQ:     dead,
+		Spill:   spill,
 		Group:   "billing",
 	})
 	if err != nil {

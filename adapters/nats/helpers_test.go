@@ -60,23 +60,50 @@ func (f *fixture) consumer(t testing.TB) jetstream.Consumer {
 	return c
 }
 
-func (f *fixture) source(t testing.TB, tenant consumer.TenantFunc, opts ...SourceOption) *Source {
+func (f *fixture) source(t testing.TB, opts ...SourceOption) *Source {
 	t.Helper()
-	s, err := NewSource(testCtx(t), f.js, f.consumer(t), tenant, opts...)
+	s, err := NewSource(testCtx(t), f.js, f.consumer(t), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
+// spillLog opens the fixture's spill log: every call gives a new SpillLog
+// over the same stream, as a restarted process would open.
+func (f *fixture) spillLog(t testing.TB, opts ...SpillOption) *SpillLog {
+	t.Helper()
+	s, err := NewSpillLog(testCtx(t), f.js, f.stream, f.durable, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// spillBacklog counts the records in the fixture's spill stream.
+func (f *fixture) spillBacklog(t testing.TB) int {
+	t.Helper()
+	info, err := f.js.Stream(testCtx(t), "RINGFENCE_SPILL_"+f.stream+"_"+f.durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(info.CachedInfo().State.Msgs)
+}
+
 // publishRetry publishes one message, retrying while the client reconnects.
 func (f *fixture) publishRetry(t testing.TB, subject, value string) {
 	t.Helper()
 	ctx := testCtx(t)
+	t0 := time.Now()
 	var err error
+	last := ""
 	for range 600 {
 		if _, err = f.js.Publish(ctx, subject, []byte(value)); err == nil {
 			return
+		}
+		if err.Error() != last {
+			last = err.Error()
+			t.Logf("publish %s, retrying (%v in): %v", subject, time.Since(t0).Round(time.Millisecond), err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

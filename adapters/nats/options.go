@@ -23,16 +23,11 @@ var ErrConsumerConfig = errors.New("nats: unusable consumer configuration")
 type SourceOption func(*sourceOptions) error
 
 type sourceOptions struct {
-	tenantLimit  int
-	parkStream   string
-	parkPrefix   string
-	extendEvery  time.Duration
-	pullMax      int
-	doubleAck    bool
-	logger       *slog.Logger
-	spillBackoff time.Duration
-	spillAfter   time.Duration
-	liveness     time.Duration
+	extendEvery time.Duration
+	pullMax     int
+	doubleAck   bool
+	logger      *slog.Logger
+	liveness    time.Duration
 }
 
 // WithLivenessCheck sets how often Run asks the server whether the durable
@@ -47,54 +42,6 @@ func WithLivenessCheck(d time.Duration) SourceOption {
 			return fmt.Errorf("%w: liveness check interval %v is not positive", ErrInvalidOption, d)
 		}
 		o.liveness = d
-		return nil
-	}
-}
-
-// WithSpillAfter sets how long a tenant at its limit must go without
-// settling a message before its further messages spill to the park stream.
-// Until then (a busy tenant, not a stuck one) they are handed to the engine
-// beyond the limit, up to 4 times the limit. Default: 250ms. Zero spills as soon as the limit is
-// reached, which makes the limit exact.
-func WithSpillAfter(d time.Duration) SourceOption {
-	return func(o *sourceOptions) error {
-		if d < 0 {
-			return fmt.Errorf("%w: spill-after %v < 0", ErrInvalidOption, d)
-		}
-		o.spillAfter = d
-		return nil
-	}
-}
-
-// WithTenantLimit caps how many messages of one tenant the Source hands to
-// the engine and leaves unsettled at once. A tenant at the cap spills its
-// further messages to the park stream (see the package documentation).
-// Default: the consumer's MaxAckPending / 16, at least 1. It must be below
-// MaxAckPending.
-func WithTenantLimit(n int) SourceOption {
-	return func(o *sourceOptions) error {
-		if n < 1 {
-			return fmt.Errorf("%w: tenant limit %d < 1", ErrInvalidOption, n)
-		}
-		o.tenantLimit = n
-		return nil
-	}
-}
-
-// WithParkStream names the side stream that holds spilled messages and the
-// subject prefix of its per-tenant subjects ("<prefix>.<token>"). Default:
-// stream "RINGFENCE_PARK_<stream>_<durable>", prefix
-// "ringfence.park.<stream>.<durable>". The stream is created (file storage)
-// if missing.
-func WithParkStream(name, prefix string) SourceOption {
-	return func(o *sourceOptions) error {
-		if err := validStreamName(name); err != nil {
-			return err
-		}
-		if err := validPrefix(prefix); err != nil {
-			return err
-		}
-		o.parkStream, o.parkPrefix = name, prefix
 		return nil
 	}
 }
@@ -138,6 +85,96 @@ func WithDoubleAck() SourceOption {
 // WithLogger sets the logger. Default: slog.Default().
 func WithLogger(l *slog.Logger) SourceOption {
 	return func(o *sourceOptions) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		o.logger = l
+		return nil
+	}
+}
+
+// SpillOption configures a SpillLog. Options validate themselves; an
+// invalid value makes NewSpillLog fail with an error wrapping
+// ErrInvalidOption.
+type SpillOption func(*spillOptions) error
+
+type spillOptions struct {
+	stream, prefix string
+	bucket         string
+	park, parkPref string // older park stream to move into the spill stream
+	timeout        time.Duration
+	logger         *slog.Logger
+}
+
+// WithSpillStream names the spill stream and the subject prefix of its
+// per-tenant subjects ("<prefix>.<token>"). Default: stream
+// "RINGFENCE_SPILL_<stream>_<durable>", prefix
+// "ringfence.spill.<stream>.<durable>". The stream is created (file storage)
+// if missing.
+func WithSpillStream(name, prefix string) SpillOption {
+	return func(o *spillOptions) error {
+		if err := validStreamName(name); err != nil {
+			return err
+		}
+		if err := validPrefix(prefix); err != nil {
+			return err
+		}
+		o.stream, o.prefix = name, prefix
+		return nil
+	}
+}
+
+// WithSpillBodyBucket names the JetStream object store bucket that holds
+// spilled messages too large for one record (see SpillLog); it is created
+// (file storage) on first need and recorded in the stream's metadata
+// (MetaSpillBodies), which wins for an existing stream. Default: the spill
+// stream's name with "_BODIES".
+func WithSpillBodyBucket(name string) SpillOption {
+	return func(o *spillOptions) error {
+		if err := validBucketName(name); err != nil {
+			return err
+		}
+		o.bucket = name
+		return nil
+	}
+}
+
+// WithParkMigration names a park stream of an older ringfence (which
+// spilled in the Source) and its subject prefix, to be moved into the spill
+// stream when the SpillLog is made. Default: stream
+// "RINGFENCE_PARK_<stream>_<durable>", prefix
+// "ringfence.park.<stream>.<durable>", the older version's defaults; a
+// missing park stream is not an error.
+func WithParkMigration(name, prefix string) SpillOption {
+	return func(o *spillOptions) error {
+		if err := validStreamName(name); err != nil {
+			return err
+		}
+		if err := validPrefix(prefix); err != nil {
+			return err
+		}
+		o.park, o.parkPref = name, prefix
+		return nil
+	}
+}
+
+// WithSpillTimeout bounds each SpillLog call's wait for the server (an
+// Append's acknowledgements, a Read, a Commit, a Pending); the engine
+// retries a call that failed. Default: 10s.
+func WithSpillTimeout(d time.Duration) SpillOption {
+	return func(o *spillOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: spill timeout %v is not positive", ErrInvalidOption, d)
+		}
+		o.timeout = d
+		return nil
+	}
+}
+
+// WithSpillLogger sets the SpillLog's logger (the park migration reports
+// what it moved). Default: slog.Default().
+func WithSpillLogger(l *slog.Logger) SpillOption {
+	return func(o *spillOptions) error {
 		if l == nil {
 			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
 		}
@@ -215,18 +252,25 @@ func WithDLQPrefix(prefix string) DLQOption {
 // name with "_BODIES" ("RINGFENCE_DLQ_BODIES").
 func WithDLQBodyBucket(name string) DLQOption {
 	return func(o *dlqOptions) error {
-		if name == "" {
-			return fmt.Errorf("%w: empty bucket name", ErrInvalidOption)
-		}
-		for i := 0; i < len(name); i++ {
-			c := name[i]
-			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-				return fmt.Errorf("%w: bucket name %q: character %q not in [A-Za-z0-9_-]", ErrInvalidOption, name, c)
-			}
+		if err := validBucketName(name); err != nil {
+			return err
 		}
 		o.bucket = name
 		return nil
 	}
+}
+
+func validBucketName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty bucket name", ErrInvalidOption)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: bucket name %q: character %q not in [A-Za-z0-9_-]", ErrInvalidOption, name, c)
+		}
+	}
+	return nil
 }
 
 func validStreamName(name string) error {

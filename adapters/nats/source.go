@@ -16,61 +16,43 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/consumer"
-	"github.com/ringfence/ringfence/dlq"
-)
-
-// Headers a spilled message carries in the park stream. They are removed
-// before the message is handed to the engine again.
-const (
-	hdrParkTenant  = "ringfence-park-tenant"
-	hdrParkSubject = "ringfence-park-subject"
-	hdrParkSeq     = "ringfence-park-seq"
-	hdrParkTime    = "ringfence-park-time"
-	hdrParkPrefix  = "ringfence-park-"
-	// hdrParkNats prefixes the original's "Nats-" headers, which the park
-	// stream would otherwise act on (Nats-Msg-Id, Nats-Expected-*, Nats-TTL).
-	hdrParkNats = "ringfence-park-h-"
 )
 
 // Source feeds the ringfence engine from a durable JetStream pull consumer.
-// See the package documentation for how it parks without stalling the
-// consumer. It is safe for concurrent use; Run may be called once.
+// See the package documentation. It is safe for concurrent use; Run may be
+// called once.
 type Source struct {
-	js      jetstream.JetStream
-	cons    jetstream.Consumer
-	tenant  consumer.TenantFunc
-	opt     sourceOptions
-	stream  string
-	durable string
-	part    consumer.Partition
-	park    jetstream.Stream
-	log     *slog.Logger
+	js            jetstream.JetStream
+	cons          jetstream.Consumer
+	opt           sourceOptions
+	stream        string
+	durable       string
+	part          consumer.Partition
+	maxAckPending int
+	log           *slog.Logger
 
-	wake chan struct{} // nudges the re-feeder; capacity 1
+	mu      sync.Mutex               // guards the fields below; held for no call out
+	held    map[uint64]jetstream.Msg // messages the engine holds, by stream sequence
+	paused  bool
+	resumed chan struct{} // closed by Resume while paused
+	gated   chan struct{} // non-nil while revokeAll runs; closed when it ends
+	disp    consumer.Dispatcher
+	ran     bool
 
-	mu       sync.Mutex
-	held     map[uint64]heldMsg      // main-partition messages the engine holds, by stream sequence
-	tenants  map[string]*tenantState // tenants with held or spilled messages
-	parkPart map[consumer.Partition]*tenantState
-	paused   bool
-	resumed  chan struct{} // closed by Resume while paused
-	gated    chan struct{} // non-nil while revokeAll runs; closed when it ends
-	disp     consumer.Dispatcher
-	ran      bool
-	sweepAt  int // tenants count that triggers a sweep of idle ones
-
-	spilledTotal, refedTotal, dupDropped, extends atomic.Uint64
+	dupDropped, extends atomic.Uint64
 }
 
-// SourceStats are a Source's counters.
+var (
+	_ consumer.Source            = (*Source)(nil)
+	_ consumer.PartitionCapacity = (*Source)(nil)
+)
+
+// SourceStats are a Source's counters. Spilling is the engine's: see
+// consumer.Stats.
 type SourceStats struct {
-	// Held is how many of the consumer's messages the engine holds now.
+	// Held is how many of the consumer's messages the engine holds now
+	// (delivered, not yet settled).
 	Held int
-	// Spilling is how many tenants are spilling to the park stream now.
-	Spilling int
-	// Spilled and Refed count messages moved to and back from the park
-	// stream since the Source was made.
-	Spilled, Refed uint64
 	// Duplicates counts redeliveries dropped because the engine still held
 	// the message.
 	Duplicates uint64
@@ -82,59 +64,17 @@ type SourceStats struct {
 func (s *Source) Stats() SourceStats {
 	s.mu.Lock()
 	st := SourceStats{Held: len(s.held)}
-	for _, t := range s.tenants {
-		if t.spilling {
-			st.Spilling++
-		}
-	}
 	s.mu.Unlock()
-	st.Spilled, st.Refed, st.Duplicates = s.spilledTotal.Load(), s.refedTotal.Load(), s.dupDropped.Load()
-	st.Extends = s.extends.Load()
+	st.Duplicates, st.Extends = s.dupDropped.Load(), s.extends.Load()
 	return st
 }
 
-type heldMsg struct {
-	msg    jetstream.Msg
-	tenant string
-}
-
-// tenantState is one tenant's share of the source. Guarded by Source.mu.
-type tenantState struct {
-	key      string
-	heldMain int // delivered from the consumer, not yet settled
-	// overSince is when the tenant last reached its limit or, at or over
-	// it, last settled a message; zero when it never reached the limit.
-	overSince time.Time
-	heldPark  int // re-fed from the park stream, not yet settled
-
-	spilling   bool   // new messages go to the park stream until it is drained
-	spillBusy  bool   // a spill publish is in flight
-	spilled    uint64 // messages stored in the park stream (this run and before)
-	refed      uint64 // of those, handed to the engine again
-	cursor     uint64 // next park stream sequence to look at
-	part       consumer.Partition
-	assigned   bool
-	parkPaused bool
-	// inflightPark holds the park sequences re-fed and not yet settled, in
-	// order; purgedBelow is the park sequence below which the tenant's
-	// subject has been purged.
-	inflightPark []uint64
-	purgedBelow  uint64
-}
-
-// parkedMsg is the Handle of a message re-fed from the park stream.
-type parkedMsg struct {
-	seq     uint64 // in the park stream
-	origSeq uint64 // in the consumer's stream
-	tenant  string
-}
-
 // NewSource returns a Source on cons, a durable pull consumer with explicit
-// acks. tenant extracts the tenant key; it should be the engine's own
-// TenantFunc. The park stream is created if missing.
-func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, tenant consumer.TenantFunc, opts ...SourceOption) (*Source, error) {
-	if js == nil || cons == nil || tenant == nil {
-		return nil, fmt.Errorf("%w: nil JetStream, consumer or tenant func", ErrInvalidOption)
+// acks. The tenant key is the engine's (consumer.Config.Tenant; e.g.
+// FromSubjectToken); the Source does not need it.
+func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, opts ...SourceOption) (*Source, error) {
+	if js == nil || cons == nil {
+		return nil, fmt.Errorf("%w: nil JetStream or consumer", ErrInvalidOption)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
@@ -146,61 +86,44 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 		return nil, fmt.Errorf("%w: ack policy %v, want explicit", ErrConsumerConfig, cfg.AckPolicy)
 	case cfg.Durable == "":
 		return nil, fmt.Errorf("%w: not durable", ErrConsumerConfig)
-	case cfg.MaxAckPending < 2:
-		return nil, fmt.Errorf("%w: MaxAckPending %d: need at least 2 (unlimited is not supported: the tenant limit derives from it)", ErrConsumerConfig, cfg.MaxAckPending)
 	}
 	o := sourceOptions{
-		tenantLimit:  max(1, cfg.MaxAckPending/16),
-		parkStream:   "RINGFENCE_PARK_" + info.Stream + "_" + cfg.Durable,
-		parkPrefix:   "ringfence.park." + info.Stream + "." + cfg.Durable,
-		extendEvery:  cfg.AckWait / 3,
-		pullMax:      500,
-		logger:       slog.Default(),
-		spillBackoff: 50 * time.Millisecond,
-		spillAfter:   250 * time.Millisecond,
-		liveness:     5 * time.Second,
+		extendEvery: cfg.AckWait / 3,
+		pullMax:     500,
+		logger:      slog.Default(),
+		liveness:    5 * time.Second,
 	}
 	if o.extendEvery <= 0 {
 		o.extendEvery = 10 * time.Second
 	}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil source option", ErrInvalidOption)
+		}
 		if err := opt(&o); err != nil {
 			return nil, err
 		}
 	}
-	if o.tenantLimit >= cfg.MaxAckPending {
-		return nil, fmt.Errorf("%w: tenant limit %d must be below MaxAckPending %d", ErrInvalidOption, o.tenantLimit, cfg.MaxAckPending)
-	}
 	if cfg.AckWait > 0 && o.extendEvery >= cfg.AckWait {
 		return nil, fmt.Errorf("%w: extend interval %v must be below AckWait %v", ErrInvalidOption, o.extendEvery, cfg.AckWait)
 	}
-	park, err := ensureStream(ctx, js, o.parkStream, o.parkPrefix)
-	if err != nil {
-		return nil, err
-	}
-	s := &Source{
-		js:       js,
-		cons:     cons,
-		tenant:   tenant,
-		opt:      o,
-		stream:   info.Stream,
-		durable:  cfg.Durable,
-		part:     consumer.Partition{Topic: info.Stream + "/" + cfg.Durable},
-		park:     park,
-		log:      o.logger.With("stream", info.Stream, "durable", cfg.Durable),
-		wake:     make(chan struct{}, 1),
-		held:     make(map[uint64]heldMsg),
-		tenants:  make(map[string]*tenantState),
-		parkPart: make(map[consumer.Partition]*tenantState),
-		sweepAt:  minTenantSweep,
-	}
-	return s, nil
+	return &Source{
+		js:            js,
+		cons:          cons,
+		opt:           o,
+		stream:        info.Stream,
+		durable:       cfg.Durable,
+		part:          homePartition(info.Stream, cfg.Durable),
+		maxAckPending: cfg.MaxAckPending,
+		log:           o.logger.With("stream", info.Stream, "durable", cfg.Durable),
+		held:          make(map[uint64]jetstream.Msg),
+	}, nil
 }
 
 // Open looks up the durable consumer on stream and returns a Source on it.
 // When the server has no JetStream it fails with an error wrapping
 // ErrCoreNATS.
-func Open(ctx context.Context, nc *nats.Conn, stream, durable string, tenant consumer.TenantFunc, opts ...SourceOption) (*Source, error) {
+func Open(ctx context.Context, nc *nats.Conn, stream, durable string, opts ...SourceOption) (*Source, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
@@ -212,7 +135,25 @@ func Open(ctx context.Context, nc *nats.Conn, stream, durable string, tenant con
 		}
 		return nil, fmt.Errorf("nats: consumer %s/%s: %w", stream, durable, err)
 	}
-	return NewSource(ctx, js, cons, tenant, opts...)
+	return NewSource(ctx, js, cons, opts...)
+}
+
+// SpillLog opens the spill log of the Source's consumer (NewSpillLog on its
+// stream and durable), for consumer.Config.Spill.
+func (s *Source) SpillLog(ctx context.Context, opts ...SpillOption) (*SpillLog, error) {
+	opts = append([]SpillOption{WithSpillLogger(s.opt.logger)}, opts...)
+	return NewSpillLog(ctx, s.js, s.stream, s.durable, opts...)
+}
+
+// MaxUnsettled implements consumer.PartitionCapacity: the consumer's
+// MaxAckPending, past which the server stops delivering. The engine keeps
+// its per-partition bound below it, so a stuck tenant spills before the
+// consumer stalls (0: unlimited).
+func (s *Source) MaxUnsettled(p consumer.Partition) int {
+	if p != s.part || s.maxAckPending < 0 {
+		return 0
+	}
+	return s.maxAckPending
 }
 
 // noJetStream reports whether err says the server has no JetStream. A
@@ -221,32 +162,6 @@ func noJetStream(err error) bool {
 	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
 		errors.Is(err, nats.ErrNoResponders)
-}
-
-// ensureStream returns the stream, creating it with file storage and the
-// subjects "<prefix>.>" if it does not exist.
-func ensureStream(ctx context.Context, js jetstream.JetStream, name, prefix string) (jetstream.Stream, error) {
-	st, err := js.Stream(ctx, name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:     name,
-			Subjects: []string{prefix + ".>"},
-			Storage:  jetstream.FileStorage,
-		})
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a creation race
-			st, err = js.Stream(ctx, name)
-		}
-	}
-	switch {
-	case noJetStream(err):
-		return nil, fmt.Errorf("%w (%v)", ErrCoreNATS, err)
-	case err != nil:
-		return nil, fmt.Errorf("nats: stream %s: %w", name, err)
-	}
-	if !slices.Contains(st.CachedInfo().Config.Subjects, prefix+".>") {
-		return nil, fmt.Errorf("%w: stream %s does not take subjects %s.>", ErrInvalidOption, name, prefix)
-	}
-	return st, nil
 }
 
 // JetStream returns the JetStream context the Source uses, e.g. to open a
@@ -272,9 +187,6 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	s.disp = d
 	s.mu.Unlock()
 
-	if err := s.recoverSpills(ctx); err != nil {
-		return err
-	}
 	d.Assigned(s.part)
 
 	var wg sync.WaitGroup
@@ -282,8 +194,6 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { s.extendLoop(ctx) })
-	wg.Go(func() { s.refeedLoop(ctx, d) })
-	s.nudge() // re-feed tenants recovered from the park stream at once
 
 	live := newLiveness()
 	cc, err := s.cons.Consume(func(msg jetstream.Msg) { s.onMsg(ctx, d, msg) },
@@ -299,7 +209,11 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	return err
 }
 
-// onMsg runs on the consume goroutine, one message at a time.
+// onMsg runs on the consume goroutine, one message at a time, and hands
+// each to the engine with Deliver. (Batching them for DeliverBatch through
+// a staging goroutine was measured with BenchmarkConsume: 7.0-8.6 µs per
+// message either way, no gain to pay a goroutine hop and a second buffer
+// for.)
 func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream.Msg) {
 	seq, ts, ok := ackSeqTime(msg.Reply())
 	if !ok { // not the ack subject layout we know: let nats.go parse it
@@ -320,11 +234,6 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		Time:      time.Unix(0, ts),
 		Handle:    msg,
 	}
-	tenant, err := s.tenant(m)
-	if err != nil {
-		tenant = "" // one shared bucket for keyless messages
-	}
-
 	for {
 		s.mu.Lock()
 		if !s.paused && s.gated == nil {
@@ -352,228 +261,54 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		s.dupDropped.Add(1)
 		return
 	}
-	st := s.tenantLocked(tenant)
-	if n := st.heldMain + st.heldPark; n >= s.opt.tenantLimit && !st.spilling {
-		// At the limit: spill only a tenant that has made no progress for
-		// spillAfter (parked, or stuck retrying). A busy tenant that keeps
-		// settling goes over the limit instead of paying a second write.
-		now := time.Now()
-		if n == s.opt.tenantLimit && st.overSince.IsZero() {
-			st.overSince = now
-		}
-		if now.Sub(st.overSince) >= s.opt.spillAfter || n >= hardLimitFactor*s.opt.tenantLimit {
-			st.spilling = true
-		}
-	}
-	if st.spilling {
-		st.spillBusy = true
-		s.mu.Unlock()
-		ok := s.spill(ctx, msg, seq, m.Time, tenant)
-		s.mu.Lock()
-		st.spillBusy = false
-		if ok {
-			st.spilled++
-			s.spilledTotal.Add(1)
-		}
-		s.mu.Unlock()
-		s.nudge()
-		return
-	}
-	st.heldMain++
-	if st.heldMain+st.heldPark == s.opt.tenantLimit {
-		st.overSince = time.Now()
-	}
-	s.held[seq] = heldMsg{msg: msg, tenant: tenant}
+	s.held[seq] = msg
 	s.mu.Unlock()
 	d.Deliver(m)
 }
 
-func (s *Source) tenantLocked(tenant string) *tenantState {
-	st := s.tenants[tenant]
-	if st == nil {
-		if len(s.tenants) >= s.sweepAt {
-			for _, t := range s.tenants {
-				s.dropIfIdleLocked(t)
-			}
-			s.sweepAt = max(minTenantSweep, 2*len(s.tenants))
-		}
-		st = &tenantState{key: tenant}
-		s.tenants[tenant] = st
-	}
-	return st
-}
-
-// hardLimitFactor caps a busy tenant: past hardLimitFactor times the tenant
-// limit it spills even while it keeps settling.
-const hardLimitFactor = 4
-
-// minTenantSweep is how many tenants the Source tracks before it forgets
-// idle ones.
-const minTenantSweep = 1024
-
-// dropIfIdleLocked forgets a tenant that holds and parks nothing.
-func (s *Source) dropIfIdleLocked(st *tenantState) {
-	if !st.spilling && st.heldMain == 0 && st.heldPark == 0 && !st.assigned {
-		delete(s.tenants, st.key)
-	}
-}
-
-// spill stores msg in its tenant's park subject and, once the server
-// acknowledged that, acks the original. It retries until ctx ends; false
-// means the message was not stored and stays unacked (redelivered later).
-func (s *Source) spill(ctx context.Context, msg jetstream.Msg, seq uint64, ts time.Time, tenant string) bool {
-	h := make(nats.Header, len(msg.Headers())+4)
-	for k, v := range msg.Headers() {
-		if strings.HasPrefix(k, "Nats-") {
-			k = hdrParkNats + k
-		}
-		h[k] = v
-	}
-	h[hdrParkTenant] = []string{tenant}
-	h[hdrParkSubject] = []string{msg.Subject()}
-	h[hdrParkSeq] = []string{strconv.FormatUint(seq, 10)}
-	h[hdrParkTime] = []string{ts.UTC().Format(time.RFC3339Nano)}
-	// The park stream drops a second copy (a retried publish, or a
-	// redelivery after a lost ack) within its duplicate window.
-	h["Nats-Msg-Id"] = []string{s.stream + "/" + s.durable + "/" + strconv.FormatUint(seq, 10)}
-	out := &nats.Msg{Subject: dlq.NATSSubject(s.opt.parkPrefix, tenant), Header: h, Data: msg.Data()}
-	for {
-		_, err := s.js.PublishMsg(ctx, out)
-		if err == nil {
-			break
-		}
-		s.log.Warn("ringfence nats: spill to park stream failed, retrying", "subject", out.Subject, "err", err)
-		if !sleepCtx(ctx, s.opt.spillBackoff) {
-			return false
-		}
-	}
-	if err := msg.Ack(); err != nil {
-		// The message is safe in the park stream; a lost ack only means a
-		// duplicate spill after redelivery.
-		s.log.Warn("ringfence nats: ack after spill", "err", err)
-	}
-	return true
-}
-
-// recoverSpills finds tenants with messages left in the park stream by an
-// earlier run; they stay in spill mode until those are re-fed.
-func (s *Source) recoverSpills(ctx context.Context) error {
-	info, err := s.park.Info(ctx, jetstream.WithSubjectFilter(s.opt.parkPrefix+".>"))
-	if err != nil {
-		return fmt.Errorf("nats: park stream info: %w", err)
-	}
-	for subj, n := range info.State.Subjects {
-		if n == 0 {
-			continue
-		}
-		first, err := s.park.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("nats: park stream %s: %w", subj, err)
-		}
-		// The token is exact unless hashed; then the header has the key
-		// (NATS trims header values, which only hashed keys depend on).
-		tok, _ := dlq.SplitNATSSubject(s.opt.parkPrefix, subj)
-		tenant, exact, err := dlq.ParseTenantToken(tok)
-		if !exact || err != nil {
-			tenant = first.Header.Get(hdrParkTenant)
-		}
-		s.mu.Lock()
-		st := s.tenantLocked(tenant)
-		st.spilling = true
-		st.spilled = n
-		st.cursor = first.Sequence
-		s.mu.Unlock()
-	}
-	return nil
-}
-
-// Settle acks a message handled by the engine (or whose dead letter was
-// stored). A re-fed message is deleted from the park stream instead.
+// Settle acks a message the engine handled, dead-lettered or spilled.
 func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
-	switch h := m.Handle.(type) {
-	case jetstream.Msg:
-		seq := uint64(m.Offset)
-		s.mu.Lock()
-		if hm, ok := s.held[seq]; ok {
-			delete(s.held, seq)
-			st := s.tenants[hm.tenant]
-			if st.heldMain+st.heldPark >= s.opt.tenantLimit {
-				st.overSince = time.Now() // progress
-			}
-			st.heldMain--
-			if st.spilling && st.heldMain == 0 {
-				defer s.nudge()
-			}
-			// Idle tenants stay until a sweep (see tenantLocked): dropping
-			// and re-making one per message would cost an allocation each.
-		}
-		s.mu.Unlock()
-		if s.opt.doubleAck {
-			return h.DoubleAck(ctx)
-		}
-		return h.Ack()
-	case *parkedMsg:
-		// The re-feeder purges it from the park stream (at-least-once: a
-		// crash before that re-feeds it once more).
-		s.mu.Lock()
-		if st := s.tenants[h.tenant]; st != nil {
-			if i := slices.Index(st.inflightPark, h.seq); i >= 0 {
-				st.inflightPark = slices.Delete(st.inflightPark, i, i+1)
-				st.heldPark--
-			}
-		}
-		s.mu.Unlock()
-		s.nudge()
-		return nil
-	default:
+	h, ok := m.Handle.(jetstream.Msg)
+	if !ok {
 		return fmt.Errorf("nats: Settle: message handle %T is not from this source", m.Handle)
 	}
+	s.mu.Lock()
+	delete(s.held, uint64(m.Offset))
+	s.mu.Unlock()
+	if s.opt.doubleAck {
+		return h.DoubleAck(ctx)
+	}
+	return h.Ack()
 }
 
 // Commit does nothing: JetStream acks each message in Settle.
 func (s *Source) Commit(context.Context, consumer.Partition, int64) error { return nil }
 
-// Pause stops handing messages of p to the engine. For the consumer's own
-// partition this blocks the consume callback (messages it already buffered
-// wait); for a tenant's re-feed partition it stops re-feeding that tenant.
+// Pause stops handing messages of p to the engine: it blocks the consume
+// callback (messages nats.go already buffered wait in the client).
 func (s *Source) Pause(p consumer.Partition) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p == s.part {
-		if !s.paused {
-			s.paused = true
-			s.resumed = make(chan struct{})
-		}
+	if p != s.part {
 		return
 	}
-	if st := s.parkPart[p]; st != nil {
-		st.parkPaused = true
+	s.mu.Lock()
+	if !s.paused {
+		s.paused = true
+		s.resumed = make(chan struct{})
 	}
+	s.mu.Unlock()
 }
 
 // Resume undoes Pause.
 func (s *Source) Resume(p consumer.Partition) {
+	if p != s.part {
+		return
+	}
 	s.mu.Lock()
-	if p == s.part {
-		if s.paused {
-			s.paused = false
-			close(s.resumed)
-		}
-	} else if st := s.parkPart[p]; st != nil {
-		st.parkPaused = false
+	if s.paused {
+		s.paused = false
+		close(s.resumed)
 	}
 	s.mu.Unlock()
-	s.nudge()
-}
-
-func (s *Source) nudge() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 }
 
 // extendLoop keeps the messages the engine holds (in its lanes or parked)
@@ -590,8 +325,8 @@ func (s *Source) extendLoop(ctx context.Context) {
 		}
 		batch = batch[:0]
 		s.mu.Lock()
-		for _, hm := range s.held {
-			batch = append(batch, hm.msg)
+		for _, m := range s.held {
+			batch = append(batch, m)
 		}
 		s.mu.Unlock()
 		for _, m := range batch {
@@ -657,23 +392,11 @@ func fromNATSHeader(h nats.Header) []consumer.Header {
 	return out
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// revokeAll takes every partition away from the engine and gives the
-// consumer's own back, as a consumer-group rebalance would: the engine drops
-// what it buffered and parked, and the Source naks the consumer messages
-// the engine held (the server redelivers them, in order) and rewinds each
-// re-feed to its oldest unsettled message. The conformance suite's
-// Revocation case drives it.
+// revokeAll takes the partition away from the engine and gives it back,
+// as a consumer-group rebalance would: the engine drops what it buffered
+// and parked, and the Source naks the messages the engine held (the server
+// redelivers them, in order). The conformance suite's Revocation case
+// drives it.
 func (s *Source) revokeAll() {
 	s.mu.Lock()
 	d := s.disp
@@ -682,38 +405,21 @@ func (s *Source) revokeAll() {
 		return
 	}
 	s.gated = make(chan struct{})
-	held := make([]heldMsg, 0, len(s.held))
 	seqs := make([]uint64, 0, len(s.held))
 	for seq := range s.held {
 		seqs = append(seqs, seq)
 	}
 	slices.Sort(seqs)
+	held := make([]jetstream.Msg, 0, len(seqs))
 	for _, seq := range seqs {
 		held = append(held, s.held[seq])
 	}
 	clear(s.held)
-	parts := []consumer.Partition{s.part}
-	for _, st := range s.tenants {
-		st.heldMain = 0
-		if len(st.inflightPark) > 0 {
-			st.cursor = st.inflightPark[0]
-			st.refed -= uint64(len(st.inflightPark))
-			st.inflightPark = nil
-		}
-		st.heldPark = 0
-		if st.assigned {
-			parts = append(parts, st.part)
-			st.assigned = false
-			delete(s.parkPart, st.part)
-		}
-	}
 	s.mu.Unlock()
 
-	for _, p := range parts {
-		d.Revoked(p)
-	}
-	for _, hm := range held {
-		_ = hm.msg.Nak() // redelivered at once; a lost nak waits for AckWait
+	d.Revoked(s.part)
+	for _, m := range held {
+		_ = m.Nak() // redelivered at once; a lost nak waits for AckWait
 	}
 	d.Assigned(s.part)
 
@@ -721,5 +427,4 @@ func (s *Source) revokeAll() {
 	close(s.gated)
 	s.gated = nil
 	s.mu.Unlock()
-	s.nudge()
 }

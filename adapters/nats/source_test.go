@@ -40,7 +40,7 @@ func TestSourceDeliversInOrderAndAcks(t *testing.T) {
 		}
 	}
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant)
+	src := f.source(t)
 	l := newLoop(src, tenant, nil)
 	stop := consumertest.StartSource(t, src, l)
 	eventually(t, "150 settled", func() bool { return l.settled.Load() == 150 })
@@ -60,135 +60,10 @@ func TestSourceDeliversInOrderAndAcks(t *testing.T) {
 	}
 }
 
-// TestParkedTenantDoesNotStallOthers is the isolation test: a tenant whose
-// messages are never settled, with a backlog 10x MaxAckPending, holds at
-// most its bound of the consumer's ack-pending slots (the tenant limit when
-// spilling at once, 4x the limit when it would wait for progress); every
-// other tenant's message is handled; released, the parked tenant gets all
-// of its backlog back in order and the park stream ends empty.
-func TestParkedTenantDoesNotStallOthers(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name       string
-		spillAfter time.Duration
-		bound      int
-	}{
-		{"spill-at-limit", 0, 4},
-		{"hard-cap", time.Hour, 4 * hardLimitFactor},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			testParkedTenant(t, tc.spillAfter, tc.bound)
-		})
-	}
-}
-
-func testParkedTenant(t *testing.T, spillAfter time.Duration, bound int) {
-	const (
-		maxAckPending = 32
-		limit         = 4
-		backlog       = 10 * maxAckPending
-		others        = 3 * maxAckPending
-	)
-	f := newFixture(t, nil, 5*time.Second, maxAckPending)
-	parked, calm := vals("parked", 0, backlog), vals("calm", 0, others)
-	for i := range backlog {
-		f.publish(t, "parked", parked[i])
-		if i < others {
-			f.publish(t, "calm", calm[i])
-		}
-	}
-	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant, WithTenantLimit(limit), WithSpillAfter(spillAfter))
-	l := newLoop(src, tenant, func(tn string) bool { return tn == "parked" })
-	stop := consumertest.StartSource(t, src, l)
-
-	eventually(t, "every calm message handled", func() bool { return l.count("calm") == others })
-	eventually(t, "the parked backlog spilled", func() bool {
-		return parkCount(t, f, src) == backlog-bound
-	})
-	if n := l.heldCount(); n != bound {
-		t.Fatalf("parked tenant holds %d messages, want its bound %d", n, bound)
-	}
-	t.Logf("isolation: parked backlog %d (MaxAckPending %d, tenant limit %d): parked tenant held %d, spilled %d; calm tenant %d/%d handled",
-		backlog, maxAckPending, limit, l.heldCount(), parkCount(t, f, src), l.count("calm"), others)
-
-	l.release()
-	eventually(t, "the parked backlog handled", func() bool { return l.count("parked") == backlog })
-	got := l.values("parked")
-	checkInOrder(t, "parked", got)
-	for i, v := range got {
-		if v != parked[i] {
-			t.Fatalf("parked delivery %d = %s, want %s", i, v, parked[i])
-		}
-	}
-	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src) == 0 })
-	eventually(t, "spill mode ended", func() bool { return src.Stats().Spilling == 0 })
-	if st := src.Stats(); st.Spilled != uint64(backlog-bound) || st.Refed != uint64(backlog-bound) || st.Held != 0 {
-		t.Fatalf("stats %+v", st)
-	}
-	stop()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var refeedParts int
-	for p, n := range l.assigned {
-		if p != src.Partition() {
-			refeedParts++
-			if l.revoked[p] != n {
-				t.Fatalf("re-feed partition %v assigned %d, revoked %d", p, n, l.revoked[p])
-			}
-		}
-	}
-	if refeedParts == 0 {
-		t.Fatal("no re-feed partition was assigned")
-	}
-}
-
-func parkCount(t testing.TB, f *fixture, src *Source) int {
-	t.Helper()
-	info, err := src.park.Info(testCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int(info.State.Msgs)
-}
-
-// TestSpilledMessagesSurviveANewSource stops a source while a tenant is
-// spilled and parked; a new source on the same durable delivers everything.
-func TestSpilledMessagesSurviveANewSource(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, nil, time.Second, 32)
-	want := vals("slow", 0, 100)
-	f.publish(t, "slow", want...)
-	f.publish(t, "fast", vals("fast", 0, 20)...)
-	tenant := FromSubjectToken(-1)
-	src1 := f.source(t, tenant, WithTenantLimit(4), WithSpillAfter(0))
-	l1 := newLoop(src1, tenant, func(tn string) bool { return tn == "slow" })
-	stop1 := consumertest.StartSource(t, src1, l1)
-	eventually(t, "fast handled and slow spilled", func() bool {
-		return l1.count("fast") == 20 && parkCount(t, f, src1) == 96
-	})
-	stop1()
-
-	src2 := f.source(t, tenant, WithTenantLimit(4), WithSpillAfter(0))
-	l2 := newLoop(src2, tenant, nil)
-	consumertest.StartSource(t, src2, l2)
-	eventually(t, "every slow message delivered", func() bool {
-		l2.mu.Lock()
-		defer l2.mu.Unlock()
-		for _, v := range want {
-			if l2.seen[v] == 0 {
-				return false
-			}
-		}
-		return true
-	})
-	eventually(t, "park stream drained", func() bool { return parkCount(t, f, src2) == 0 })
-}
-
 // TestServerRestartLosesNothing restarts the server while a source consumes
-// (including a tenant that spills); every message is delivered at least
-// once and the consumer ends with nothing pending.
+// (including a tenant whose messages are held across the restart); every
+// message is delivered at least once and the consumer ends with nothing
+// pending.
 func TestServerRestartLosesNothing(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t)
@@ -198,8 +73,8 @@ func TestServerRestartLosesNothing(t *testing.T) {
 		f.publish(t, fmt.Sprintf("t%d", i%5), fmt.Sprintf("m-%05d", i))
 	}
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant, WithTenantLimit(8), WithSpillAfter(0))
-	// Tenant t0 is held until the restart is over, so it spills.
+	src := f.source(t)
+	// Tenant t0 is held until the restart is over.
 	l := newLoop(src, tenant, func(tn string) bool { return tn == "t0" })
 	consumertest.StartSource(t, src, l)
 	eventually(t, "a part delivered", func() bool { return l.distinct() >= n/3 })
@@ -218,7 +93,7 @@ func TestServerRestartLosesNothing(t *testing.T) {
 	})
 	eventually(t, "nothing left pending", func() bool {
 		info, err := f.consumer(t).Info(testCtx(t))
-		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && parkCount(t, f, src) == 0
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	})
 }
 
@@ -230,7 +105,7 @@ func TestHeldMessagesOutliveAckWait(t *testing.T) {
 	f := newFixture(t, nil, ackWait, 100)
 	f.publish(t, "a", vals("a", 0, 5)...)
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant, WithExtendEvery(ackWait/5))
+	src := f.source(t, WithExtendEvery(ackWait/5))
 	l := newLoop(src, tenant, func(string) bool { return true })
 	consumertest.StartSource(t, src, l)
 	eventually(t, "5 held", func() bool { return l.heldCount() == 5 })
@@ -255,7 +130,7 @@ func TestPauseHoldsDeliveriesUntilResume(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, 5*time.Second, 100)
 	tenant := FromSubjectToken(-1)
-	src := f.source(t, tenant)
+	src := f.source(t)
 	l := newLoop(src, tenant, nil)
 	src.Pause(src.Partition())
 	consumertest.StartSource(t, src, l)
@@ -277,7 +152,7 @@ func TestCoreNATSIsRefused(t *testing.T) {
 	t.Parallel()
 	srv := natstest.StartCore(t)
 	nc := srv.Connect(t)
-	_, err := Open(testCtx(t), nc, "ORDERS", "work", FromSubjectToken(1))
+	_, err := Open(testCtx(t), nc, "ORDERS", "work")
 	if !errors.Is(err, ErrCoreNATS) {
 		t.Fatalf("Open on a server without JetStream = %v, want ErrCoreNATS", err)
 	}
@@ -287,6 +162,9 @@ func TestCoreNATSIsRefused(t *testing.T) {
 	}
 	if _, err := NewDLQ(testCtx(t), js); !errors.Is(err, ErrCoreNATS) {
 		t.Fatalf("NewDLQ on a server without JetStream = %v, want ErrCoreNATS", err)
+	}
+	if _, err := NewSpillLog(testCtx(t), js, "ORDERS", "work"); !errors.Is(err, ErrCoreNATS) {
+		t.Fatalf("NewSpillLog on a server without JetStream = %v, want ErrCoreNATS", err)
 	}
 }
 
@@ -298,22 +176,18 @@ func TestNewSourceRejectsUnusableConsumers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenant := FromSubjectToken(-1)
-	if _, err := NewSource(ctx, f.js, ackNone, tenant); !errors.Is(err, ErrConsumerConfig) {
+	if _, err := NewSource(ctx, f.js, ackNone); !errors.Is(err, ErrConsumerConfig) {
 		t.Fatalf("ack none: %v, want ErrConsumerConfig", err)
 	}
 	for name, opt := range map[string]SourceOption{
-		"limit 0":             WithTenantLimit(0),
-		"limit >= pending":    WithTenantLimit(100),
 		"extend >= ack wait":  WithExtendEvery(5 * time.Second),
-		"park prefix wild":    WithParkStream("P", "a.*"),
-		"park stream dotted":  WithParkStream("P.Q", "a.b"),
 		"pull max 0":          WithPullMaxMessages(0),
 		"nil logger":          WithLogger(nil),
 		"extend non-positive": WithExtendEvery(0),
 		"liveness check 0":    WithLivenessCheck(0),
+		"nil option":          nil,
 	} {
-		if _, err := NewSource(ctx, f.js, f.consumer(t), tenant, opt); !errors.Is(err, ErrInvalidOption) {
+		if _, err := NewSource(ctx, f.js, f.consumer(t), opt); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
 		}
 	}

@@ -85,7 +85,7 @@ func TestDLQNATS(t *testing.T) {
 	if _, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "cli", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := rfnats.Open(ctx, nc, "ORDERS", "cli", consumer.FromHeader("tenant"))
+	src, err := rfnats.Open(ctx, nc, "ORDERS", "cli")
 	if err != nil {
 		t.Fatal(err)
 	}

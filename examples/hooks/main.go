@@ -125,7 +125,7 @@ func run(ctx context.Context, out, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	src, err := rfnats.Open(ctx, nc, "EVENTS", "ingest", rfnats.FromSubjectToken(1))
+	src, err := rfnats.Open(ctx, nc, "EVENTS", "ingest")
 	if err != nil {
 		return err
 	}

@@ -103,11 +103,17 @@ func run(ctx context.Context, out io.Writer) error {
 
 	// The tenant is token 1 of the subject: orders.<tenant>.created.
 	tenantOf := rfnats.FromSubjectToken(1)
-	src, err := rfnats.Open(ctx, nc, "ORDERS", "billing", tenantOf)
+	src, err := rfnats.Open(ctx, nc, "ORDERS", "billing")
 	if err != nil {
 		return err
 	}
 	q, err := rfnats.NewDLQ(ctx, js) // stream RINGFENCE_DLQ, subjects ringfence.dlq.<tenant>
+	if err != nil {
+		return err
+	}
+	// A tenant that cannot make progress for long spills to its subject in
+	// stream RINGFENCE_SPILL_ORDERS_billing, so the others keep flowing.
+	spill, err := src.SpillLog(ctx)
 	if err != nil {
 		return err
 	}
@@ -120,6 +126,7 @@ func run(ctx context.Context, out io.Writer) error {
 		Handler: handler,
 		Tenant:  tenantOf,
 		DLQ:     q,
+		Spill:   spill,
 		Group:   "billing",
 	})
 	if err != nil {

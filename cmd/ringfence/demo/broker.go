@@ -24,6 +24,12 @@ type Broker interface {
 	Close() error
 }
 
+// spillTopic is a Topic whose broker gives the engine a spill log for a
+// group (consumer.Config.Spill).
+type spillTopic interface {
+	SpillLog(group string) (consumer.SpillLog, error)
+}
+
 // Topic is one run's topic or stream.
 type Topic interface {
 	// Produce writes msgs and returns once the broker has them; messages of

@@ -21,8 +21,8 @@ import (
 
 func init() { factories["nats"] = newNATSBroker }
 
-// natsMaxAckPending is the demo consumer's MaxAckPending; the Source's
-// per-tenant limit defaults to a 16th of it.
+// natsMaxAckPending is the demo consumer's MaxAckPending; the engine keeps
+// its per-partition bound below it (the Source's PartitionCapacity).
 const natsMaxAckPending = 4096
 
 // natsBroker is an in-process nats-server with JetStream (file store in a
@@ -151,17 +151,18 @@ func (t *natsTopic) Produce(ctx context.Context, msgs []Msg) error {
 	return nil
 }
 
-func (t *natsTopic) Source(_ string, tenant consumer.TenantFunc, oneTenant bool) (consumer.Source, error) {
+func (t *natsTopic) Source(_ string, _ consumer.TenantFunc, _ bool) (consumer.Source, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	opts := []rfnats.SourceOption{rfnats.WithLogger(t.b.log)}
-	if oneTenant {
-		// With one key for everything, spilling a "tenant" to the park
-		// stream would only add a second write per message: a plain
-		// consumer has no such thing.
-		opts = append(opts, rfnats.WithTenantLimit(natsMaxAckPending/2))
-	}
-	return rfnats.Open(ctx, t.b.nc, t.stream, "demo", tenant, opts...)
+	return rfnats.Open(ctx, t.b.nc, t.stream, "demo", rfnats.WithLogger(t.b.log))
+}
+
+// SpillLog opens the spill stream of the run's durable, where the engine
+// spills a tenant that cannot make progress.
+func (t *natsTopic) SpillLog(_ string) (consumer.SpillLog, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return rfnats.NewSpillLog(ctx, t.b.js, t.stream, "demo", rfnats.WithSpillLogger(t.b.log))
 }
 
 // Tenant takes the tenant from the last subject token.

@@ -463,11 +463,20 @@ func runMode(ctx context.Context, p *plan, mode Mode, rc runConfig) (RunResult, 
 			v.(*atomic.Int64).Add(1)
 		},
 	})
+	// One key for everything (Shared) is a plain consumer: nothing to
+	// spill a tenant away from.
+	var spill consumer.SpillLog
+	if sp, ok := topic.(spillTopic); ok && mode != Shared {
+		if spill, err = sp.SpillLog(name); err != nil {
+			return RunResult{}, fmt.Errorf("demo: %s: spill log: %w", rc.broker.Name(), err)
+		}
+	}
 	c, err := consumer.New(consumer.Config{
 		Scope:        sco,
 		Handler:      st,
 		Tenant:       tenantFn,
 		DLQ:          countingSink{next: topic.Sink(), st: st},
+		Spill:        spill,
 		Group:        name,
 		Logger:       rc.logger,
 		DrainTimeout: 5 * time.Second,
