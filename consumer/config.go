@@ -68,21 +68,24 @@ type Config struct {
 	// Zero means max(1, Concurrency/4).
 	TenantConcurrency int
 	// MaxParkedPerTenant bounds the messages one parked tenant may hold in
-	// memory; a tenant that reaches it spills. Zero means 1000.
+	// memory; a tenant that reaches it spills. Zero means 1000; it is capped
+	// at half a partition's bound (see MaxQueuedPerPartition).
 	MaxParkedPerTenant int
 	// MaxParked bounds parked messages across all tenants; past it the
 	// tenant that receives the next message spills. Zero means 100000.
 	MaxParked int
 	// MaxQueuedPerPartition bounds the messages of one partition held in
-	// memory (queued, parked, waiting to be spilled). Past it the partition
-	// is paused until half of them are gone; with a SpillLog that only
-	// happens while spilling fails. Zero means 10000 (lowered to the
-	// source's PartitionCapacity, if it has one).
+	// memory (queued, parked, waiting to be appended to a spill log). Past
+	// it the partition is paused until half of them are gone; with a
+	// SpillLog that happens only while appends fail or cannot keep up with
+	// arrivals (PauseSpillUnavailable, PauseQueueFull). Zero means 10000
+	// (lowered below the source's PartitionCapacity, if it has one).
 	MaxQueuedPerPartition int
 	// MaxQueuedPerTenant bounds the messages of one tenant from one
 	// partition held in memory; a tenant with a bigger backlog (a hot
 	// tenant) spills the rest, so its partition-mates never wait behind
-	// it. Zero means MaxQueuedPerPartition/8 (at least 1).
+	// it. Zero means MaxQueuedPerPartition/8 (at least 1); it is capped at
+	// an eighth of a partition's bound.
 	MaxQueuedPerTenant int
 	// StuckAfter is how long a partition's oldest unsettled message may
 	// hold the partition's commit before its tenant spills. Zero means 10s.

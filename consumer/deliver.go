@@ -80,11 +80,11 @@ func (c *Consumer) deliverRun(ms []*Message) {
 				c.makeReady(l)
 			}
 			switch {
-			case l.parked && (t.parked.Load() >= int64(c.cfg.MaxParkedPerTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
+			case l.parked && (t.parked.Load() >= int64(sh.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
 				if !c.requestSpill(l, SpillParked, &ev) && sh.pauseReason == 0 {
 					pause = PauseParkedBound
 				}
-			case !none && l.q.len() > c.cfg.MaxQueuedPerTenant:
+			case !none && l.q.len() > sh.maxQueuedTenant:
 				c.requestSpill(l, SpillBacklog, &ev)
 			}
 		}
@@ -180,7 +180,7 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 			return false
 		}
 		for _, l := range sh.lanes {
-			if l.parked && l.t.parked.Load() >= int64(c.cfg.MaxParkedPerTenant)*9/10 {
+			if l.parked && l.t.parked.Load() >= int64(sh.maxParkedTenant)*9/10 {
 				return false
 			}
 		}

@@ -71,7 +71,8 @@ type PauseReason uint8
 // Pause reasons.
 const (
 	// PauseQueueFull: the partition holds MaxQueuedPerPartition messages in
-	// memory (only when they cannot be spilled).
+	// memory: no SpillLog, or messages arrive faster than they can be
+	// appended to it.
 	PauseQueueFull PauseReason = iota + 1
 	// PauseParkedBound: a parked tenant reached MaxParkedPerTenant (or all
 	// reached MaxParked) and there is no SpillLog to spill it to.

@@ -15,6 +15,12 @@ type shard struct {
 	p         Partition
 	gen       uint64 // assignment generation
 	maxQueued int    // MaxQueuedPerPartition, lowered to the source's capacity
+	// maxParkedTenant and maxQueuedTenant are MaxParkedPerTenant and
+	// MaxQueuedPerTenant, capped at a half and an eighth of maxQueued: a
+	// broker window smaller than the configured bounds (a NATS consumer's
+	// MaxAckPending) must make a stuck or hot tenant spill, not fill the
+	// window and pause the partition.
+	maxParkedTenant, maxQueuedTenant int
 
 	mu     sync.Mutex
 	dead   bool             // revoked
@@ -42,6 +48,8 @@ type shard struct {
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
 	sh := &shard{c: c, p: p, gen: gen, maxQueued: maxQueued, lanes: make(map[string]*lane), next: -1, sweepAt: 1024}
+	sh.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
+	sh.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
 	sh.commit.init()
 	return sh
 }

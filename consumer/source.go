@@ -146,8 +146,12 @@ type SpillLog interface {
 	// Append durably appends msgs, all of lane and in order, and returns
 	// once the log acknowledged every one (Kafka acks=all, NATS PubAck). On
 	// an error none of them counts as appended: the engine appends them
-	// again later (a record that did land is then a duplicate; records
-	// carry the original's partition and offset so a reader can tell).
+	// all again later. The records that did land despite the error must be
+	// a prefix of msgs (an implementation stores them in order, each after
+	// the previous one is stored): the engine drops a re-fed record whose
+	// original offset is not above the last one it took from the lane, so
+	// copies of a prefix are harmless while a record landing out of order
+	// would be dropped as a copy.
 	Append(ctx context.Context, lane SpillLane, msgs []*Message) error
 
 	// Read returns up to max entries of lane's log at positions >= from, in

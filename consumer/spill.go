@@ -311,13 +311,14 @@ func (c *Consumer) spillWork(l *lane) {
 	}
 }
 
-// refeedRoom is how many entries l may read back now: a window while its
+// refeedRoom is how many entries l may read back now: a window (at most
+// the lane's share of its partition) while its
 // tenant's breaker is closed; while it is not, only what a probe needs: the
 // head, and as many behind it as a judge round of a suspect head may try
 // (a poison head must not keep its tenant parked for lack of a message to
 // compare it with). Called with l's shard mu held.
 func (c *Consumer) refeedRoom(l *lane) int {
-	want := c.cfg.RefeedWindow
+	want := min(c.cfg.RefeedWindow, l.sh.maxQueuedTenant)
 	if g := l.t.peekGuard(); g != nil && !g.Closed() {
 		want = 1
 	}

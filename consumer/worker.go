@@ -177,7 +177,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		c.parkLane(l)
 		w.events = append(w.events, Event{Kind: EventParked, Tenant: l.key, Partition: sh.p, Delay: r.wait})
 	}
-	if l.parked && !l.spill.on && (t.parked.Load() >= int64(c.cfg.MaxParkedPerTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
+	if l.parked && !l.spill.on && (t.parked.Load() >= int64(sh.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
 		l.spill.want, l.spill.reason = true, SpillParked
 	}
 	if sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh) {
