@@ -25,42 +25,27 @@ func init() { factories["nats"] = newNATSBroker }
 // per-tenant limit defaults to a 16th of it.
 const natsMaxAckPending = 4096
 
-// natsBroker is an in-process nats-server with JetStream (file store in a
-// temporary directory), or a real server at a URL.
+// natsDurable is the demo consumer's durable name (one per run's stream).
+const natsDurable = "demo"
+
+// natsBroker is a nats-server with JetStream in a child process (file
+// store in a temporary directory), or a real server at a URL.
 type natsBroker struct {
-	srv      *server.Server // nil for a real server
-	storeDir string
-	nc       *natsgo.Conn
-	js       jetstream.JetStream
-	log      *slog.Logger
+	child *child // nil for a real server
+	where string
+	nc    *natsgo.Conn
+	js    jetstream.JetStream
+	log   *slog.Logger
 }
 
 func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, error) {
-	b := &natsBroker{log: log}
+	b := &natsBroker{log: log, where: "external"}
 	if url == "" {
-		dir, err := os.MkdirTemp("", "ringfence-demo-nats-")
+		u, c, err := startChild(ctx, "nats")
 		if err != nil {
 			return nil, err
 		}
-		b.storeDir = dir
-		srv, err := server.NewServer(&server.Options{
-			Host: "127.0.0.1", Port: server.RANDOM_PORT,
-			JetStream: true, StoreDir: dir,
-			NoLog: true, NoSigs: true,
-			JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 1 << 30,
-		})
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("nats-server: %w", err)
-		}
-		srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			srv.Shutdown()
-			os.RemoveAll(dir)
-			return nil, errors.New("nats-server: not ready after 10s")
-		}
-		b.srv = srv
-		url = fmt.Sprintf("nats://%s", srv.Addr().(*net.TCPAddr).String())
+		url, b.child, b.where = u, c, "child process"
 	} else if !strings.Contains(url, "://") && !strings.Contains(url, ":") {
 		return nil, fmt.Errorf("%w: --nats %q is not a URL", errUsage, url)
 	}
@@ -79,18 +64,47 @@ func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, e
 	return b, nil
 }
 
+// startNATSServer starts the demo's nats-server (in the broker child), with
+// JetStream on a file store in a temporary directory that its stop removes.
+func startNATSServer() (string, func(), error) {
+	dir, err := os.MkdirTemp("", "ringfence-demo-nats-")
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		JetStream: true, StoreDir: dir,
+		NoLog: true, NoSigs: true,
+		JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 1 << 30,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("nats-server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		os.RemoveAll(dir)
+		return "", nil, errors.New("nats-server: not ready after 10s")
+	}
+	stop := func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		os.RemoveAll(dir)
+	}
+	return fmt.Sprintf("nats://%s", srv.Addr().(*net.TCPAddr).String()), stop, nil
+}
+
 func (b *natsBroker) Name() string { return "nats" }
+
+func (b *natsBroker) Where() string { return b.where }
 
 func (b *natsBroker) Close() error {
 	if b.nc != nil {
 		b.nc.Close()
 	}
-	if b.srv != nil {
-		b.srv.Shutdown()
-		b.srv.WaitForShutdown()
-	}
-	if b.storeDir != "" {
-		return os.RemoveAll(b.storeDir)
+	if b.child != nil {
+		return b.child.Close()
 	}
 	return nil
 }
@@ -107,7 +121,7 @@ func (b *natsBroker) Open(ctx context.Context, run string, _ int) (Topic, error)
 		return nil, fmt.Errorf("create stream %s: %w", stream, err)
 	}
 	if _, err := b.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		Durable:       "demo",
+		Durable:       natsDurable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
 		MaxAckPending: natsMaxAckPending,
@@ -127,6 +141,25 @@ type natsTopic struct {
 	stream string
 	subj   string
 	q      *rfnats.DLQ
+}
+
+// PartitionOf: JetStream has no partitions; every tenant shares the one
+// stream and consumer.
+func (b *natsBroker) PartitionOf(string, int) (int, bool) { return 0, false }
+
+// Lag is the durable consumer's NumPending (not yet delivered) plus
+// NumAckPending (delivered, not acknowledged), from ConsumerInfo: what a
+// restart would still have to handle, as the Kafka figure is.
+func (t *natsTopic) Lag(ctx context.Context, _ string) ([]int64, error) {
+	c, err := t.b.js.Consumer(ctx, t.stream, natsDurable)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []int64{int64(info.NumPending) + int64(info.NumAckPending)}, nil
 }
 
 func (t *natsTopic) Produce(ctx context.Context, msgs []Msg) error {
@@ -161,7 +194,7 @@ func (t *natsTopic) Source(_ string, tenant consumer.TenantFunc, oneTenant bool)
 		// consumer has no such thing.
 		opts = append(opts, rfnats.WithTenantLimit(natsMaxAckPending/2))
 	}
-	return rfnats.Open(ctx, t.b.nc, t.stream, "demo", tenant, opts...)
+	return rfnats.Open(ctx, t.b.nc, t.stream, natsDurable, tenant, opts...)
 }
 
 // Tenant takes the tenant from the last subject token.
@@ -180,6 +213,5 @@ func (t *natsTopic) DeadLetters(ctx context.Context, tenants []string) ([]dlq.Re
 	return out, nil
 }
 
-// Close keeps the streams: the in-process server's store is removed with
-// it, and on a real server they can be inspected with `ringfence dlq`.
+// Close keeps the streams: the child server's store is removed with it, and on a real server they can be inspected with `ringfence dlq`.
 func (t *natsTopic) Close() error { return nil }
