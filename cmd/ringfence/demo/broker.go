@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"sync"
+	"time"
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
@@ -54,6 +55,12 @@ type Topic interface {
 	// NumPending + NumAckPending (not yet delivered, and delivered but not
 	// acknowledged).
 	Lag(ctx context.Context, group string) ([]int64, error)
+	// RedeliveryAfter is how long the broker may take to hand a message
+	// that a stopped consumer held, unsettled, to a new consumer of the
+	// group (NATS: the AckWait; Kafka: the session timeout of a member that
+	// did not leave cleanly). The restart read-back waits at least this
+	// long before it calls anything lost.
+	RedeliveryAfter() time.Duration
 	// Close releases the topic's clients.
 	Close() error
 }
@@ -115,6 +122,9 @@ func (t *memTopic) Source(group string, _ consumer.TenantFunc, _ bool) (consumer
 func (t *memTopic) Tenant() consumer.TenantFunc { return consumer.FromKey() }
 func (t *memTopic) Sink() dlq.Sink              { return t.s }
 func (t *memTopic) Close() error                { return nil }
+
+// RedeliveryAfter: a new Source starts at the committed offsets at once.
+func (t *memTopic) RedeliveryAfter() time.Duration { return 0 }
 
 func (t *memTopic) DeadLetters(_ context.Context, tenants []string) ([]dlq.Record, error) {
 	var out []dlq.Record

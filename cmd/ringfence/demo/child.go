@@ -40,22 +40,23 @@ func ServeChild() (int, bool) {
 	if name == "" {
 		return 0, false
 	}
-	return serveChild(name, os.Stdin, os.Stdout, os.Stderr), true
+	return serveChild(name, childServers, os.Stdin, os.Stdout, os.Stderr), true
 }
 
 // childServers start each broker in the child: the address to print, and
 // the stop.
 var childServers = map[string]func() (string, func(), error){
 	"kafka": startKfake,
-	"nats":   startNATSServer,
+	"nats":  startNATSServer,
 }
 
-func serveChild(name string, in io.Reader, out, errw io.Writer) int {
+// serveChild serves the broker name of servers until in ends.
+func serveChild(name string, servers map[string]func() (string, func(), error), in io.Reader, out, errw io.Writer) int {
 	// The parent stops its child after its own graceful shutdown; an
 	// interrupt from the terminal reaches the whole process group, and must
 	// not take the broker away under the parent's drain.
 	signal.Ignore(os.Interrupt)
-	start := childServers[name]
+	start := servers[name]
 	if start == nil {
 		fmt.Fprintf(errw, "ringfence demo: %s=%q names no broker\n", childEnv, name)
 		return 2

@@ -173,13 +173,20 @@ func (t *kafkaTopic) Source(group string, _ consumer.TenantFunc, _ bool) (consum
 		kafka.TenantFromKey(),
 		kafka.WithLogger(t.b.log),
 		kafka.WithHeartbeatInterval(250*time.Millisecond),
-		kafka.WithSessionTimeout(5*time.Second),
+		kafka.WithSessionTimeout(kafkaSessionTimeout),
 		kafka.WithRebalanceTimeout(5*time.Second),
 		kafka.WithJoinBackoff(100*time.Millisecond),
 		kafka.WithMaxWait(50*time.Millisecond),
 		kafka.WithCommitInterval(250*time.Millisecond),
 	)
 }
+
+// kafkaSessionTimeout is the demo consumer's group session timeout.
+const kafkaSessionTimeout = 5 * time.Second
+
+// RedeliveryAfter: a member that did not leave the group cleanly keeps its
+// partitions for the session timeout.
+func (t *kafkaTopic) RedeliveryAfter() time.Duration { return kafkaSessionTimeout }
 
 func (t *kafkaTopic) Tenant() consumer.TenantFunc { return consumer.FromKey() }
 func (t *kafkaTopic) Sink() dlq.Sink              { return t.sink }

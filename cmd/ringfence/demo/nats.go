@@ -25,6 +25,10 @@ func init() { factories["nats"] = newNATSBroker }
 // per-tenant limit defaults to a 16th of it.
 const natsMaxAckPending = 4096
 
+// natsAckWait is the demo consumer's AckWait: a message a stopped consumer
+// held is redelivered after it.
+const natsAckWait = 30 * time.Second
+
 // natsDurable is the demo consumer's durable name (one per run's stream).
 const natsDurable = "demo"
 
@@ -123,7 +127,7 @@ func (b *natsBroker) Open(ctx context.Context, run string, _ int) (Topic, error)
 	if _, err := b.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       natsDurable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       natsAckWait,
 		MaxAckPending: natsMaxAckPending,
 		MaxDeliver:    -1,
 	}); err != nil {
@@ -196,6 +200,9 @@ func (t *natsTopic) Source(_ string, tenant consumer.TenantFunc, oneTenant bool)
 	}
 	return rfnats.Open(ctx, t.b.nc, t.stream, natsDurable, tenant, opts...)
 }
+
+// RedeliveryAfter is the AckWait.
+func (t *natsTopic) RedeliveryAfter() time.Duration { return natsAckWait }
 
 // Tenant takes the tenant from the last subject token.
 func (t *natsTopic) Tenant() consumer.TenantFunc { return rfnats.FromSubjectToken(-1) }

@@ -36,6 +36,14 @@ const (
 	lagTimeout  = 5 * time.Second
 )
 
+// readBackMargin is how long the restart read-back waits beyond the
+// broker's redelivery delay.
+const readBackMargin = 15 * time.Second
+
+// gcEvery is how often the run forces a garbage collection, so that the
+// live heap it samples (marked by the last GC) is never older than this.
+const gcEvery = 5 * time.Second
+
 // maxReordered bounds the EventReordered records kept of the bad tenant.
 const maxReordered = 1 << 20
 
@@ -342,7 +350,7 @@ type started struct {
 
 // startConsumer builds a consumer of group on topic with h and sink, runs
 // it, and returns once the source has its first partition.
-func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, pol policy.Policy, h consumer.Handler, sink dlq.Sink, onEvent func(consumer.Event), trips func(string), rc runConfig) (*started, error) {
+func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, sc Scenario, h consumer.Handler, sink dlq.Sink, onEvent func(consumer.Event), trips func(string), rc runConfig) (*started, error) {
 	tenantFn := topic.Tenant()
 	if mode == Shared {
 		// One key for every message: one guard, one breaker, one lane per
@@ -358,13 +366,13 @@ func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, po
 		}
 	}
 	c, err := consumer.New(consumer.Config{
-		Scope:        scope.New(pol, opts),
+		Scope:        scope.New(*sc.Policy, opts),
 		Handler:      h,
 		Tenant:       tenantFn,
 		DLQ:          sink,
 		Group:        group,
 		Logger:       rc.logger,
-		DrainTimeout: 5 * time.Second,
+		DrainTimeout: sc.ShutdownTimeout,
 		OnEvent:      onEvent,
 	})
 	if err != nil {
@@ -429,7 +437,7 @@ func runMode(ctx context.Context, p *plan, g groups, mode Mode, rc runConfig) (R
 		v, _ := st.trips.LoadOrStore(key, new(atomic.Int64))
 		v.(*atomic.Int64).Add(1)
 	}
-	run, err := startConsumer(ctx, topic, name, mode, *sc.Policy, st, countingSink{next: topic.Sink(), st: st}, st.onEvent, trips, rc)
+	run, err := startConsumer(ctx, topic, name, mode, sc, st, countingSink{next: topic.Sink(), st: st}, st.onEvent, trips, rc)
 	if err != nil {
 		return RunResult{}, err
 	}
@@ -502,6 +510,7 @@ func runMode(ctx context.Context, p *plan, g groups, mode Mode, rc runConfig) (R
 	lastSettled := int64(-1)
 	var failure error
 	runErr := run.runErr
+	lastGC := time.Now()
 loop:
 	for {
 		select {
@@ -523,6 +532,10 @@ loop:
 			failure = ctx.Err()
 			break loop
 		case <-ticker.C:
+			if time.Since(lastGC) >= gcEvery {
+				runtime.GC()
+				lastGC = time.Now()
+			}
 			snap := sample(producing)
 			if rc.observe != nil {
 				rc.observe(snap)
@@ -581,9 +594,15 @@ loop:
 			want++
 		}
 	}
-	if want > 0 && sc.ReadBack > 0 {
+	if want > 0 {
+		// Never call a message lost before the broker could have handed
+		// it over again.
+		bound := sc.ReadBack
+		if d := topic.RedeliveryAfter(); d > 0 {
+			bound = max(bound, d+readBackMargin)
+		}
 		began := time.Now()
-		found, err := readBack(ctx, topic, name, mode, *sc.Policy, missing, want, sc.ReadBack, rc)
+		found, err := readBack(ctx, topic, name, mode, sc, missing, want, bound, rc)
 		if err != nil {
 			return RunResult{}, err
 		}
@@ -715,7 +734,7 @@ func sampleLag(ctx context.Context, topic Topic, group string, st *runState, log
 // readBack runs a fresh consumer of group with a handler that only notes
 // which of the missing messages it is given, until it has seen all want of
 // them or bound passed: what a restart of the consumer would still get.
-func readBack(ctx context.Context, topic Topic, group string, mode Mode, pol policy.Policy, missing []bool, want int, bound time.Duration, rc runConfig) ([]bool, error) {
+func readBack(ctx context.Context, topic Topic, group string, mode Mode, sc Scenario, missing []bool, want int, bound time.Duration, rc runConfig) ([]bool, error) {
 	found := make([]atomic.Bool, len(missing))
 	var n atomic.Int64
 	h := consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
@@ -724,7 +743,7 @@ func readBack(ctx context.Context, topic Topic, group string, mode Mode, pol pol
 		}
 		return nil
 	})
-	s, err := startConsumer(ctx, topic, group, mode, pol, h, topic.Sink(), nil, nil, rc)
+	s, err := startConsumer(ctx, topic, group, mode, sc, h, topic.Sink(), nil, nil, rc)
 	if err != nil {
 		return nil, fmt.Errorf("demo: %s: restart read-back: %w", rc.broker.Name(), err)
 	}

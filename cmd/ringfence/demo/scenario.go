@@ -126,10 +126,15 @@ type Scenario struct {
 	// Zero means 15s.
 	Stall time.Duration
 	// ReadBack bounds the restart read-back: a fresh consumer of the same
-	// group looking for what the run left unfinished (NATS redelivers a
-	// message held by a stopped consumer only after the AckWait, 30s).
-	// Zero means 45s.
+	// group looking for what the run left unfinished. It is never shorter
+	// than the broker's redelivery delay plus 15s (NATS redelivers a
+	// message held by a stopped consumer only after the AckWait, 30s), so
+	// nothing is called lost that the broker still holds. Zero means 45s.
 	ReadBack time.Duration
+	// ShutdownTimeout is the consumers' DrainTimeout: how long a stopping
+	// consumer waits for its handlers before it cancels their ctx. Zero
+	// means 5s.
+	ShutdownTimeout time.Duration
 	// Policy is the per-tenant (or shared) guard template. Nil means
 	// DemoPolicy() for outage and long-outage, and policy.Default() for
 	// slow, hang and hot (their issue asks for the consumer's defaults).
@@ -213,6 +218,9 @@ func (s Scenario) withDefaults() Scenario {
 	if s.ReadBack == 0 {
 		s.ReadBack = 45 * time.Second
 	}
+	if s.ShutdownTimeout == 0 {
+		s.ShutdownTimeout = 5 * time.Second
+	}
 	if s.Policy == nil {
 		var p policy.Policy
 		if s.Kind.fails() {
@@ -258,8 +266,8 @@ func (s Scenario) validate() error {
 		return fmt.Errorf("demo: slow latency must be in (0, 1m], got %v", s.SlowLatency)
 	case s.HotFactor < 1 || s.HotFactor > 1000:
 		return fmt.Errorf("demo: hot factor must be in [1, 1000], got %d", s.HotFactor)
-	case s.Settle < 0 || s.Drain < 0 || s.Stall < 0 || s.ReadBack < 0:
-		return fmt.Errorf("demo: settle, drain, stall and read-back bounds must not be negative")
+	case s.Settle < 0 || s.Drain < 0 || s.Stall < 0 || s.ReadBack < 0 || s.ShutdownTimeout < 0:
+		return fmt.Errorf("demo: settle, drain, stall, read-back and shutdown bounds must not be negative")
 	}
 	// The hot tenant's messages are ids in one plan: keep a run's plan
 	// within what a demo process should hold (about 50 bytes a message).

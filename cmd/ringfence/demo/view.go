@@ -52,7 +52,11 @@ func phase(s Snapshot) string {
 	case !s.Producing:
 		return "draining"
 	case s.FaultOn:
-		return strings.ToUpper(s.Kind.Role())
+		k := s.Kind
+		if k == "" {
+			k = KindOutage
+		}
+		return strings.ToUpper(k.Role())
 	}
 	return "running"
 }
