@@ -88,9 +88,9 @@ type RunResult struct {
 	MaxParked int
 	Tenants   []TenantResult
 	// Elapsed is the run's wall time from the first message produced to
-	// the end of the drain; Deadline is when the deadline fell (production
-	// end + Settle) and Drained how long the run kept consuming after it.
-	Elapsed, Deadline, Drained time.Duration
+	// the end of the drain; Drained is how long of it came after the
+	// deadline (production end + Settle).
+	Elapsed, Drained time.Duration
 	// ReadBack is the time the restart read-back took (0: not needed).
 	ReadBack time.Duration
 }
@@ -144,6 +144,7 @@ type runState struct {
 	dead     []atomic.Int64
 	part     []atomic.Uint32 // partition (partRef) of the first handling
 	offset   []atomic.Int64  // offset of the first handling
+	counted  []atomic.Bool   // settled counts the message (handled or dead-lettered)
 
 	tProduced, tHandled, tDead []atomic.Int64 // per tenant
 	settled, redeliv, mismatch atomic.Int64
@@ -180,6 +181,7 @@ func newRunState(p *plan, g groups, mode Mode, source string) *runState {
 		dead:      make([]atomic.Int64, p.total),
 		part:      make([]atomic.Uint32, p.total),
 		offset:    make([]atomic.Int64, p.total),
+		counted:   make([]atomic.Bool, p.total),
 		tProduced: make([]atomic.Int64, len(p.tenants)),
 		tHandled:  make([]atomic.Int64, len(p.tenants)),
 		tDead:     make([]atomic.Int64, len(p.tenants)),
@@ -262,7 +264,7 @@ func (st *runState) done(m *consumer.Message, v decodedValue) {
 	st.offset[v.id].Store(m.Offset)
 	t := int(st.p.owner[v.id])
 	st.tHandled[t].Add(1)
-	if st.dead[v.id].Load() == 0 {
+	if st.counted[v.id].CompareAndSwap(false, true) {
 		st.settled.Add(1)
 	}
 	// Partitions of the run's own topic are keyed; others (a spill or
@@ -303,7 +305,7 @@ func (s countingSink) Write(ctx context.Context, r *dlq.Record) error {
 	if v, ok := decodeValue(r.Value); ok && v.id < st.p.total {
 		if st.dead[v.id].CompareAndSwap(0, int64(st.elapsed())+1) {
 			st.tDead[st.p.owner[v.id]].Add(1)
-			if st.handled[v.id].Load() == 0 {
+			if st.counted[v.id].CompareAndSwap(false, true) {
 				st.settled.Add(1)
 			}
 		}
@@ -579,7 +581,6 @@ loop:
 		PartitionMismatches: int(st.mismatch.Load()),
 		MaxParked:           totalMaxParked,
 		Elapsed:             elapsed,
-		Deadline:            min(deadlineAt, drainEnd),
 		Drained:             max(drainEnd-deadlineAt, 0),
 	}
 
