@@ -1,6 +1,6 @@
 // Command ringfence runs the demo (the main job) and manages dead letters.
 //
-//	ringfence demo [flags]                     noisy-neighbour demo on in-process brokers
+//	ringfence demo [flags]                     noisy-neighbour demo and its measurements (--scenario outage|long-outage|slow|hang|hot)
 //	ringfence dlq ls|peek|replay|purge [flags] list, inspect, replay and purge a tenant's dead letters
 //	ringfence console [flags]                  the ops console (DLQ browser) in a web browser
 //
@@ -16,7 +16,8 @@ import (
 const usage = `ringfence: per-tenant resilience for Kafka and NATS consumers
 
 Usage:
-  ringfence demo [flags]      run the noisy-neighbour demo (in-process Kafka and NATS by default)
+  ringfence demo [flags]      run the noisy-neighbour demo (in-process Kafka and NATS by default;
+                              --scenario outage|long-outage|slow|hang|hot)
   ringfence dlq <command>     list, peek, replay and purge a tenant's dead letters
   ringfence console [flags]   browse, replay and purge dead letters in a web browser
 

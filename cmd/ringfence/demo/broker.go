@@ -2,10 +2,9 @@ package demo
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"strings"
+	"hash/fnv"
 	"sync"
+	"time"
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
@@ -17,10 +16,18 @@ import (
 type Broker interface {
 	// Name is "kafka", "nats" or "memory".
 	Name() string
+	// Where says where the broker runs: "child process" (the default for
+	// kafka and nats, so that the demo process's heap is the consumer's),
+	// "external" (--kafka, --nats) or "in-process" (memory).
+	Where() string
+	// PartitionOf is the partition the producer puts tenant's messages on
+	// among n (the same for the whole run), and false when the broker does
+	// not key messages onto partitions (NATS: one stream, one consumer).
+	PartitionOf(tenant string, n int) (int, bool)
 	// Open creates a fresh topic (Kafka) or stream (NATS) for one run, with
 	// the given number of partitions where the broker has them.
 	Open(ctx context.Context, run string, partitions int) (Topic, error)
-	// Close stops an in-process broker and closes connections.
+	// Close stops an in-process or child broker and closes connections.
 	Close() error
 }
 
@@ -38,7 +45,8 @@ type Topic interface {
 	// Source returns a new consumer.Source reading the topic as group;
 	// tenant is the engine's tenant function (sources that track tenants
 	// themselves need it), and oneTenant says that it maps every message to
-	// one key (the Shared mode).
+	// one key (the Shared mode). A second Source of the same group starts
+	// where the first one's commits (acks) left off.
 	Source(group string, tenant consumer.TenantFunc, oneTenant bool) (consumer.Source, error)
 	// Tenant is the broker's natural tenant function (Kafka: the message
 	// key; NATS: a subject token).
@@ -48,6 +56,17 @@ type Topic interface {
 	// DeadLetters reads back every dead letter written for the given engine
 	// tenant keys.
 	DeadLetters(ctx context.Context, tenants []string) ([]dlq.Record, error)
+	// Lag reads the group's commit lag from the broker, per partition:
+	// Kafka, log end offset minus committed offset; NATS, the consumer's
+	// NumPending + NumAckPending (not yet delivered, and delivered but not
+	// acknowledged).
+	Lag(ctx context.Context, group string) ([]int64, error)
+	// RedeliveryAfter is how long the broker may take to hand a message
+	// that a stopped consumer held, unsettled, to a new consumer of the
+	// group (NATS: the AckWait; Kafka: the session timeout of a member that
+	// did not leave cleanly). The restart read-back waits at least this
+	// long before it calls anything lost.
+	RedeliveryAfter() time.Duration
 	// Close releases the topic's clients.
 	Close() error
 }
@@ -58,40 +77,31 @@ type Msg struct {
 	Value  []byte
 }
 
-// Message values are "tenant|id|kind": the handler and the dead-letter
-// count read the real tenant and the id from the value, so they work the
-// same whatever key the engine's tenant function returns.
-const (
-	kindOK     = 'o'
-	kindPoison = 'p'
-)
-
-func encodeValue(tenant string, id int, kind byte) []byte {
-	return append(fmt.Appendf(nil, "%s|%d|", tenant, id), kind)
-}
-
-func decodeValue(v []byte) (tenant string, id int, kind byte, ok bool) {
-	s := string(v)
-	i := strings.IndexByte(s, '|')
-	j := strings.LastIndexByte(s, '|')
-	if i <= 0 || j <= i || j != len(s)-2 {
-		return "", 0, 0, false
+// hashPartition is the partition kafka-go's Hash balancer (the demo's
+// Kafka producer, and Sarama's default) gives key among n: FNV-1a, taken
+// as a signed 32-bit number, modulo n, made positive.
+func hashPartition(key string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	p := int32(h.Sum32()) % int32(n)
+	if p < 0 {
+		p = -p
 	}
-	id, err := strconv.Atoi(s[i+1 : j])
-	if err != nil || id < 0 || (s[j+1] != kindOK && s[j+1] != kindPoison) {
-		return "", 0, 0, false
-	}
-	return s[:i], id, s[j+1], true
+	return int(p)
 }
 
 // memBroker is the in-memory stand-in, for tests and --broker memory.
 type memBroker struct{}
 
-func (memBroker) Name() string { return "memory" }
-func (memBroker) Close() error { return nil }
+func (memBroker) Name() string  { return "memory" }
+func (memBroker) Where() string { return "in-process" }
+func (memBroker) Close() error  { return nil }
+
+// PartitionOf is where memTopic.Produce puts tenant: as Kafka's producer.
+func (memBroker) PartitionOf(tenant string, n int) (int, bool) { return hashPartition(tenant, n), true }
 
 func (memBroker) Open(_ context.Context, run string, partitions int) (Topic, error) {
-	return &memTopic{b: consumertest.NewBroker(run, partitions), s: consumertest.NewSink(), parts: partitions}, nil
+	return &memTopic{b: consumertest.NewBroker(run, partitions), s: consumertest.NewSink(), parts: partitions, ends: make([]int64, partitions)}, nil
 }
 
 type memTopic struct {
@@ -99,13 +109,15 @@ type memTopic struct {
 	s     *consumertest.Sink
 	parts int
 	mu    sync.Mutex
+	ends  []int64 // log end offset per partition; mu
 }
 
 func (t *memTopic) Produce(_ context.Context, msgs []Msg) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, m := range msgs {
-		t.b.Append(partitionOf(m.Tenant, t.parts), []byte(m.Tenant), m.Value)
+		p := hashPartition(m.Tenant, t.parts)
+		t.ends[p] = t.b.Append(p, []byte(m.Tenant), m.Value) + 1
 	}
 	return nil
 }
@@ -117,6 +129,9 @@ func (t *memTopic) Tenant() consumer.TenantFunc { return consumer.FromKey() }
 func (t *memTopic) Sink() dlq.Sink              { return t.s }
 func (t *memTopic) Close() error                { return nil }
 
+// RedeliveryAfter: a new Source starts at the committed offsets at once.
+func (t *memTopic) RedeliveryAfter() time.Duration { return 0 }
+
 func (t *memTopic) DeadLetters(_ context.Context, tenants []string) ([]dlq.Record, error) {
 	var out []dlq.Record
 	for _, k := range tenants {
@@ -125,13 +140,13 @@ func (t *memTopic) DeadLetters(_ context.Context, tenants []string) ([]dlq.Recor
 	return out, nil
 }
 
-// partitionOf spreads tenants over partitions the way a key hash would,
-// deterministically.
-func partitionOf(tenant string, parts int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(tenant); i++ {
-		h ^= uint32(tenant[i])
-		h *= 16777619
+func (t *memTopic) Lag(_ context.Context, group string) ([]int64, error) {
+	t.mu.Lock()
+	ends := append([]int64(nil), t.ends...)
+	t.mu.Unlock()
+	out := make([]int64, t.parts)
+	for p := range out {
+		out[p] = max(ends[p]-t.b.Committed(group, p), 0)
 	}
-	return int(h % uint32(parts))
+	return out, nil
 }

@@ -10,11 +10,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ringfence/ringfence/console"
+
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/policy"
 )
 
 // Options are the demo's settings, filled from flags by Main.
@@ -22,11 +26,23 @@ type Options struct {
 	// Brokers lists the brokers to run on, in order: "kafka", "nats",
 	// "memory".
 	Brokers []string
-	// Scenario is the traffic and faults.
+	// Scenario is the traffic and the fault.
 	Scenario Scenario
-	// KafkaAddr is a real Kafka's host:port; empty starts kfake in-process.
+	// Modes are the runs per broker, in order; nil means the scenario's
+	// (baseline and ringfence, and the shared breaker for outage). The
+	// baseline always runs: every figure is compared with it.
+	Modes []Mode
+	// LagBound is the largest commit lag the long-outage check accepts;
+	// zero means LongOutageMaxLag.
+	LagBound int64
+	// HeapBudget, if set, makes the check fail when the ringfence run's
+	// consumer heap grew by more.
+	HeapBudget uint64
+	// KafkaAddr is a real Kafka's host:port; empty starts kfake in a child
+	// process.
 	KafkaAddr string
-	// NATSURL is a real NATS server's URL; empty starts one in-process.
+	// NATSURL is a real NATS server's URL; empty starts one in a child
+	// process.
 	NATSURL string
 	// MetricsAddr, if set, serves Prometheus metrics of the running
 	// consumer at http://MetricsAddr/metrics.
@@ -64,6 +80,9 @@ var factories = map[string]brokerFactory{
 // success, 1 on failure (or, with --check, results not as expected), 2 on a
 // usage error.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if code, ok := ServeChild(); ok {
+		return code
+	}
 	opts, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -96,23 +115,45 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs := flag.NewFlagSet("ringfence demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	broker := fs.String("broker", "both", "broker(s) to run on: kafka, nats or both (memory: in-process stand-in, for development)")
+	scenario := fs.String("scenario", "outage", "the fault: outage, long-outage, slow, hang or hot")
 	tenants := fs.Int("tenants", 20, "number of tenants sending traffic (at least 3)")
-	rate := fs.Int("rate", 25, "messages per second per tenant")
-	duration := fs.Duration("duration", 8*time.Second, "traffic time of each of the three runs per broker")
-	kafkaAddr := fs.String("kafka", "", "HOST:PORT of a real Kafka broker (default: start kfake in-process)")
-	natsURL := fs.String("nats", "", "URL of a real NATS server with JetStream (default: start one in-process)")
+	rate := fs.Int("rate", 25, "messages per second per tenant (the bad tenant sends 4x)")
+	partitions := fs.Int("partitions", 4, "partitions of the Kafka topic (tenants are keyed onto them by hash)")
+	duration := fs.Duration("duration", 0, "traffic time of each run (default: 8s for outage; for the others the fault plus a lead and a tail)")
+	var fault time.Duration
+	fs.DurationVar(&fault, "fault", 0, "length of the fault window (default: outage 40% of the duration, long-outage 5m, slow and hang 30s, hot 60s)")
+	fs.DurationVar(&fault, "outage", 0, "same as --fault (for long-outage: how long the dependency is down)")
+	slowLatency := fs.Duration("slow-latency", 500*time.Millisecond, "slow: how long the bad tenant's calls take during the fault")
+	hotFactor := fs.Int("hot-factor", 20, "hot: how many times its rate the bad tenant sends during the fault")
+	pol := fs.String("policy", "", "guard template: demo (fast breaker, 1s deadline) or default (policy.Default()); default: demo for outage and long-outage, default for slow, hang and hot")
+	shared := fs.Bool("shared", false, "also run the shared-breaker comparison (default: only for outage)")
+	settle := fs.Duration("settle", 30*time.Second, "the run's deadline after production ends; what is not done then is 'unfinished at deadline'")
+	drain := fs.Duration("drain", 5*time.Minute, "how long to keep consuming after the deadline while progress is made")
+	lagBound := fs.Int64("lag-bound", LongOutageMaxLag, "long-outage --check: the largest commit lag (messages) accepted during the outage")
+	heapBudget := fs.String("heap-budget", "", "--check fails if the consumer's heap grows by more than this during the ringfence run (e.g. 64MiB; default: reported only)")
+	kafkaAddr := fs.String("kafka", "", "HOST:PORT of a real Kafka broker (default: start kfake in a child process)")
+	natsURL := fs.String("nats", "", "URL of a real NATS server with JetStream (default: start one in a child process)")
+	consoleAddr := fs.String("console", "", "serve the ops console at ADDR while the demo runs, to watch a tenant park, spill and recover live (e.g. 127.0.0.1:8089)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at ADDR/metrics while the demo runs (e.g. 127.0.0.1:9464)")
-	consoleAddr := fs.String("console", "", "serve the ops console at ADDR while the demo runs, to watch a tenant park and recover live (e.g. 127.0.0.1:8089)")
 	asJSON := fs.Bool("json", false, "print one JSON object per broker instead of tables")
-	check := fs.Bool("check", false, "exit 1 unless per-tenant guards kept >= 95% of healthy goodput, dead-lettered nothing of the outage and lost nothing")
+	check := fs.Bool("check", false, "exit 1 unless the scenario's acceptance checks pass (see the summary's checks)")
 	verbose := fs.Bool("v", false, "log the library's warnings (slog) to stderr")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: ringfence demo [flags]
 
-Runs the noisy-neighbour demo: in-process Kafka and NATS, traffic for many
-tenants, one tenant's dependency down for a while, another sending poison
-messages; the same traffic with no outage, with per-tenant guards, and with
-one shared breaker. Prints a live view, then a summary side by side.
+Runs the noisy-neighbour demo on in-process Kafka and NATS (each in a child
+process, so the heap figures are the consumer's): traffic for many tenants
+keyed onto partitions, one bad tenant, and a fault for it (--scenario):
+
+  outage       its dependency fails for a few seconds (with the shared-breaker comparison)
+  long-outage  its dependency fails for --outage (5m by default)
+  slow         its calls take 500ms instead of failing
+  hang         its calls block until cancelled
+  hot          it sends 20x its rate, every call succeeding
+
+Each scenario runs with no fault (the baseline) and with per-tenant guards;
+the summary compares goodput, p99 latency, commit lag, heap, parking, dead
+letters, order and losses, and --check judges them.
 
 Flags:
 `)
@@ -124,14 +165,49 @@ Flags:
 	if fs.NArg() > 0 {
 		return Options{}, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
+	kind, err := ParseKind(*scenario)
+	if err != nil {
+		return Options{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	sc := Scenario{
+		Kind: kind, Tenants: *tenants, Rate: *rate, Partitions: *partitions, Duration: *duration,
+		Fault: fault, SlowLatency: *slowLatency, HotFactor: *hotFactor, Settle: *settle, Drain: *drain,
+	}
+	switch *pol {
+	case "":
+	case "demo":
+		p := DemoPolicy()
+		sc.Policy, sc.PolicyName = &p, "demo"
+	case "default":
+		p := policy.Default()
+		sc.Policy, sc.PolicyName = &p, "default"
+	default:
+		return Options{}, fmt.Errorf("%w: --policy must be demo or default, got %q", errUsage, *pol)
+	}
 	o := Options{
-		Scenario:    Scenario{Tenants: *tenants, Rate: *rate, Duration: *duration},
+		Scenario:    sc,
+		LagBound:    *lagBound,
 		KafkaAddr:   *kafkaAddr,
 		NATSURL:     *natsURL,
 		MetricsAddr: *metricsAddr,
 		ConsoleAddr: *consoleAddr,
 		JSON:        *asJSON,
 		Check:       *check,
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "shared" {
+			o.Modes = []Mode{Baseline, PerTenant}
+			if *shared {
+				o.Modes = Modes
+			}
+		}
+	})
+	if *heapBudget != "" {
+		n, err := parseSize(*heapBudget)
+		if err != nil {
+			return Options{}, fmt.Errorf("%w: --heap-budget: %v", errUsage, err)
+		}
+		o.HeapBudget = n
 	}
 	switch b := strings.ToLower(*broker); b {
 	case "both":
@@ -145,6 +221,27 @@ Flags:
 		o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	return o, nil
+}
+
+// parseSize reads a byte count: digits with an optional KiB, MiB or GiB
+// (or K, M, G) suffix.
+func parseSize(s string) (uint64, error) {
+	units := []struct {
+		suffix string
+		mult   uint64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+	mult := uint64(1)
+	for _, u := range units {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = rest, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	if err != nil || n == 0 || n > (1<<50)/mult {
+		return 0, fmt.Errorf("%q is not a size such as 64MiB", s)
+	}
+	return n * mult, nil
 }
 
 // Run runs the demo on each broker of o in turn and returns the results.
@@ -195,7 +292,24 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 		fmt.Fprintf(o.Progress, "console: %s\n", u)
 	}
 
-	p := newPlan(sc)
+	modes := o.Modes
+	if modes == nil {
+		modes = defaultModes(sc.Kind)
+	}
+	if !slices.Contains(modes, Baseline) {
+		modes = append([]Mode{Baseline}, modes...)
+	}
+	lagBound := o.LagBound
+	if lagBound == 0 {
+		lagBound = LongOutageMaxLag
+	}
+	// One plan without the fault and one with it: they differ only for
+	// hot, whose burst is traffic.
+	base := newPlan(sc, false)
+	faulty := base
+	if sc.Kind == KindHot {
+		faulty = newPlan(sc, true)
+	}
 	v := newView(o.Progress, o.TTY)
 	var out []*BrokerResult
 	var failed []string
@@ -209,8 +323,16 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 		if err != nil {
 			return out, fmt.Errorf("start %s: %w", name, err)
 		}
-		res := &BrokerResult{Broker: name, Tenants: p.tenants, Outage: p.tenants[p.outage], Poison: p.tenants[p.poison], Sent: p.poisonCount(), Sc: sc}
-		for _, m := range Modes {
+		g := newGroups(base, func(t string) (int, bool) { return b.PartitionOf(t, sc.Partitions) })
+		res := &BrokerResult{
+			Broker: name, Where: b.Where(), Tenants: base.tenants, Bad: base.tenants[base.bad],
+			Sent: base.poisonCount(), Sc: sc, Keyed: g.keyed, Partitions: g.part, BadPartition: g.badPart,
+			Mates: g.mateNames(base), LagBound: lagBound, HeapBudget: o.HeapBudget,
+		}
+		if base.poison >= 0 {
+			res.Poison = base.tenants[base.poison]
+		}
+		for _, m := range modes {
 			rc := runConfig{broker: b, logger: logger, observe: v.Observe}
 			if register != nil {
 				rc.consumer = func(c *consumer.Consumer, m Mode) func() { return register(c, name, m) }
@@ -218,7 +340,11 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 			if con != nil {
 				rc.consumer, rc.onEvent = consoleHook(con, name, rc.consumer), con.OnEvent
 			}
-			r, err := runMode(ctx, p, m, rc)
+			p := faulty
+			if m == Baseline {
+				p = base
+			}
+			r, err := runMode(ctx, p, g, m, rc)
 			v.Done()
 			if err != nil {
 				b.Close()
@@ -226,8 +352,9 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 			}
 			res.Runs[m] = r
 			if !o.TTY {
-				fmt.Fprintf(o.Progress, "%-6s %-9s done in %.1fs: healthy goodput in window %d, outage dead-lettered %d, poison dead-lettered %d, lost %d\n",
-					name, m, r.Elapsed.Seconds(), r.HealthyInWindow, r.OutageDead, r.PoisonDead, r.Lost)
+				fmt.Fprintf(o.Progress, "%-6s %-9s done in %.1fs: healthy goodput in window %d (mates %d), p99 %s (mates %s), max lag %d, %s parked %d, dead-lettered %d, unfinished %d/%d, lost %d\n",
+					name, m, r.Elapsed.Seconds(), r.HealthyGoodput, r.MatesGoodput, fmtLatency(r.HealthyP99), fmtLatency(r.MatesP99),
+					r.MaxLagRun, res.Bad, r.BadParked, r.BadDead, r.UnfinishedAtDeadline, r.UnfinishedAfterDrain, r.Lost)
 			}
 		}
 		if err := b.Close(); err != nil {
@@ -253,11 +380,6 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 		return out, fmt.Errorf("%w: %s", errCheck, strings.Join(failed, ", "))
 	}
 	return out, nil
-}
-
-func (b *BrokerResult) asExpected() bool {
-	pt := b.Runs[PerTenant]
-	return b.Ratio(PerTenant) >= 0.95 && pt.OutageDead == 0 && pt.Lost == 0
 }
 
 func isTerminal(w io.Writer) bool {

@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,131 +18,34 @@ import (
 	"github.com/ringfence/ringfence/policy"
 )
 
-func TestValueRoundTrip(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		tenant string
-		id     int
-		kind   byte
-	}{
-		{"tenant-01", 0, kindOK},
-		{"tenant-13", 123456, kindPoison},
-		{"a|b", 7, kindOK}, // a '|' in the tenant: the id and kind are read from the end
-	} {
-		v := encodeValue(tc.tenant, tc.id, tc.kind)
-		tenant, id, kind, ok := decodeValue(v)
-		if tc.tenant == "a|b" {
-			// Tenants with '|' are not produced by the demo; decoding must
-			// fail closed rather than misattribute.
-			if ok && tenant == tc.tenant {
-				t.Fatalf("decode(%q) accepted an ambiguous tenant", v)
-			}
-			continue
-		}
-		if !ok || tenant != tc.tenant || id != tc.id || kind != tc.kind {
-			t.Fatalf("decode(%q) = %q, %d, %c, %v", v, tenant, id, kind, ok)
-		}
+func TestMain(m *testing.M) {
+	// The kafka and nats brokers run in a child process: this binary.
+	if code, ok := ServeChild(); ok {
+		os.Exit(code)
 	}
-	for _, bad := range []string{"", "|", "t|1", "t||o", "t|-1|o", "t|x|o", "|1|o", "t|1|oo", "t|1|x", "0|0|\x8d"} {
-		if _, _, _, ok := decodeValue([]byte(bad)); ok {
-			t.Errorf("decode(%q) accepted", bad)
-		}
-	}
-}
-
-func FuzzDecodeValue(f *testing.F) {
-	f.Add([]byte("tenant-01|12|o"))
-	f.Add([]byte("x|0|p"))
-	f.Add([]byte("|||"))
-	f.Fuzz(func(t *testing.T, v []byte) {
-		tenant, id, kind, ok := decodeValue(v)
-		if !ok {
-			return
-		}
-		if id < 0 || tenant == "" {
-			t.Fatalf("decode(%q) = %q, %d", v, tenant, id)
-		}
-		// Whatever was accepted re-encodes to a value that decodes the same.
-		t2, id2, k2, ok2 := decodeValue(encodeValue(tenant, id, kind))
-		if !ok2 || t2 != tenant || id2 != id || k2 != kind {
-			t.Fatalf("decode(%q) = %q %d %c; re-encoded decodes to %q %d %c %v", v, tenant, id, kind, t2, id2, k2, ok2)
-		}
-	})
-}
-
-func TestPlan(t *testing.T) {
-	t.Parallel()
-	sc := Scenario{Tenants: 20, Rate: 25, Duration: 8 * time.Second}.withDefaults()
-	p := newPlan(sc)
-	if p.tenants[p.outage] != "tenant-07" || p.tenants[p.poison] != "tenant-13" {
-		t.Fatalf("outage %s, poison %s", p.tenants[p.outage], p.tenants[p.poison])
-	}
-	perT := make([]int, sc.Tenants)
-	lastKind := make([]byte, sc.Tenants)
-	for id := range p.total {
-		if id > 0 && p.due[id] < p.due[id-1] {
-			t.Fatalf("id %d due %v before id %d at %v", id, p.due[id], id-1, p.due[id-1])
-		}
-		tn := p.owner[id]
-		perT[tn]++
-		if p.kinds[id] == kindPoison {
-			if tn != p.poison {
-				t.Fatalf("poison message %d of %s", id, p.tenants[tn])
-			}
-			if lastKind[tn] == kindPoison {
-				t.Fatalf("two poison messages in a row at %d", id)
-			}
-		}
-		lastKind[tn] = p.kinds[id]
-	}
-	if lastKind[p.poison] == kindPoison {
-		t.Fatal("the poison tenant's last message is poison")
-	}
-	if perT[0] != 200 || perT[p.outage] != 800 {
-		t.Fatalf("per-tenant counts %v (want 200 each, 800 for the outage tenant)", perT)
-	}
-	if got := p.poisonCount(); got != 10 {
-		t.Fatalf("poison count %d, want 10", got)
-	}
-	if due := p.due[p.total-1]; due >= sc.Duration+time.Second/time.Duration(sc.Rate) {
-		t.Fatalf("last message due at %v, past the duration", due)
-	}
-}
-
-func TestScenarioValidate(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		sc   Scenario
-	}{
-		{"too few tenants", Scenario{Tenants: 2}},
-		{"zero rate", Scenario{Rate: -1}},
-		{"short duration", Scenario{Duration: time.Millisecond}},
-		{"window outside", Scenario{Duration: 2 * time.Second, FaultStart: time.Second, FaultEnd: 3 * time.Second}},
-		{"poison every 1", Scenario{PoisonEvery: 1}},
-	} {
-		if err := tc.sc.withDefaults().validate(); err == nil {
-			t.Errorf("%s: validate accepted %+v", tc.name, tc.sc)
-		}
-	}
-	if err := (Scenario{}).withDefaults().validate(); err != nil {
-		t.Fatalf("defaults invalid: %v", err)
-	}
+	os.Exit(m.Run())
 }
 
 func TestFlags(t *testing.T) {
 	t.Parallel()
 	var out, errb bytes.Buffer
-	if code := Main([]string{"--broker", "rabbit"}, &out, &errb); code != 2 {
-		t.Fatalf("bad broker: exit %d, stderr %q", code, errb.String())
+	for _, bad := range [][]string{
+		{"--broker", "rabbit"},
+		{"--broker", "memory", "--tenants", "2"},
+		{"--scenario", "flood"},
+		{"--policy", "strict"},
+		{"--heap-budget", "lots"},
+		{"--broker", "memory", "--scenario", "slow", "--duration", "10s", "--fault", "20s"},
+		{"extra"},
+	} {
+		errb.Reset()
+		if code := Main(bad, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, stderr %q", bad, code, errb.String())
+		}
 	}
 	errb.Reset()
-	if code := Main([]string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "--tenants") && !strings.Contains(errb.String(), "-tenants") {
+	if code := Main([]string{"--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "-tenants") || !strings.Contains(errb.String(), "long-outage") {
 		t.Fatalf("help: exit %d, stderr %q", code, errb.String())
-	}
-	errb.Reset()
-	if code := Main([]string{"--broker", "memory", "--tenants", "2"}, &out, &errb); code != 2 {
-		t.Fatalf("2 tenants: exit %d, stderr %q", code, errb.String())
 	}
 	o, err := parseFlags([]string{"--broker", "kafka", "--kafka", "127.0.0.1:9092", "--tenants", "30", "--duration", "5s", "--json"}, &errb)
 	if err != nil {
@@ -150,84 +55,161 @@ func TestFlags(t *testing.T) {
 		t.Fatalf("parsed %+v", o)
 	}
 	o, err = parseFlags(nil, &errb)
-	if err != nil || strings.Join(o.Brokers, ",") != "kafka,nats" {
-		t.Fatalf("default brokers %v, %v", o.Brokers, err)
+	if err != nil || strings.Join(o.Brokers, ",") != "kafka,nats" || o.Scenario.Kind != KindOutage || o.Modes != nil || o.LagBound != LongOutageMaxLag {
+		t.Fatalf("defaults %+v, %v", o, err)
+	}
+	o, err = parseFlags([]string{"--scenario", "long-outage", "--outage", "1m", "--shared", "--policy", "default", "--heap-budget", "64MiB", "--lag-bound", "500", "--partitions", "8"}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := o.Scenario.withDefaults()
+	if sc.Kind != KindLongOutage || sc.Fault != time.Minute || sc.Duration != 90*time.Second || sc.PolicyName != "default" || sc.Partitions != 8 ||
+		len(o.Modes) != 3 || o.HeapBudget != 64<<20 || o.LagBound != 500 {
+		t.Fatalf("parsed %+v (scenario %+v)", o, sc)
+	}
+	o, err = parseFlags([]string{"--scenario", "outage", "--shared=false"}, &errb)
+	if err != nil || len(o.Modes) != 2 || o.Modes[1] != PerTenant {
+		t.Fatalf("--shared=false: modes %v, %v", o.Modes, err)
 	}
 }
 
-// shortScenario runs in a few seconds: few tenants, a 2s window of traffic.
-func shortScenario() Scenario {
-	return Scenario{Tenants: 6, Rate: 20, Duration: 2500 * time.Millisecond, Partitions: 2}
+func TestParseSize(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]uint64{"1024": 1024, "64MiB": 64 << 20, "2G": 2 << 30, "512KiB": 512 << 10, "10B": 10} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-1", "0", "1.5GiB", "9999999999GiB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) accepted", in)
+		}
+	}
 }
 
-// checkRuns asserts what must hold whatever the machine's speed: nothing
-// lost, the outage dead-letters nothing under per-tenant guards and trips
-// the outage tenant's breaker, and every poison message is dead-lettered.
+// shortScenario runs in a few seconds: few tenants, 2s of traffic, short
+// waits. With 6 tenants on 2 partitions the bad tenant
+// (tenant-02) shares partition 0 with tenant-04 (the poison tenant of the
+// outage scenario) and tenant-06.
+func shortScenario(k Kind) Scenario {
+	return Scenario{
+		Kind: k, Tenants: 6, Rate: 20, Duration: 2 * time.Second, Fault: time.Second, Partitions: 2,
+		HotFactor: 5, SlowLatency: 100 * time.Millisecond,
+		Settle: time.Second, Drain: 20 * time.Second, Stall: 3 * time.Second, ReadBack: 5 * time.Second,
+		ShutdownTimeout: time.Second,
+	}
+}
+
+// checkRuns asserts what must hold whatever the engine and the machine's
+// speed: nothing lost, no dead letter of a healthy tenant or of the bad one
+// (a fault is not the message's fault), every poison message
+// dead-lettered, the bad tenant's messages in order, every message on the
+// partition its key hashes to, and the accounting adds up.
 func checkRuns(t *testing.T, r *BrokerResult) {
 	t.Helper()
 	for _, m := range Modes {
 		run := r.Runs[m]
+		if !run.Ran {
+			continue
+		}
 		if run.Lost != 0 {
-			t.Errorf("%s %s: %d lost", r.Broker, m, run.Lost)
+			t.Errorf("%s %s %s: %d lost", r.Broker, r.Sc.Kind, m, run.Lost)
 		}
 		if run.PoisonDead != r.Sent {
-			t.Errorf("%s %s: %d of %d poison messages dead-lettered", r.Broker, m, run.PoisonDead, r.Sent)
+			t.Errorf("%s %s %s: %d of %d poison messages dead-lettered", r.Broker, r.Sc.Kind, m, run.PoisonDead, r.Sent)
 		}
 		if run.OtherDead != 0 {
-			t.Errorf("%s %s: %d dead letters of healthy tenants", r.Broker, m, run.OtherDead)
+			t.Errorf("%s %s %s: %d dead letters of healthy tenants", r.Broker, r.Sc.Kind, m, run.OtherDead)
+		}
+		if run.PartitionMismatches != 0 {
+			t.Errorf("%s %s %s: %d messages off their key's partition", r.Broker, r.Sc.Kind, m, run.PartitionMismatches)
+		}
+		if run.Recovered > run.UnfinishedAfterDrain || run.UnfinishedAfterDrain > run.UnfinishedAtDeadline+run.Produced {
+			t.Errorf("%s %s %s: accounting %d unfinished at deadline, %d after drain, %d found by restart", r.Broker, r.Sc.Kind, m,
+				run.UnfinishedAtDeadline, run.UnfinishedAfterDrain, run.Recovered)
+		}
+		if m != Shared && run.BadOutOfOrder != 0 {
+			t.Errorf("%s %s %s: %d of %d messages of %s out of order", r.Broker, r.Sc.Kind, m, run.BadOutOfOrder, run.BadInOrder, r.Bad)
+		}
+		if run.LagSamples == 0 || run.HealthyN == 0 {
+			t.Errorf("%s %s %s: %d lag samples, %d latencies", r.Broker, r.Sc.Kind, m, run.LagSamples, run.HealthyN)
 		}
 	}
-	pt := r.Runs[PerTenant]
-	if pt.OutageDead != 0 {
-		t.Errorf("%s: per-tenant guards dead-lettered %d messages of the outage", r.Broker, pt.OutageDead)
+	pt, bl := r.Runs[PerTenant], r.Runs[Baseline]
+	if pt.BadDead != 0 || bl.BadDead != 0 {
+		t.Errorf("%s %s: %s dead-lettered %d (baseline %d)", r.Broker, r.Sc.Kind, r.Bad, pt.BadDead, bl.BadDead)
 	}
-	for _, tr := range pt.Tenants {
-		switch tr.Role {
-		case "outage":
-			if tr.Trips < 1 || tr.MaxParked < 1 {
-				t.Errorf("%s: outage tenant tripped %d times, parked at most %d", r.Broker, tr.Trips, tr.MaxParked)
-			}
-		case "":
-			if tr.Trips != 0 || tr.MaxParked != 0 {
+	if bl.BadParked != 0 || bl.MaxParked != 0 {
+		t.Errorf("%s %s baseline: %s parked %d times, %d parked at most", r.Broker, r.Sc.Kind, r.Bad, bl.BadParked, bl.MaxParked)
+	}
+	if r.Sc.Kind.fails() {
+		// A failing dependency must trip the bad tenant's breaker and park
+		// it, and no healthy tenant's.
+		for _, tr := range pt.Tenants {
+			switch {
+			case tr.Tenant == r.Bad && (tr.Trips < 1 || tr.MaxParked < 1 || pt.BadParked < 1):
+				t.Errorf("%s: %s tripped %d times, parked %d times, at most %d", r.Broker, r.Bad, tr.Trips, pt.BadParked, tr.MaxParked)
+			case tr.Role == "" && (tr.Trips != 0 || tr.MaxParked != 0):
 				t.Errorf("%s: healthy %s tripped %d times, parked %d", r.Broker, tr.Tenant, tr.Trips, tr.MaxParked)
 			}
 		}
 	}
-	if b := r.Runs[Baseline]; b.OutageDead != 0 || b.MaxParked != 0 {
-		t.Errorf("%s baseline: %d outage dead letters, %d parked", r.Broker, b.OutageDead, b.MaxParked)
+	if r.Sc.Kind == KindHot && pt.Produced <= bl.Produced {
+		t.Errorf("%s hot: the ringfence run produced %d, the baseline %d: no burst", r.Broker, pt.Produced, bl.Produced)
 	}
-	t.Logf("%s: healthy ratio per tenant %.2f, shared %.2f; shared outage dead letters %d", r.Broker, r.Ratio(PerTenant), r.Ratio(Shared), r.Runs[Shared].OutageDead)
+	t.Logf("%s %s: goodput %.2f (mates %.2f), p99 %s/%s, lag %d, parked %d, unfinished %d/%d, found again %d",
+		r.Broker, r.Sc.Kind, ratio(pt.HealthyGoodput, bl.HealthyGoodput), ratio(pt.MatesGoodput, bl.MatesGoodput),
+		fmtLatency(pt.HealthyP99), fmtLatency(bl.HealthyP99), pt.MaxLagFault, pt.BadParked, pt.UnfinishedAtDeadline, pt.UnfinishedAfterDrain, pt.Recovered)
 }
 
+// TestRunMemory runs every scenario, scaled down, on the in-memory broker.
 func TestRunMemory(t *testing.T) {
 	t.Parallel()
-	var out, progress bytes.Buffer
-	res, err := Run(context.Background(), Options{Brokers: []string{"memory"}, Scenario: shortScenario(), Stdout: &out, Progress: &progress})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res) != 1 {
-		t.Fatalf("%d results", len(res))
-	}
-	checkRuns(t, res[0])
-	for _, want := range []string{"tenant-03", "outage", "poison", "ratio to baseline", "shared breaker", "goodput during the outage"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("summary lacks %q:\n%s", want, out.String())
-		}
-	}
-	if !strings.Contains(progress.String(), "memory baseline") || !strings.Contains(progress.String(), "done in") {
-		t.Errorf("progress lines:\n%s", progress.String())
+	for _, k := range Kinds {
+		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
+			var out, progress bytes.Buffer
+			res, err := Run(context.Background(), Options{Brokers: []string{"memory"}, Scenario: shortScenario(k), Stdout: &out, Progress: &progress})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res) != 1 {
+				t.Fatalf("%d results", len(res))
+			}
+			r := res[0]
+			mates := "tenant-04, tenant-06" // the outage scenario's poison tenant is not healthy
+			if k == KindOutage {
+				mates = "tenant-06"
+			}
+			if strings.Join(r.Mates, ", ") != mates || r.Bad != "tenant-02" || !r.Keyed || r.BadPartition != 0 {
+				t.Fatalf("bad %s on %d, mates %v", r.Bad, r.BadPartition, r.Mates)
+			}
+			if r.Runs[Shared].Ran != (k == KindOutage) {
+				t.Errorf("shared run: %v", r.Runs[Shared].Ran)
+			}
+			checkRuns(t, r)
+			for _, want := range []string{"tenant-02", "scenario " + string(k), "ratio to baseline", "partition-mates of tenant-02 (partition 0): " + mates,
+				"p99", "commit lag", "unfinished at deadline", "lost", "checks (ringfence run)"} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("summary lacks %q:\n%s", want, out.String())
+				}
+			}
+			if !strings.Contains(progress.String(), "memory baseline") || !strings.Contains(progress.String(), "done in") {
+				t.Errorf("progress lines:\n%s", progress.String())
+			}
+		})
 	}
 }
 
 func TestMainJSON(t *testing.T) {
 	t.Parallel()
 	var out, errb bytes.Buffer
-	code := Main([]string{"--broker", "memory", "--json", "--tenants", "5", "--duration", "2s"}, &out, &errb)
+	code := Main([]string{"--broker", "memory", "--json", "--tenants", "5", "--duration", "1s"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	sc := bufio.NewScanner(&out)
+	sc.Buffer(nil, 1<<20)
 	n := 0
 	for sc.Scan() {
 		n++
@@ -235,13 +217,28 @@ func TestMainJSON(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
-		for _, k := range []string{"broker", "healthy_ratio_per_tenant", "healthy_ratio_shared", "transient_dead_lettered", "poison_dead_lettered", "lost"} {
+		for _, k := range []string{"broker", "healthy_ratio_per_tenant", "healthy_ratio_shared", "transient_dead_lettered", "poison_dead_lettered", "lost",
+			"scenario", "partition_mates", "runs", "checks", "ok", "commit_lag_measure"} {
 			if _, ok := m[k]; !ok {
 				t.Errorf("JSON lacks %q: %s", k, sc.Text())
 			}
 		}
-		if m["broker"] != "memory" || m["lost"] != 0.0 || m["transient_dead_lettered"] != 0.0 {
+		if m["broker"] != "memory" || m["lost"] != 0.0 || m["transient_dead_lettered"] != 0.0 || m["scenario"] != "outage" {
 			t.Errorf("JSON %s", sc.Text())
+		}
+		runs := m["runs"].(map[string]any)
+		for _, mode := range []string{"baseline", "ringfence", "shared"} {
+			r, ok := runs[mode].(map[string]any)
+			if !ok {
+				t.Fatalf("no %s run in %s", mode, sc.Text())
+			}
+			for _, k := range []string{"healthy_goodput_ratio", "mates_goodput_ratio", "healthy_p99_ms", "mates_p99_ratio", "max_commit_lag_fault",
+				"consumer_heap_bytes", "bad_parked_events", "bad_dead_lettered", "bad_out_of_order", "unfinished_at_deadline",
+				"unfinished_after_drain", "recovered_on_restart", "lost"} {
+				if _, ok := r[k]; !ok {
+					t.Errorf("%s run lacks %q", mode, k)
+				}
+			}
 		}
 	}
 	if n != 1 {
@@ -252,7 +249,7 @@ func TestMainJSON(t *testing.T) {
 func TestView(t *testing.T) {
 	t.Parallel()
 	s := Snapshot{
-		Broker: "kafka", Mode: PerTenant, Elapsed: 2500 * time.Millisecond, Duration: 8 * time.Second, FaultOn: true, Producing: true,
+		Broker: "kafka", Kind: KindOutage, Mode: PerTenant, Elapsed: 2500 * time.Millisecond, Duration: 8 * time.Second, FaultOn: true, Producing: true,
 		Rows: []Row{
 			{Tenant: "tenant-01", Handled: 10, TrackedAlone: true},
 			{Tenant: "tenant-07", Role: "outage", Handled: 3, Backlog: 40, Parked: 40, State: policy.Open, TrackedAlone: true},
@@ -260,6 +257,11 @@ func TestView(t *testing.T) {
 		Handled: 13, Backlog: 40, Parked: 40,
 	}
 	if got := plainLine(s); !strings.Contains(got, "OUTAGE") || !strings.Contains(got, "tenant-07:open") || !strings.Contains(got, "parked=40") {
+		t.Fatalf("plain line %q", got)
+	}
+	hot := s
+	hot.Kind = KindHot
+	if got := plainLine(hot); !strings.Contains(got, " HOT ") {
 		t.Fatalf("plain line %q", got)
 	}
 	var b bytes.Buffer
@@ -282,18 +284,53 @@ func TestView(t *testing.T) {
 
 func TestRunRealBrokers(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts in-process Kafka and NATS")
+		t.Skip("starts Kafka (kfake) and NATS in child processes")
 	}
 	for _, name := range []string{"kafka", "nats"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			var out bytes.Buffer
-			res, err := Run(context.Background(), Options{Brokers: []string{name}, Scenario: shortScenario(), Stdout: &out})
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkRuns(t, res[0])
-		})
+		kinds := []Kind{KindOutage}
+		if name == "kafka" {
+			// On today's engine the hanging calls leave messages
+			// unfinished: the restart read-back must find them in the
+			// group (NATS would take its 30s AckWait to hand them over).
+			kinds = append(kinds, KindHang)
+		}
+		for _, k := range kinds {
+			t.Run(name+"/"+string(k), func(t *testing.T) {
+				t.Parallel()
+				var out bytes.Buffer
+				res, err := Run(context.Background(), Options{Brokers: []string{name}, Scenario: shortScenario(k), Stdout: &out})
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := res[0]
+				if r.Where != "child process" {
+					t.Errorf("broker ran in %q", r.Where)
+				}
+				healthy := 5 // all but the bad tenant, and the poison one of the outage
+				if k == KindOutage {
+					healthy = 4
+				}
+				if name == "nats" && (r.Keyed || len(r.Mates) != healthy) {
+					t.Errorf("nats: keyed %v, mates %v (want every healthy tenant)", r.Keyed, r.Mates)
+				}
+				checkRuns(t, r)
+			})
+		}
+	}
+}
+
+func TestServeChild(t *testing.T) {
+	t.Parallel()
+	var stopped atomic.Bool
+	servers := map[string]func() (string, func(), error){
+		"fake": func() (string, func(), error) { return "127.0.0.1:1", func() { stopped.Store(true) }, nil },
+	}
+	var out, errb bytes.Buffer
+	if code := serveChild("fake", servers, strings.NewReader(""), &out, &errb); code != 0 || out.String() != childReady+" 127.0.0.1:1\n" || !stopped.Load() {
+		t.Fatalf("exit %d, out %q, stderr %q, stopped %v", code, out.String(), errb.String(), stopped.Load())
+	}
+	if code := serveChild("rabbit", servers, strings.NewReader(""), &out, &errb); code != 2 || !strings.Contains(errb.String(), "names no broker") {
+		t.Fatalf("unknown broker: exit %d, stderr %q", code, errb.String())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -19,34 +20,54 @@ import (
 
 func init() { factories["kafka"] = newKafkaBroker }
 
-// kafkaBroker is an in-process kfake cluster, or a real Kafka at addr.
+// kafkaBroker is a kfake cluster in a child process, or a real Kafka.
 type kafkaBroker struct {
 	addrs []string
-	stop  func()
+	where string
+	child *child // nil for a real Kafka
 	log   *slog.Logger
 }
 
 func newKafkaBroker(ctx context.Context, addr string, log *slog.Logger) (Broker, error) {
-	if addr != "" {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return nil, fmt.Errorf("%w: --kafka %q is not HOST:PORT", errUsage, addr)
+	b := &kafkaBroker{log: log, where: "external"}
+	if addr == "" {
+		a, c, err := startChild(ctx, "kafka")
+		if err != nil {
+			return nil, err
 		}
-		return &kafkaBroker{addrs: []string{addr}, stop: func() {}, log: log}, nil
+		addr, b.child, b.where = a, c, "child process"
 	}
+	for _, a := range strings.Split(addr, ",") {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			if b.child != nil {
+				b.child.Close()
+			}
+			return nil, fmt.Errorf("%w: --kafka %q is not HOST:PORT", errUsage, a)
+		}
+		b.addrs = append(b.addrs, a)
+	}
+	return b, nil
+}
+
+// startKfake starts the demo's kfake cluster (in the broker child).
+func startKfake() (string, func(), error) {
 	addrs, stop, err := kafkatest.New(
 		kfake.GroupMinSessionTimeout(500*time.Millisecond),
 		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
 	)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	return &kafkaBroker{addrs: addrs, stop: stop, log: log}, nil
+	return strings.Join(addrs, ","), stop, nil
 }
 
-func (b *kafkaBroker) Name() string { return "kafka" }
+func (b *kafkaBroker) Name() string  { return "kafka" }
+func (b *kafkaBroker) Where() string { return b.where }
 
 func (b *kafkaBroker) Close() error {
-	b.stop()
+	if b.child != nil {
+		return b.child.Close()
+	}
 	return nil
 }
 
@@ -71,11 +92,12 @@ func (b *kafkaBroker) Open(ctx context.Context, run string, partitions int) (Top
 		return nil, err
 	}
 	return &kafkaTopic{
-		b: b, name: run, sink: sink, insp: insp,
+		b: b, name: run, sink: sink, insp: insp, parts: partitions,
+		admin: cl,
 		w: &kafkago.Writer{
 			Addr:         kafkago.TCP(b.addrs...),
 			Topic:        run,
-			Balancer:     &kafkago.Hash{}, // tenant-keyed partitioning
+			Balancer:     &kafkago.Hash{}, // tenant-keyed partitioning; see hashPartition
 			RequiredAcks: kafkago.RequireAll,
 			BatchTimeout: time.Millisecond,
 			BatchSize:    1000,
@@ -84,11 +106,58 @@ func (b *kafkaBroker) Open(ctx context.Context, run string, partitions int) (Top
 }
 
 type kafkaTopic struct {
-	b    *kafkaBroker
-	name string
-	w    *kafkago.Writer
-	sink *kafka.Sink
-	insp *kafka.Inspector
+	b     *kafkaBroker
+	name  string
+	parts int
+	w     *kafkago.Writer
+	admin *kafkago.Client
+	sink  *kafka.Sink
+	insp  *kafka.Inspector
+}
+
+// PartitionOf is where the Writer's Hash balancer puts tenant's messages.
+func (b *kafkaBroker) PartitionOf(tenant string, n int) (int, bool) {
+	return hashPartition(tenant, n), true
+}
+
+// Lag reads the log end offsets and the group's committed offsets from the
+// broker. A partition the group has not committed yet lags by its whole
+// log (the source starts from the first offset).
+func (t *kafkaTopic) Lag(ctx context.Context, group string) ([]int64, error) {
+	reqs := make([]kafkago.OffsetRequest, t.parts)
+	ids := make([]int, t.parts)
+	for p := range t.parts {
+		reqs[p], ids[p] = kafkago.LastOffsetOf(p), p
+	}
+	ends, err := t.admin.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{t.name: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("list offsets: %w", err)
+	}
+	com, err := t.admin.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{t.name: ids}})
+	if err != nil {
+		return nil, fmt.Errorf("fetch committed offsets: %w", err)
+	}
+	if com.Error != nil {
+		return nil, fmt.Errorf("fetch committed offsets: %w", com.Error)
+	}
+	out := make([]int64, t.parts)
+	for _, po := range ends.Topics[t.name] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("list offsets of partition %d: %w", po.Partition, po.Error)
+		}
+		if po.Partition >= 0 && po.Partition < t.parts {
+			out[po.Partition] = po.LastOffset
+		}
+	}
+	for _, c := range com.Topics[t.name] {
+		if c.Error != nil {
+			return nil, fmt.Errorf("committed offset of partition %d: %w", c.Partition, c.Error)
+		}
+		if c.Partition >= 0 && c.Partition < t.parts && c.CommittedOffset > 0 {
+			out[c.Partition] = max(out[c.Partition]-c.CommittedOffset, 0)
+		}
+	}
+	return out, nil
 }
 
 func (t *kafkaTopic) Produce(ctx context.Context, msgs []Msg) error {
@@ -103,13 +172,25 @@ func (t *kafkaTopic) Source(group string, _ consumer.TenantFunc, _ bool) (consum
 	return kafka.NewSource(t.b.addrs, t.name, group,
 		kafka.WithLogger(t.b.log),
 		kafka.WithHeartbeatInterval(250*time.Millisecond),
-		kafka.WithSessionTimeout(5*time.Second),
+		kafka.WithSessionTimeout(kafkaSessionTimeout),
 		kafka.WithRebalanceTimeout(5*time.Second),
 		kafka.WithJoinBackoff(100*time.Millisecond),
 		kafka.WithMaxWait(50*time.Millisecond),
 		kafka.WithCommitInterval(250*time.Millisecond),
 	)
 }
+
+// SpillLog is the group's spill log: a topic per tenant that spills.
+func (t *kafkaTopic) SpillLog(group string) (consumer.SpillLog, error) {
+	return kafka.NewSpillLog(t.b.addrs, t.name, group, kafka.SpillLogger(t.b.log))
+}
+
+// kafkaSessionTimeout is the demo consumer's group session timeout.
+const kafkaSessionTimeout = 5 * time.Second
+
+// RedeliveryAfter: a member that did not leave the group cleanly keeps its
+// partitions for the session timeout.
+func (t *kafkaTopic) RedeliveryAfter() time.Duration { return kafkaSessionTimeout }
 
 func (t *kafkaTopic) Tenant() consumer.TenantFunc { return consumer.FromKey() }
 func (t *kafkaTopic) Sink() dlq.Sink              { return t.sink }

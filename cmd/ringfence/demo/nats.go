@@ -21,46 +21,35 @@ import (
 
 func init() { factories["nats"] = newNATSBroker }
 
-// natsMaxAckPending is the demo consumer's MaxAckPending; the engine keeps
-// its per-partition bound below it (the Source's PartitionCapacity).
+// natsMaxAckPending is the demo consumer's MaxAckPending; the Source's
+// per-tenant limit defaults to a 16th of it.
 const natsMaxAckPending = 4096
 
-// natsBroker is an in-process nats-server with JetStream (file store in a
-// temporary directory), or a real server at a URL.
+// natsAckWait is the demo consumer's AckWait: a message a stopped consumer
+// held is redelivered after it.
+const natsAckWait = 30 * time.Second
+
+// natsDurable is the demo consumer's durable name (one per run's stream).
+const natsDurable = "demo"
+
+// natsBroker is a nats-server with JetStream in a child process (file
+// store in a temporary directory), or a real server at a URL.
 type natsBroker struct {
-	srv      *server.Server // nil for a real server
-	storeDir string
-	nc       *natsgo.Conn
-	js       jetstream.JetStream
-	log      *slog.Logger
+	child *child // nil for a real server
+	where string
+	nc    *natsgo.Conn
+	js    jetstream.JetStream
+	log   *slog.Logger
 }
 
 func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, error) {
-	b := &natsBroker{log: log}
+	b := &natsBroker{log: log, where: "external"}
 	if url == "" {
-		dir, err := os.MkdirTemp("", "ringfence-demo-nats-")
+		u, c, err := startChild(ctx, "nats")
 		if err != nil {
 			return nil, err
 		}
-		b.storeDir = dir
-		srv, err := server.NewServer(&server.Options{
-			Host: "127.0.0.1", Port: server.RANDOM_PORT,
-			JetStream: true, StoreDir: dir,
-			NoLog: true, NoSigs: true,
-			JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 1 << 30,
-		})
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("nats-server: %w", err)
-		}
-		srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			srv.Shutdown()
-			os.RemoveAll(dir)
-			return nil, errors.New("nats-server: not ready after 10s")
-		}
-		b.srv = srv
-		url = fmt.Sprintf("nats://%s", srv.Addr().(*net.TCPAddr).String())
+		url, b.child, b.where = u, c, "child process"
 	} else if !strings.Contains(url, "://") && !strings.Contains(url, ":") {
 		return nil, fmt.Errorf("%w: --nats %q is not a URL", errUsage, url)
 	}
@@ -79,18 +68,47 @@ func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, e
 	return b, nil
 }
 
+// startNATSServer starts the demo's nats-server (in the broker child), with
+// JetStream on a file store in a temporary directory that its stop removes.
+func startNATSServer() (string, func(), error) {
+	dir, err := os.MkdirTemp("", "ringfence-demo-nats-")
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		JetStream: true, StoreDir: dir,
+		NoLog: true, NoSigs: true,
+		JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 1 << 30,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("nats-server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		os.RemoveAll(dir)
+		return "", nil, errors.New("nats-server: not ready after 10s")
+	}
+	stop := func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		os.RemoveAll(dir)
+	}
+	return fmt.Sprintf("nats://%s", srv.Addr().(*net.TCPAddr).String()), stop, nil
+}
+
 func (b *natsBroker) Name() string { return "nats" }
+
+func (b *natsBroker) Where() string { return b.where }
 
 func (b *natsBroker) Close() error {
 	if b.nc != nil {
 		b.nc.Close()
 	}
-	if b.srv != nil {
-		b.srv.Shutdown()
-		b.srv.WaitForShutdown()
-	}
-	if b.storeDir != "" {
-		return os.RemoveAll(b.storeDir)
+	if b.child != nil {
+		return b.child.Close()
 	}
 	return nil
 }
@@ -107,9 +125,9 @@ func (b *natsBroker) Open(ctx context.Context, run string, _ int) (Topic, error)
 		return nil, fmt.Errorf("create stream %s: %w", stream, err)
 	}
 	if _, err := b.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		Durable:       "demo",
+		Durable:       natsDurable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       natsAckWait,
 		MaxAckPending: natsMaxAckPending,
 		MaxDeliver:    -1,
 	}); err != nil {
@@ -127,6 +145,25 @@ type natsTopic struct {
 	stream string
 	subj   string
 	q      *rfnats.DLQ
+}
+
+// PartitionOf: JetStream has no partitions; every tenant shares the one
+// stream and consumer.
+func (b *natsBroker) PartitionOf(string, int) (int, bool) { return 0, false }
+
+// Lag is the durable consumer's NumPending (not yet delivered) plus
+// NumAckPending (delivered, not acknowledged), from ConsumerInfo: what a
+// restart would still have to handle, as the Kafka figure is.
+func (t *natsTopic) Lag(ctx context.Context, _ string) ([]int64, error) {
+	c, err := t.b.js.Consumer(ctx, t.stream, natsDurable)
+	if err != nil {
+		return nil, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []int64{int64(info.NumPending) + int64(info.NumAckPending)}, nil
 }
 
 func (t *natsTopic) Produce(ctx context.Context, msgs []Msg) error {
@@ -154,7 +191,7 @@ func (t *natsTopic) Produce(ctx context.Context, msgs []Msg) error {
 func (t *natsTopic) Source(_ string, _ consumer.TenantFunc, _ bool) (consumer.Source, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return rfnats.Open(ctx, t.b.nc, t.stream, "demo", rfnats.WithLogger(t.b.log))
+	return rfnats.Open(ctx, t.b.nc, t.stream, natsDurable, rfnats.WithLogger(t.b.log))
 }
 
 // SpillLog opens the spill stream of the run's durable, where the engine
@@ -162,8 +199,11 @@ func (t *natsTopic) Source(_ string, _ consumer.TenantFunc, _ bool) (consumer.So
 func (t *natsTopic) SpillLog(_ string) (consumer.SpillLog, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return rfnats.NewSpillLog(ctx, t.b.js, t.stream, "demo", rfnats.WithSpillLogger(t.b.log))
+	return rfnats.NewSpillLog(ctx, t.b.js, t.stream, natsDurable, rfnats.WithSpillLogger(t.b.log))
 }
+
+// RedeliveryAfter is the AckWait.
+func (t *natsTopic) RedeliveryAfter() time.Duration { return natsAckWait }
 
 // Tenant takes the tenant from the last subject token.
 func (t *natsTopic) Tenant() consumer.TenantFunc { return rfnats.FromSubjectToken(-1) }
@@ -181,6 +221,5 @@ func (t *natsTopic) DeadLetters(ctx context.Context, tenants []string) ([]dlq.Re
 	return out, nil
 }
 
-// Close keeps the streams: the in-process server's store is removed with
-// it, and on a real server they can be inspected with `ringfence dlq`.
+// Close keeps the streams: the child server's store is removed with it, and on a real server they can be inspected with `ringfence dlq`.
 func (t *natsTopic) Close() error { return nil }

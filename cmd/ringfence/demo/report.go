@@ -8,29 +8,63 @@ import (
 	"time"
 )
 
-// BrokerResult is the three runs on one broker.
+// BrokerResult is a scenario's runs on one broker.
 type BrokerResult struct {
-	Broker  string
+	Broker string
+	// Where the broker ran (see Broker.Where).
+	Where   string
 	Tenants []string
-	Outage  string
-	Poison  string
-	Sent    int // poison messages sent
-	Sc      Scenario
-	Runs    [3]RunResult // by Mode
-	Elapsed time.Duration
+	// Bad is the bad tenant; Poison the poison tenant ("" for none).
+	Bad, Poison string
+	Sent        int // poison messages sent
+	Sc          Scenario
+	// Keyed says the broker keys tenants onto partitions; Partitions is
+	// each tenant's (by Tenants index; -1 when not keyed), BadPartition the
+	// bad tenant's, and Mates the healthy tenants sharing it (everyone
+	// healthy when not keyed).
+	Keyed        bool
+	Partitions   []int
+	BadPartition int
+	Mates        []string
+	Runs         [3]RunResult // by Mode
+	Elapsed      time.Duration
+	// LagBound is the long-outage lag limit; HeapBudget the consumer heap
+	// limit (0: reported only).
+	LagBound   int64
+	HeapBudget uint64
 }
 
-// Ratio returns mode's healthy goodput during the window over the
-// baseline's.
-func (b *BrokerResult) Ratio(m Mode) float64 {
-	base := b.Runs[Baseline].HealthyInWindow
-	if base == 0 {
-		return 0
+func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
+
+// jsonFloat is a float for JSON: nil for NaN (not measurable) and +Inf
+// (never handled).
+func jsonFloat(f float64) *float64 {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil
 	}
-	return float64(b.Runs[m].HealthyInWindow) / float64(base)
+	r := round3(f)
+	return &r
 }
 
-// JSONReport is the object --json prints per broker.
+// jsonMs is a latency in ms for JSON; nil when it never ended.
+func jsonMs(d time.Duration) *float64 {
+	if d == never {
+		return nil
+	}
+	ms := round3(float64(d) / float64(time.Millisecond))
+	return &ms
+}
+
+func jsonInt(n int, ok bool) *int {
+	if !ok {
+		return nil
+	}
+	return &n
+}
+
+// JSONReport is the object --json prints per broker. The flat fields
+// before Scenario are the original demo's (kept for scripts); Runs and
+// Checks carry every figure.
 type JSONReport struct {
 	Broker                      string         `json:"broker"`
 	Tenants                     int            `json:"tenants"`
@@ -42,104 +76,377 @@ type JSONReport struct {
 	Produced                    int            `json:"produced"`
 	PoisonSent                  int            `json:"poison_sent"`
 	HealthyGoodput              map[string]int `json:"healthy_goodput_in_window"`
-	HealthyRatioPerTenant       float64        `json:"healthy_ratio_per_tenant"`
-	HealthyRatioShared          float64        `json:"healthy_ratio_shared"`
+	HealthyRatioPerTenant       *float64       `json:"healthy_ratio_per_tenant"`
+	HealthyRatioShared          *float64       `json:"healthy_ratio_shared,omitempty"`
 	TransientDeadLettered       int            `json:"transient_dead_lettered"`
-	TransientDeadLetteredShared int            `json:"transient_dead_lettered_shared"`
+	TransientDeadLetteredShared *int           `json:"transient_dead_lettered_shared,omitempty"`
 	PoisonDeadLettered          int            `json:"poison_dead_lettered"`
-	PoisonDeadLetteredShared    int            `json:"poison_dead_lettered_shared"`
+	PoisonDeadLetteredShared    *int           `json:"poison_dead_lettered_shared,omitempty"`
 	Lost                        int            `json:"lost"`
-	LostShared                  int            `json:"lost_shared"`
+	LostShared                  *int           `json:"lost_shared,omitempty"`
 	LostBaseline                int            `json:"lost_baseline"`
 	OutageTenantTrips           int            `json:"outage_tenant_breaker_trips"`
-	SharedBreakerTrips          int            `json:"shared_breaker_trips"`
+	SharedBreakerTrips          *int           `json:"shared_breaker_trips,omitempty"`
 	OutageTenantMaxParked       int            `json:"outage_tenant_max_parked"`
 	Redelivered                 int            `json:"redelivered"`
 	ElapsedSeconds              float64        `json:"elapsed_s"`
+
+	Scenario       string   `json:"scenario"`
+	Policy         string   `json:"policy"`
+	BrokerProcess  string   `json:"broker_process"`
+	Partitions     int      `json:"partitions"`
+	PartitionKeyed bool     `json:"partition_keyed"`
+	BadTenant      string   `json:"bad_tenant"`
+	BadRole        string   `json:"bad_role"`
+	BadWeight      int      `json:"bad_weight"`
+	BadPartition   int      `json:"bad_partition"`
+	PartitionMates []string `json:"partition_mates"`
+	// LagMeasure says what the commit lag figures are on this broker.
+	LagMeasure string             `json:"commit_lag_measure"`
+	Runs       map[string]RunJSON `json:"runs"`
+	Checks     []Check            `json:"checks"`
+	OK         bool               `json:"ok"`
+}
+
+// RunJSON is one run's figures in --json. Ratios are to the baseline run;
+// null means not measurable (a latency: never handled).
+type RunJSON struct {
+	Produced               int      `json:"produced"`
+	HealthyGoodput         int      `json:"healthy_goodput_in_window"`
+	HealthyGoodputRatio    *float64 `json:"healthy_goodput_ratio"`
+	MatesGoodput           int      `json:"mates_goodput_in_window"`
+	MatesGoodputRatio      *float64 `json:"mates_goodput_ratio"`
+	HealthyP99Ms           *float64 `json:"healthy_p99_ms"`
+	HealthyP99Ratio        *float64 `json:"healthy_p99_ratio"`
+	HealthyLatencyMessages int      `json:"healthy_latency_messages"`
+	MatesP99Ms             *float64 `json:"mates_p99_ms"`
+	MatesP99Ratio          *float64 `json:"mates_p99_ratio"`
+	MatesLatencyMessages   int      `json:"mates_latency_messages"`
+	MaxCommitLagFault      int64    `json:"max_commit_lag_fault"`
+	MaxCommitLagRun        int64    `json:"max_commit_lag_run"`
+	LagSamples             int      `json:"commit_lag_samples"`
+	PeakHeapBytes          uint64   `json:"peak_live_heap_bytes"`
+	ConsumerHeapBytes      uint64   `json:"consumer_heap_bytes"`
+	BadParked              *int     `json:"bad_parked_events"`
+	BadDeadLettered        int      `json:"bad_dead_lettered"`
+	PoisonDeadLettered     int      `json:"poison_dead_lettered"`
+	OtherDeadLettered      int      `json:"healthy_dead_lettered"`
+	BadOrderChecked        int      `json:"bad_order_checked"`
+	BadOutOfOrder          int      `json:"bad_out_of_order"`
+	UnfinishedAtDeadline   int      `json:"unfinished_at_deadline"`
+	UnfinishedAfterDrain   int      `json:"unfinished_after_drain"`
+	RecoveredOnRestart     int      `json:"recovered_on_restart"`
+	Lost                   int      `json:"lost"`
+	Redelivered            int      `json:"redelivered"`
+	PartitionMismatches    int      `json:"partition_mismatches"`
+	MaxParked              int      `json:"max_parked"`
+	BreakerTrips           int      `json:"bad_breaker_trips"`
+	ElapsedSeconds         float64  `json:"elapsed_s"`
+	DrainedSeconds         float64  `json:"drained_after_deadline_s"`
+	ReadBackSeconds        float64  `json:"read_back_s"`
+}
+
+func secs(d time.Duration) float64 { return math.Round(d.Seconds()*10) / 10 }
+
+func (b *BrokerResult) runJSON(m Mode) RunJSON {
+	r, bl := b.Runs[m], b.Runs[Baseline]
+	j := RunJSON{
+		Produced:               r.Produced,
+		HealthyGoodput:         r.HealthyGoodput,
+		HealthyGoodputRatio:    jsonFloat(ratio(r.HealthyGoodput, bl.HealthyGoodput)),
+		MatesGoodput:           r.MatesGoodput,
+		MatesGoodputRatio:      jsonFloat(ratio(r.MatesGoodput, bl.MatesGoodput)),
+		HealthyP99Ms:           jsonMs(r.HealthyP99),
+		HealthyP99Ratio:        jsonFloat(p99Ratio(r, bl, false)),
+		HealthyLatencyMessages: r.HealthyN,
+		MatesP99Ms:             jsonMs(r.MatesP99),
+		MatesP99Ratio:          jsonFloat(p99Ratio(r, bl, true)),
+		MatesLatencyMessages:   r.MatesN,
+		MaxCommitLagFault:      r.MaxLagFault,
+		MaxCommitLagRun:        r.MaxLagRun,
+		LagSamples:             r.LagSamples,
+		PeakHeapBytes:          r.HeapPeak,
+		ConsumerHeapBytes:      r.ConsumerHeap,
+		BadParked:              jsonInt(r.BadParked, m != Shared),
+		BadDeadLettered:        r.BadDead,
+		PoisonDeadLettered:     r.PoisonDead,
+		OtherDeadLettered:      r.OtherDead,
+		BadOrderChecked:        r.BadInOrder,
+		BadOutOfOrder:          r.BadOutOfOrder,
+		UnfinishedAtDeadline:   r.UnfinishedAtDeadline,
+		UnfinishedAfterDrain:   r.UnfinishedAfterDrain,
+		RecoveredOnRestart:     r.Recovered,
+		Lost:                   r.Lost,
+		Redelivered:            r.Redelivered,
+		PartitionMismatches:    r.PartitionMismatches,
+		MaxParked:              r.MaxParked,
+		BreakerTrips:           r.SharedTrips,
+		ElapsedSeconds:         secs(r.Elapsed),
+		DrainedSeconds:         secs(r.Drained),
+		ReadBackSeconds:        secs(r.ReadBack),
+	}
+	if m != Shared {
+		j.BreakerTrips = b.badTenant(m).Trips
+	}
+	return j
+}
+
+func (b *BrokerResult) badTenant(m Mode) TenantResult {
+	for _, t := range b.Runs[m].Tenants {
+		if t.Tenant == b.Bad {
+			return t
+		}
+	}
+	return TenantResult{}
+}
+
+// lagMeasure says what the commit lag is on b's broker.
+func (b *BrokerResult) lagMeasure() string {
+	if b.Broker == "nats" {
+		return "NumPending + NumAckPending of the durable consumer (ConsumerInfo)"
+	}
+	return "log end offset - committed offset, largest partition"
 }
 
 // JSON returns the --json object of b.
 func (b *BrokerResult) JSON() JSONReport {
 	pt, sh, bl := b.Runs[PerTenant], b.Runs[Shared], b.Runs[Baseline]
 	r := JSONReport{
-		Broker:                      b.Broker,
-		Tenants:                     len(b.Tenants),
-		RatePerTenant:               b.Sc.Rate,
-		DurationSeconds:             b.Sc.Duration.Seconds(),
-		FaultWindowSeconds:          [2]float64{b.Sc.FaultStart.Seconds(), b.Sc.FaultEnd.Seconds()},
-		OutageTenant:                b.Outage,
-		PoisonTenant:                b.Poison,
-		Produced:                    pt.Produced,
-		PoisonSent:                  b.Sent,
-		HealthyGoodput:              map[string]int{"baseline": bl.HealthyInWindow, "ringfence": pt.HealthyInWindow, "shared": sh.HealthyInWindow},
-		HealthyRatioPerTenant:       round3(b.Ratio(PerTenant)),
-		HealthyRatioShared:          round3(b.Ratio(Shared)),
-		TransientDeadLettered:       pt.OutageDead,
-		TransientDeadLetteredShared: sh.OutageDead,
-		PoisonDeadLettered:          pt.PoisonDead,
-		PoisonDeadLetteredShared:    sh.PoisonDead,
-		Lost:                        pt.Lost,
-		LostShared:                  sh.Lost,
-		LostBaseline:                bl.Lost,
-		SharedBreakerTrips:          sh.SharedTrips,
-		Redelivered:                 bl.Redelivered + pt.Redelivered + sh.Redelivered,
-		ElapsedSeconds:              math.Round(b.Elapsed.Seconds()*10) / 10,
+		Broker:                b.Broker,
+		Tenants:               len(b.Tenants),
+		RatePerTenant:         b.Sc.Rate,
+		DurationSeconds:       b.Sc.Duration.Seconds(),
+		FaultWindowSeconds:    [2]float64{b.Sc.FaultStart.Seconds(), b.Sc.FaultEnd.Seconds()},
+		OutageTenant:          b.Bad,
+		PoisonTenant:          b.Poison,
+		Produced:              pt.Produced,
+		PoisonSent:            b.Sent,
+		HealthyGoodput:        map[string]int{"baseline": bl.HealthyGoodput, "ringfence": pt.HealthyGoodput},
+		HealthyRatioPerTenant: jsonFloat(ratio(pt.HealthyGoodput, bl.HealthyGoodput)),
+		TransientDeadLettered: pt.BadDead,
+		PoisonDeadLettered:    pt.PoisonDead,
+		Lost:                  pt.Lost,
+		LostBaseline:          bl.Lost,
+		Redelivered:           bl.Redelivered + pt.Redelivered + sh.Redelivered,
+		ElapsedSeconds:        secs(b.Elapsed),
+
+		Scenario:       string(b.Sc.Kind),
+		Policy:         b.Sc.PolicyName,
+		BrokerProcess:  b.Where,
+		Partitions:     b.Sc.Partitions,
+		PartitionKeyed: b.Keyed,
+		BadTenant:      b.Bad,
+		BadRole:        b.Sc.Kind.Role(),
+		BadWeight:      b.Sc.BadWeight,
+		BadPartition:   b.BadPartition,
+		PartitionMates: b.Mates,
+		LagMeasure:     b.lagMeasure(),
+		Runs:           map[string]RunJSON{},
+		Checks:         b.Checks(),
 	}
-	for _, t := range pt.Tenants {
-		if t.Role == "outage" {
-			r.OutageTenantTrips = t.Trips
-			r.OutageTenantMaxParked = t.MaxParked
+	if r.PartitionMates == nil {
+		r.PartitionMates = []string{}
+	}
+	if sh.Ran {
+		r.HealthyGoodput["shared"] = sh.HealthyGoodput
+		r.HealthyRatioShared = jsonFloat(ratio(sh.HealthyGoodput, bl.HealthyGoodput))
+		r.TransientDeadLetteredShared = &sh.BadDead
+		r.PoisonDeadLetteredShared = &sh.PoisonDead
+		r.LostShared = &sh.Lost
+		r.SharedBreakerTrips = &sh.SharedTrips
+	}
+	bad := b.badTenant(PerTenant)
+	r.OutageTenantTrips, r.OutageTenantMaxParked = bad.Trips, bad.MaxParked
+	for _, m := range Modes {
+		if b.Runs[m].Ran {
+			r.Runs[m.String()] = b.runJSON(m)
 		}
+	}
+	r.OK = true
+	for _, c := range r.Checks {
+		r.OK = r.OK && c.OK
 	}
 	return r
 }
 
-func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
+// Formatting of figures in tables.
+
+func fmtRatio(r float64) string {
+	switch {
+	case math.IsNaN(r):
+		return "n/a"
+	case math.IsInf(r, 1):
+		return "inf"
+	case r >= 100:
+		return fmt.Sprintf("%.0f", r)
+	}
+	return fmt.Sprintf("%.2f", r)
+}
+
+func fmtLatency(d time.Duration) string {
+	switch {
+	case d == never:
+		return "never"
+	case d < time.Second:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+func fmtBytes(n uint64) string {
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// describe is the scenario's fault in words.
+func (b *BrokerResult) describe() string {
+	sc := b.Sc
+	win := fmt.Sprintf("%.1fs–%.1fs", sc.FaultStart.Seconds(), sc.FaultEnd.Seconds())
+	switch sc.Kind {
+	case KindSlow:
+		return fmt.Sprintf("%s's calls take %v %s", b.Bad, sc.SlowLatency, win)
+	case KindHang:
+		return fmt.Sprintf("%s's calls block until cancelled %s", b.Bad, win)
+	case KindHot:
+		return fmt.Sprintf("%s sends %dx its rate %s", b.Bad, sc.HotFactor, win)
+	}
+	return fmt.Sprintf("%s's dependency down %s", b.Bad, win)
+}
 
 // WriteSummary prints the side-by-side summary of one broker.
 func (b *BrokerResult) WriteSummary(w io.Writer) {
 	sc := b.Sc
-	fmt.Fprintf(w, "\n%s — %d tenants × %d msg/s for %v; %s's dependency down %.1fs–%.1fs; %s sends %d poison messages\n\n",
-		b.Broker, len(b.Tenants), sc.Rate, sc.Duration, b.Outage, sc.FaultStart.Seconds(), sc.FaultEnd.Seconds(), b.Poison, b.Sent)
+	fmt.Fprintf(w, "\n%s — scenario %s: %d tenants × %d msg/s (%s ×%d) for %v; %s",
+		b.Broker, sc.Kind, len(b.Tenants), sc.Rate, b.Bad, sc.BadWeight, sc.Duration, b.describe())
+	if b.Poison != "" {
+		fmt.Fprintf(w, "; %s sends %d poison messages", b.Poison, b.Sent)
+	}
+	fmt.Fprintf(w, "; policy %s\n", sc.PolicyName)
+	if b.Keyed {
+		fmt.Fprintf(w, "tenants keyed onto %d partitions; partition-mates of %s (partition %d): %s\n",
+			sc.Partitions, b.Bad, b.BadPartition, orNone(b.Mates))
+	} else {
+		fmt.Fprintf(w, "one stream and consumer: every healthy tenant is a partition-mate of %s\n", b.Bad)
+	}
+	fmt.Fprintf(w, "broker: %s; the heap figures are the demo process's, which runs the consumer\n\n", b.Where)
 
-	fmt.Fprintf(w, "%-12s %-7s %-28s %-19s %s\n", "", "", "goodput during the outage", "dead-lettered", "ringfence")
-	fmt.Fprintf(w, "%-12s %-7s %8s %10s %8s %10s %8s %11s %6s\n", "tenant", "role", "baseline", "ringfence", "shared", "ringfence", "shared", "max parked", "trips")
+	modes := b.ran()
+	// Per-tenant table.
+	block := 10 * len(modes)
+	fmt.Fprintf(w, "%26s%*s %*s %11s\n", "", block, "goodput in fault window", block, "dead-lettered", "ringfence")
+	fmt.Fprintf(w, "%-12s %-7s %4s ", "tenant", "role", "part")
+	for _, m := range modes {
+		fmt.Fprintf(w, " %9s", m)
+	}
+	fmt.Fprint(w, " ")
+	for _, m := range modes {
+		fmt.Fprintf(w, " %9s", m)
+	}
+	fmt.Fprintf(w, " %11s %6s\n", "max parked", "trips")
 	for i, name := range b.Tenants {
-		bl, pt, sh := b.Runs[Baseline].Tenants[i], b.Runs[PerTenant].Tenants[i], b.Runs[Shared].Tenants[i]
-		fmt.Fprintf(w, "%-12s %-7s %8d %10d %8d %10d %8d %11d %6d\n", name, pt.Role, bl.InWindow, pt.InWindow, sh.InWindow, pt.DeadLettered, sh.DeadLettered, pt.MaxParked, pt.Trips)
+		pt := b.Runs[PerTenant].Tenants[i]
+		role := pt.Role
+		if pt.Mate && b.Keyed {
+			role = "mate"
+		}
+		part := "-"
+		if pt.Partition >= 0 {
+			part = fmt.Sprint(pt.Partition)
+		}
+		fmt.Fprintf(w, "%-12s %-7s %4s ", name, role, part)
+		for _, m := range modes {
+			fmt.Fprintf(w, " %9d", b.Runs[m].Tenants[i].InWindow)
+		}
+		fmt.Fprint(w, " ")
+		for _, m := range modes {
+			fmt.Fprintf(w, " %9d", b.Runs[m].Tenants[i].DeadLettered)
+		}
+		fmt.Fprintf(w, " %11d %6d\n", pt.MaxParked, pt.Trips)
 	}
 	fmt.Fprintln(w)
-	row := func(label string, f func(r RunResult) string) {
-		fmt.Fprintf(w, "%-30s %10s %12s %16s\n", label, f(b.Runs[Baseline]), f(b.Runs[PerTenant]), f(b.Runs[Shared]))
+
+	// Figures side by side.
+	fmt.Fprintf(w, "%-40s", "")
+	for _, m := range modes {
+		label := m.String()
+		if m == Shared {
+			label = "shared breaker"
+		}
+		fmt.Fprintf(w, " %14s", label)
 	}
-	fmt.Fprintf(w, "%-30s %10s %12s %16s\n", "", "baseline", "ringfence", "shared breaker")
-	row("healthy goodput during outage", func(r RunResult) string { return fmt.Sprint(r.HealthyInWindow) })
-	row("  ratio to baseline", func(r RunResult) string { return fmt.Sprintf("%.2f", b.Ratio(r.Mode)) })
-	row("outage tenant dead-lettered", func(r RunResult) string { return fmt.Sprint(r.OutageDead) })
-	row("poison dead-lettered", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.PoisonDead, b.Sent) })
+	fmt.Fprintln(w)
+	bl := b.Runs[Baseline]
+	row := func(label string, f func(r RunResult) string) {
+		fmt.Fprintf(w, "%-40s", label)
+		for _, m := range modes {
+			fmt.Fprintf(w, " %14s", f(b.Runs[m]))
+		}
+		fmt.Fprintln(w)
+	}
+	row("healthy goodput during the fault", func(r RunResult) string { return fmt.Sprint(r.HealthyGoodput) })
+	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(ratio(r.HealthyGoodput, bl.HealthyGoodput)) })
+	row("partition-mates goodput during the fault", func(r RunResult) string { return fmt.Sprint(r.MatesGoodput) })
+	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(ratio(r.MatesGoodput, bl.MatesGoodput)) })
+	row("healthy p99 end to end (fault window)", func(r RunResult) string { return fmtLatency(r.HealthyP99) })
+	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(p99Ratio(r, bl, false)) })
+	row("partition-mates p99 end to end", func(r RunResult) string { return fmtLatency(r.MatesP99) })
+	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(p99Ratio(r, bl, true)) })
+	row("largest commit lag during the fault", func(r RunResult) string { return fmt.Sprint(r.MaxLagFault) })
+	row("largest commit lag, whole run", func(r RunResult) string { return fmt.Sprint(r.MaxLagRun) })
+	row("peak consumer heap (growth in run)", func(r RunResult) string { return fmtBytes(r.ConsumerHeap) })
+	row(b.Bad+" parked (events)", func(r RunResult) string {
+		if r.Mode == Shared {
+			return "-"
+		}
+		return fmt.Sprint(r.BadParked)
+	})
+	row(b.Bad+" dead-lettered", func(r RunResult) string { return fmt.Sprint(r.BadDead) })
+	row(b.Bad+" out of order / checked", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.BadOutOfOrder, r.BadInOrder) })
+	if b.Poison != "" {
+		row("poison dead-lettered", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.PoisonDead, b.Sent) })
+	}
 	row("healthy tenants dead-lettered", func(r RunResult) string { return fmt.Sprint(r.OtherDead) })
 	row("max parked", func(r RunResult) string { return fmt.Sprint(r.MaxParked) })
+	row("unfinished at deadline", func(r RunResult) string { return fmt.Sprint(r.UnfinishedAtDeadline) })
+	row("unfinished after the drain", func(r RunResult) string { return fmt.Sprint(r.UnfinishedAfterDrain) })
+	row("  found again by a restart", func(r RunResult) string { return fmt.Sprint(r.Recovered) })
 	row("lost", func(r RunResult) string { return fmt.Sprint(r.Lost) })
-	row("run time", func(r RunResult) string { return fmt.Sprintf("%.1fs", r.Elapsed.Seconds()) })
-	fmt.Fprintln(w, "\nringfence: a guard per tenant. shared breaker: one key for every message, so one guard and one ordered lane per partition.")
+	row("run time (of it: drain after deadline)", func(r RunResult) string {
+		return fmt.Sprintf("%.0fs (%.0fs)", r.Elapsed.Seconds(), r.Drained.Seconds())
+	})
+	fmt.Fprintf(w, "\ncommit lag: %s, sampled every %v.", b.lagMeasure(), lagEvery)
+	fmt.Fprintf(w, " p99: messages produced during the fault, produce stamp to first handled; never = not handled by the end of the drain.")
+	fmt.Fprintf(w, " unfinished: neither handled nor dead-lettered (at the deadline, %v after production; after the drain); lost: not even a restart of the group found it.", sc.Settle)
+	if b.Runs[Shared].Ran {
+		fmt.Fprint(w, " shared breaker: one key for every message, so one guard and one ordered lane per partition.")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "\nchecks (ringfence run):")
+	for _, c := range b.Checks() {
+		mark := "ok  "
+		switch {
+		case c.Skipped:
+			mark = "skip"
+		case !c.OK:
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s %s: %s (want %s)\n", mark, c.Name, c.Value, c.Limit)
+	}
 }
 
-// Verdict says in one line whether the run shows what it should.
-func (b *BrokerResult) Verdict() string {
-	pt := b.Runs[PerTenant]
-	var bad []string
-	if r := b.Ratio(PerTenant); r < 0.95 {
-		bad = append(bad, fmt.Sprintf("per-tenant healthy ratio %.2f < 0.95", r))
+// ran lists the modes that ran, in order.
+func (b *BrokerResult) ran() []Mode {
+	var out []Mode
+	for _, m := range Modes {
+		if b.Runs[m].Ran {
+			out = append(out, m)
+		}
 	}
-	if pt.OutageDead != 0 {
-		bad = append(bad, fmt.Sprintf("%d transient dead letters", pt.OutageDead))
+	return out
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
 	}
-	if pt.Lost != 0 {
-		bad = append(bad, fmt.Sprintf("%d lost", pt.Lost))
-	}
-	if len(bad) > 0 {
-		return b.Broker + ": NOT as expected: " + strings.Join(bad, ", ")
-	}
-	return fmt.Sprintf("%s: healthy tenants kept %.0f%% of their goodput with per-tenant guards, %.0f%% with one shared breaker; the outage dead-lettered nothing (shared: %d); nothing lost.",
-		b.Broker, 100*b.Ratio(PerTenant), 100*b.Ratio(Shared), b.Runs[Shared].OutageDead)
+	return strings.Join(s, ", ")
 }

@@ -1,73 +1,198 @@
 package demo
 
 import (
-	"cmp"
-	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
-	"slices"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"time"
 
-	"github.com/ringfence/ringfence/consumer"
-	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/policy"
-	"github.com/ringfence/ringfence/scope"
 )
 
-// Scenario is the traffic and the faults of one demo run. Zero fields mean
-// the defaults written on each.
+// Kind names a scenario: what goes wrong for the bad tenant.
+type Kind string
+
+// The scenarios. Each has one bad tenant (four times bigger than the others
+// by default) and a fault window in the middle of the run.
+const (
+	// KindOutage: the bad tenant's dependency fails for a short window
+	// (25%–65% of an 8s run). The demo's story, run with the shared breaker
+	// beside it.
+	KindOutage Kind = "outage"
+	// KindLongOutage: the same failure for a long time (Scenario.Fault, 5m
+	// by default), with 10s of traffic before it and 20s after.
+	KindLongOutage Kind = "long-outage"
+	// KindSlow: the bad tenant's calls take SlowLatency (500ms) instead of
+	// failing.
+	KindSlow Kind = "slow"
+	// KindHang: the bad tenant's calls block until their ctx is cancelled.
+	KindHang Kind = "hang"
+	// KindHot: the bad tenant sends HotFactor (20) times its rate, every
+	// call succeeding.
+	KindHot Kind = "hot"
+)
+
+// Kinds lists the scenarios in the order the help text gives them.
+var Kinds = []Kind{KindOutage, KindLongOutage, KindSlow, KindHang, KindHot}
+
+// ParseKind returns the scenario named s.
+func ParseKind(s string) (Kind, error) {
+	for _, k := range Kinds {
+		if string(k) == strings.ToLower(s) {
+			return k, nil
+		}
+	}
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		names[i] = string(k)
+	}
+	return "", fmt.Errorf("demo: unknown scenario %q (want one of %s)", s, strings.Join(names, ", "))
+}
+
+// Role is the bad tenant's label in tables: "outage", "slow", "hang" or
+// "hot".
+func (k Kind) Role() string {
+	if k == KindLongOutage {
+		return "outage"
+	}
+	return string(k)
+}
+
+// fails reports whether the bad tenant's calls fail during the fault.
+func (k Kind) fails() bool { return k == KindOutage || k == KindLongOutage }
+
+// timing is a kind's default traffic before (lead) and after (tail) its
+// fault, and the fault's default length. The outage kind keeps the original
+// demo's proportions instead (see Scenario.withDefaults).
+func (k Kind) timing() (lead, fault, tail time.Duration) {
+	switch k {
+	case KindLongOutage:
+		return 10 * time.Second, 5 * time.Minute, 20 * time.Second
+	case KindSlow, KindHang:
+		return 5 * time.Second, 30 * time.Second, 10 * time.Second
+	case KindHot:
+		return 5 * time.Second, 60 * time.Second, 10 * time.Second
+	}
+	return 0, 0, 0
+}
+
+// Scenario is the traffic and the fault of one demo. Zero fields mean the
+// defaults written on each.
 type Scenario struct {
+	// Kind is the fault. Zero means KindOutage.
+	Kind Kind
 	// Tenants is how many tenants send traffic. Zero means 20; at least 3.
 	Tenants int
 	// Rate is the messages per second each tenant sends. Zero means 25.
 	Rate int
-	// Duration is how long traffic is produced in each run. Zero means 8s.
+	// Duration is how long traffic is produced in each run. Zero means 8s
+	// for outage, and lead + Fault + tail for the other kinds (long-outage:
+	// 10s + 5m + 20s; slow, hang: 5s + 30s + 10s; hot: 5s + 60s + 10s).
 	Duration time.Duration
-	// FaultStart and FaultEnd bound the outage tenant's outage, from the
-	// start of the run. Zero means 25% and 65% of Duration.
+	// Fault is the length of the fault window. Zero means 40% of Duration
+	// for outage, 5m for long-outage, 30s for slow and hang, 60s for hot.
+	Fault time.Duration
+	// FaultStart and FaultEnd bound the fault window, from the start of
+	// the run. Zero (both) means: outage, from 25% of Duration for Fault;
+	// the other kinds, from the lead (10s for long-outage, else 5s; a third
+	// of the time around the fault when Duration leaves less than the
+	// lead and tail).
 	FaultStart, FaultEnd time.Duration
-	// OutageWeight multiplies the outage tenant's rate: it is a big tenant,
-	// the noisy neighbour. Zero means 4.
-	OutageWeight int
+	// BadWeight multiplies the bad tenant's rate: it is a big tenant, the
+	// noisy neighbour. Zero means 4.
+	BadWeight int
 	// PoisonEvery makes every PoisonEvery-th message of the poison tenant a
-	// poison message. Zero means 20.
+	// poison message. Zero means 20 for outage and none for the other kinds
+	// (each of them measures one fault); negative means none.
 	PoisonEvery int
 	// Partitions is the partition count of the Kafka topic. Zero means 4.
 	Partitions int
 	// Latency is the simulated dependency's least latency; each call takes
 	// between Latency and twice it. Zero means 1ms.
 	Latency time.Duration
-	// Settle bounds the wait, after production ends, for every message to be
-	// handled or dead-lettered. Zero means 30s.
+	// SlowLatency is how long the slow tenant's calls take during the
+	// fault. Zero means 500ms.
+	SlowLatency time.Duration
+	// HotFactor multiplies the hot tenant's rate during the fault. Zero
+	// means 20.
+	HotFactor int
+	// Settle is the run's deadline after production ends: what is neither
+	// handled nor dead-lettered then is "unfinished at deadline". Zero
+	// means 30s.
 	Settle time.Duration
+	// Drain bounds how long the run keeps consuming after its deadline
+	// while it still makes progress. Zero means 5m.
+	Drain time.Duration
+	// Stall ends the drain early when nothing was settled for this long.
+	// Zero means 15s.
+	Stall time.Duration
+	// ReadBack bounds the restart read-back: a fresh consumer of the same
+	// group looking for what the run left unfinished. It is never shorter
+	// than the broker's redelivery delay plus 15s (NATS redelivers a
+	// message held by a stopped consumer only after the AckWait, 30s), so
+	// nothing is called lost that the broker still holds. Zero means 45s.
+	ReadBack time.Duration
+	// ShutdownTimeout is the consumers' DrainTimeout: how long a stopping
+	// consumer waits for its handlers before it cancels their ctx. Zero
+	// means 5s.
+	ShutdownTimeout time.Duration
 	// Policy is the per-tenant (or shared) guard template. Nil means
-	// DemoPolicy().
+	// DemoPolicy() for outage and long-outage, and policy.Default() for
+	// slow, hang and hot (their issue asks for the consumer's defaults).
 	Policy *policy.Policy
+	// PolicyName labels Policy in the summary. Empty means "demo",
+	// "default" or "custom" as the case is.
+	PolicyName string
 }
 
 func (s Scenario) withDefaults() Scenario {
+	if s.Kind == "" {
+		s.Kind = KindOutage
+	}
 	if s.Tenants == 0 {
 		s.Tenants = 20
 	}
 	if s.Rate == 0 {
 		s.Rate = 25
 	}
+	if s.FaultStart == 0 && s.FaultEnd == 0 {
+		if s.Kind == KindOutage {
+			if s.Duration == 0 {
+				// The original demo's proportions: the fault from 25% to 65%.
+				s.Duration = 8 * time.Second
+				if s.Fault > 0 {
+					s.Duration = s.Fault * 5 / 2
+				}
+			}
+			s.FaultStart = s.Duration / 4
+			if s.Fault == 0 {
+				s.Fault = s.Duration*65/100 - s.FaultStart
+			}
+		} else {
+			lead, fault, tail := s.Kind.timing()
+			if s.Fault == 0 {
+				s.Fault = fault
+			}
+			if s.Duration == 0 {
+				s.Duration = lead + s.Fault + tail
+			} else if spare := s.Duration - s.Fault; spare > 0 && spare < lead+tail {
+				// A shorter run (tests): the fault in the middle of what
+				// is left around it.
+				lead = spare / 3
+			}
+			s.FaultStart = lead
+		}
+		s.FaultEnd = s.FaultStart + s.Fault
+	} else {
+		s.Fault = s.FaultEnd - s.FaultStart
+	}
 	if s.Duration == 0 {
 		s.Duration = 8 * time.Second
 	}
-	if s.FaultStart == 0 && s.FaultEnd == 0 {
-		s.FaultStart = s.Duration / 4
-		s.FaultEnd = s.Duration * 65 / 100
-	}
-	if s.PoisonEvery == 0 {
+	if s.PoisonEvery == 0 && s.Kind == KindOutage {
 		s.PoisonEvery = 20
 	}
-	if s.OutageWeight == 0 {
-		s.OutageWeight = 4
+	if s.BadWeight == 0 {
+		s.BadWeight = 4
 	}
 	if s.Partitions == 0 {
 		s.Partitions = 4
@@ -75,42 +200,100 @@ func (s Scenario) withDefaults() Scenario {
 	if s.Latency == 0 {
 		s.Latency = time.Millisecond
 	}
+	if s.SlowLatency == 0 {
+		s.SlowLatency = 500 * time.Millisecond
+	}
+	if s.HotFactor == 0 {
+		s.HotFactor = 20
+	}
 	if s.Settle == 0 {
 		s.Settle = 30 * time.Second
 	}
+	if s.Drain == 0 {
+		s.Drain = 5 * time.Minute
+	}
+	if s.Stall == 0 {
+		s.Stall = 15 * time.Second
+	}
+	if s.ReadBack == 0 {
+		s.ReadBack = 45 * time.Second
+	}
+	if s.ShutdownTimeout == 0 {
+		s.ShutdownTimeout = 5 * time.Second
+	}
 	if s.Policy == nil {
-		p := DemoPolicy()
+		var p policy.Policy
+		if s.Kind.fails() {
+			p, s.PolicyName = DemoPolicy(), "demo"
+		} else {
+			p, s.PolicyName = policy.Default(), "default"
+		}
 		s.Policy = &p
+	} else if s.PolicyName == "" {
+		s.PolicyName = "custom"
 	}
 	return s
 }
 
+// maxDuration bounds a run's traffic time: a long outage of up to an hour
+// with its lead and tail.
+const maxDuration = 2 * time.Hour
+
 func (s Scenario) validate() error {
+	if _, err := ParseKind(string(s.Kind)); err != nil {
+		return err
+	}
 	switch {
 	case s.Tenants < 3:
-		return fmt.Errorf("demo: at least 3 tenants are needed (one outage, one poison, one healthy), got %d", s.Tenants)
+		return fmt.Errorf("demo: at least 3 tenants are needed (one bad, one poison, one healthy), got %d", s.Tenants)
 	case s.Tenants > 10000:
 		return fmt.Errorf("demo: at most 10000 tenants, got %d", s.Tenants)
 	case s.Rate < 1 || s.Rate > 1000:
 		return fmt.Errorf("demo: rate must be in [1, 1000] per tenant, got %d", s.Rate)
-	case s.Duration < time.Second || s.Duration > 10*time.Minute:
-		return fmt.Errorf("demo: duration must be in [1s, 10m], got %v", s.Duration)
+	case s.Duration < time.Second || s.Duration > maxDuration:
+		return fmt.Errorf("demo: duration must be in [1s, %v], got %v", maxDuration, s.Duration)
 	case s.FaultStart < 0 || s.FaultEnd <= s.FaultStart || s.FaultEnd > s.Duration:
 		return fmt.Errorf("demo: fault window [%v, %v) must lie within the duration %v", s.FaultStart, s.FaultEnd, s.Duration)
-	case s.OutageWeight < 1 || s.OutageWeight > 100:
-		return fmt.Errorf("demo: outage weight must be in [1, 100], got %d", s.OutageWeight)
-	case s.PoisonEvery < 2:
+	case s.BadWeight < 1 || s.BadWeight > 100:
+		return fmt.Errorf("demo: the bad tenant's weight must be in [1, 100], got %d", s.BadWeight)
+	case s.PoisonEvery == 1:
 		return fmt.Errorf("demo: PoisonEvery must be at least 2, got %d", s.PoisonEvery)
-	case s.Partitions < 1:
-		return fmt.Errorf("demo: partitions must be positive, got %d", s.Partitions)
+	case s.Partitions < 1 || s.Partitions > 1000:
+		return fmt.Errorf("demo: partitions must be in [1, 1000], got %d", s.Partitions)
+	case s.Latency < 0 || s.Latency > time.Second:
+		return fmt.Errorf("demo: latency must be in [0, 1s], got %v", s.Latency)
+	case s.SlowLatency <= 0 || s.SlowLatency > time.Minute:
+		return fmt.Errorf("demo: slow latency must be in (0, 1m], got %v", s.SlowLatency)
+	case s.HotFactor < 1 || s.HotFactor > 1000:
+		return fmt.Errorf("demo: hot factor must be in [1, 1000], got %d", s.HotFactor)
+	case s.Settle < 0 || s.Drain < 0 || s.Stall < 0 || s.ReadBack < 0 || s.ShutdownTimeout < 0:
+		return fmt.Errorf("demo: settle, drain, stall, read-back and shutdown bounds must not be negative")
+	}
+	// The hot tenant's messages are ids in one plan: keep a run's plan
+	// within what a demo process should hold (about 50 bytes a message).
+	if n := s.messages(); n > maxMessages {
+		return fmt.Errorf("demo: the scenario produces about %d messages per run, more than %d: lower the rate, tenants or duration", n, maxMessages)
 	}
 	return nil
 }
 
-// DemoPolicy is the guard template of the demo: a breaker that opens after
-// 5 consecutive failures or a failure ratio of 25% over 2s (at least 20
-// calls), for 500ms doubling up to 2s; 3 attempts with exponential backoff
-// from 20ms; and a 1s deadline.
+// maxMessages bounds a run's plan (a few hundred MB of bookkeeping at most).
+const maxMessages = 5_000_000
+
+// messages estimates the messages of the faulty run of s.
+func (s Scenario) messages() int {
+	perSec := float64(s.Rate) * float64(s.Tenants-1+s.BadWeight)
+	n := perSec * s.Duration.Seconds()
+	if s.Kind == KindHot {
+		n += float64(s.Rate*s.BadWeight*(s.HotFactor-1)) * s.Fault.Seconds()
+	}
+	return int(n)
+}
+
+// DemoPolicy is the guard template of the outage scenarios: a breaker that
+// opens after 5 consecutive failures or a failure ratio of 25% over 2s (at
+// least 20 calls), for 500ms doubling up to 2s; 3 attempts with exponential
+// backoff from 20ms; and a 1s deadline.
 func DemoPolicy() policy.Policy {
 	return policy.Policy{
 		Breaker: &policy.Breaker{
@@ -131,16 +314,26 @@ type Mode int
 
 // Modes, in the order the demo runs them.
 const (
-	// Baseline: per-tenant guards and no outage.
+	// Baseline: per-tenant guards and no fault.
 	Baseline Mode = iota
-	// PerTenant: per-tenant guards (ringfence) with the outage.
+	// PerTenant: per-tenant guards (ringfence) with the fault.
 	PerTenant
-	// Shared: one guard for every message with the outage.
+	// Shared: one guard for every message with the fault.
 	Shared
 )
 
 // Modes lists the modes in run order.
 var Modes = []Mode{Baseline, PerTenant, Shared}
+
+// defaultModes are the runs of a scenario: the shared breaker runs beside
+// the outage only (it is the demo's story; for the other faults it adds
+// little but time).
+func defaultModes(k Kind) []Mode {
+	if k == KindOutage {
+		return Modes
+	}
+	return []Mode{Baseline, PerTenant}
+}
 
 func (m Mode) String() string {
 	switch m {
@@ -158,551 +351,11 @@ func (m Mode) String() string {
 func (m Mode) Title() string {
 	switch m {
 	case Baseline:
-		return "baseline: per-tenant guards, no outage"
+		return "baseline: per-tenant guards, no fault"
 	case PerTenant:
-		return "ringfence: per-tenant guards, outage"
+		return "ringfence: per-tenant guards, fault"
 	case Shared:
-		return "shared: one breaker for every tenant, outage"
+		return "shared: one breaker for every tenant, fault"
 	}
 	return m.String()
-}
-
-// sharedKey is the one engine tenant of a Shared run.
-const sharedKey = "all-tenants"
-
-var (
-	errDependencyDown = errors.New("dependency unavailable")
-	errPoison         = errors.New("poison message: cannot be processed")
-	errMalformed      = errors.New("malformed demo message")
-)
-
-// plan is the traffic of a run: the same for every mode. Message ids are
-// in the order they are due.
-type plan struct {
-	sc      Scenario
-	tenants []string
-	outage  int // tenant index
-	poison  int // tenant index
-	total   int
-	owner   []int           // tenant index, by id
-	due     []time.Duration // from the start of the run, by id
-	kinds   []byte          // by id
-}
-
-func newPlan(sc Scenario) *plan {
-	p := &plan{sc: sc}
-	for i := range sc.Tenants {
-		p.tenants = append(p.tenants, fmt.Sprintf("tenant-%02d", i+1))
-	}
-	p.outage = (sc.Tenants - 1) / 3
-	p.poison = 2 * (sc.Tenants - 1) / 3
-	if p.poison == p.outage {
-		p.poison = p.outage + 1
-	}
-	type msg struct {
-		t, k int
-		at   time.Duration
-	}
-	var all []msg
-	for t := range sc.Tenants {
-		rate := float64(sc.Rate)
-		if t == p.outage {
-			rate *= float64(sc.OutageWeight)
-		}
-		n := int(sc.Duration.Seconds() * rate)
-		// Tenants are staggered evenly within each 1/Rate period.
-		phase := float64(t) / float64(sc.Tenants) / float64(sc.Rate)
-		for k := range n {
-			all = append(all, msg{t: t, k: k, at: time.Duration((float64(k)/rate + phase) * float64(time.Second))})
-		}
-	}
-	slices.SortStableFunc(all, func(a, b msg) int { return cmp.Compare(a.at, b.at) })
-	p.total = len(all)
-	perT := make([]int, sc.Tenants)
-	for _, m := range all {
-		perT[m.t]++
-	}
-	for _, m := range all {
-		kind := byte(kindOK)
-		// Never two poison messages in a row, never the tenant's last one:
-		// a good message follows each and shows that it alone is at fault.
-		if m.t == p.poison && m.k%sc.PoisonEvery == sc.PoisonEvery/2 && m.k < perT[m.t]-1 {
-			kind = kindPoison
-		}
-		p.owner = append(p.owner, m.t)
-		p.due = append(p.due, m.at)
-		p.kinds = append(p.kinds, kind)
-	}
-	return p
-}
-
-func (p *plan) poisonCount() int {
-	n := 0
-	for _, k := range p.kinds {
-		if k == kindPoison {
-			n++
-		}
-	}
-	return n
-}
-
-func (p *plan) healthy(t int) bool { return t != p.outage && t != p.poison }
-
-// TenantResult is one tenant's outcome in one run.
-type TenantResult struct {
-	Tenant string
-	// Role is "outage", "poison" or "".
-	Role string
-	// Handled counts distinct messages handled.
-	Handled int
-	// InWindow counts those first handled during the outage window.
-	InWindow int
-	// DeadLettered counts distinct messages read back from the DLQ.
-	DeadLettered int
-	// MaxParked is the most messages seen parked at once (-1 when the
-	// engine did not track this tenant on its own: Shared).
-	MaxParked int
-	// Trips counts breaker openings of this tenant's guard (-1: Shared).
-	Trips int
-}
-
-// RunResult is the outcome of one run.
-type RunResult struct {
-	Mode     Mode
-	Produced int
-	// HealthyInWindow is the healthy tenants' goodput during the outage
-	// window: their messages first handled within it.
-	HealthyInWindow int
-	// OutageDead and PoisonDead are the dead letters of the outage and the
-	// poison tenant; OtherDead those of everyone else.
-	OutageDead, PoisonDead, OtherDead int
-	// Lost counts produced messages neither handled nor dead-lettered.
-	Lost int
-	// Redelivered counts handler successes for a message already handled.
-	Redelivered int
-	// SharedTrips counts the shared breaker's openings (Shared only).
-	SharedTrips int
-	// MaxParked is the most messages parked at once, all tenants.
-	MaxParked int
-	Tenants   []TenantResult
-	// Elapsed is the run's wall time from the first message produced to
-	// the last one settled.
-	Elapsed time.Duration
-}
-
-// Snapshot is the live state of a run, passed to the view.
-type Snapshot struct {
-	Broker    string
-	Mode      Mode
-	Elapsed   time.Duration
-	Duration  time.Duration
-	FaultOn   bool
-	Producing bool
-	Rows      []Row
-	// Totals.
-	Produced, Handled, Dead, Parked, Backlog int
-	// SharedState is the shared breaker's state (Shared only).
-	SharedState policy.State
-}
-
-// Row is one tenant in a Snapshot.
-type Row struct {
-	Tenant                         string
-	Role                           string
-	Handled, Backlog, Parked, Dead int
-	State                          policy.State
-	TrackedAlone                   bool // Parked and State are this tenant's own
-}
-
-// runState is the bookkeeping of one run.
-type runState struct {
-	p        *plan
-	mode     Mode
-	start    atomic.Int64 // unix ns; 0 until production starts
-	handled  []atomic.Int64
-	dead     []atomic.Bool
-	produced []atomic.Int64 // per tenant
-	tHandled []atomic.Int64 // per tenant, distinct
-	tDead    []atomic.Int64 // per tenant, distinct (from the sink)
-	settled  atomic.Int64
-	redeliv  atomic.Int64
-	trips    sync.Map // engine key -> *atomic.Int64
-}
-
-func newRunState(p *plan, mode Mode) *runState {
-	return &runState{
-		p: p, mode: mode,
-		handled:  make([]atomic.Int64, p.total),
-		dead:     make([]atomic.Bool, p.total),
-		produced: make([]atomic.Int64, len(p.tenants)),
-		tHandled: make([]atomic.Int64, len(p.tenants)),
-		tDead:    make([]atomic.Int64, len(p.tenants)),
-	}
-}
-
-func (st *runState) elapsed() time.Duration {
-	s := st.start.Load()
-	if s == 0 {
-		return 0
-	}
-	return time.Duration(time.Now().UnixNano() - s)
-}
-
-func (st *runState) faultOn(el time.Duration) bool {
-	return st.mode != Baseline && el >= st.p.sc.FaultStart && el < st.p.sc.FaultEnd
-}
-
-// Handle is the demo's handler: poison messages always fail, the outage
-// tenant's calls fail during the outage, and everything else calls a
-// dependency that takes Latency to 2*Latency.
-func (st *runState) Handle(ctx context.Context, m *consumer.Message) error {
-	tenant, id, kind, ok := decodeValue(m.Value)
-	if !ok || id >= st.p.total || st.p.tenants[st.p.owner[id]] != tenant {
-		return policy.Permanent(errMalformed)
-	}
-	if kind == kindPoison {
-		return errPoison
-	}
-	if st.p.owner[id] == st.p.outage && st.faultOn(st.elapsed()) {
-		return errDependencyDown
-	}
-	lat := st.p.sc.Latency
-	t := time.NewTimer(lat + rand.N(lat))
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
-		return ctx.Err()
-	}
-	if st.handled[id].CompareAndSwap(0, int64(st.elapsed())+1) {
-		st.tHandled[st.p.owner[id]].Add(1)
-		if !st.dead[id].Load() {
-			st.settled.Add(1)
-		}
-	} else {
-		st.redeliv.Add(1)
-	}
-	return nil
-}
-
-// countingSink counts dead letters by the real tenant, read from the value.
-type countingSink struct {
-	next dlq.Sink
-	st   *runState
-}
-
-func (s countingSink) Write(ctx context.Context, r *dlq.Record) error {
-	if err := s.next.Write(ctx, r); err != nil {
-		return err
-	}
-	if _, id, _, ok := decodeValue(r.Value); ok && id < s.st.p.total {
-		if s.st.dead[id].CompareAndSwap(false, true) {
-			s.st.tDead[s.st.p.owner[id]].Add(1)
-			if s.st.handled[id].Load() == 0 {
-				s.st.settled.Add(1)
-			}
-		}
-	}
-	return nil
-}
-
-// readySource tells when the source has its first partition.
-type readySource struct {
-	consumer.Source
-	once  sync.Once
-	ready chan struct{}
-}
-
-type readyDispatcher struct {
-	consumer.Dispatcher
-	s *readySource
-}
-
-func (d readyDispatcher) Assigned(p consumer.Partition) {
-	d.Dispatcher.Assigned(p)
-	d.s.once.Do(func() { close(d.s.ready) })
-}
-
-func (s *readySource) Run(ctx context.Context, d consumer.Dispatcher) error {
-	return s.Source.Run(ctx, readyDispatcher{d, s})
-}
-
-// runConfig is what a run needs besides the scenario.
-type runConfig struct {
-	broker   Broker
-	logger   *slog.Logger
-	observe  func(Snapshot)                        // called every tick; may be nil
-	consumer func(*consumer.Consumer, Mode) func() // registers metrics; returns unregister
-	onEvent  func(consumer.Event)                  // the console's event log; may be nil
-	tick     time.Duration
-}
-
-// runMode runs the plan once in mode on a fresh topic of the broker.
-func runMode(ctx context.Context, p *plan, mode Mode, rc runConfig) (RunResult, error) {
-	sc := p.sc
-	name := fmt.Sprintf("ringfence-demo-%s-%d", mode, time.Now().UnixNano())
-	topic, err := rc.broker.Open(ctx, name, sc.Partitions)
-	if err != nil {
-		return RunResult{}, fmt.Errorf("demo: %s: open %s: %w", rc.broker.Name(), name, err)
-	}
-	defer topic.Close()
-
-	st := newRunState(p, mode)
-	tenantFn := topic.Tenant()
-	if mode == Shared {
-		// One key for every message: one guard, one breaker, one lane per
-		// partition. This is a consumer with a single circuit breaker.
-		tenantFn = func(*consumer.Message) (string, error) { return sharedKey, nil }
-	}
-	sco := scope.New(*sc.Policy, scope.Options[string]{
-		OnEvent: func(key string, e policy.Event) {
-			if e.Kind != policy.EventBreakerOpened {
-				return
-			}
-			v, _ := st.trips.LoadOrStore(key, new(atomic.Int64))
-			v.(*atomic.Int64).Add(1)
-		},
-	})
-	// One key for everything (Shared) is a plain consumer: nothing to
-	// spill a tenant away from.
-	var spill consumer.SpillLog
-	if sp, ok := topic.(spillTopic); ok && mode != Shared {
-		if spill, err = sp.SpillLog(name); err != nil {
-			return RunResult{}, fmt.Errorf("demo: %s: spill log: %w", rc.broker.Name(), err)
-		}
-	}
-	c, err := consumer.New(consumer.Config{
-		Scope:        sco,
-		Handler:      st,
-		Tenant:       tenantFn,
-		DLQ:          countingSink{next: topic.Sink(), st: st},
-		Spill:        spill,
-		Group:        name,
-		Logger:       rc.logger,
-		DrainTimeout: 5 * time.Second,
-		OnEvent:      rc.onEvent,
-	})
-	if err != nil {
-		return RunResult{}, err
-	}
-	if rc.consumer != nil {
-		defer rc.consumer(c, mode)()
-	}
-	raw, err := topic.Source(name, tenantFn, mode == Shared)
-	if err != nil {
-		return RunResult{}, fmt.Errorf("demo: %s: source: %w", rc.broker.Name(), err)
-	}
-	src := &readySource{Source: raw, ready: make(chan struct{})}
-
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	runErr := make(chan error, 1)
-	go func() { runErr <- c.Run(runCtx, src) }()
-
-	select {
-	case <-src.ready:
-	case err := <-runErr:
-		return RunResult{}, fmt.Errorf("demo: %s: consumer stopped before it was assigned: %w", rc.broker.Name(), err)
-	case <-time.After(30 * time.Second):
-		return RunResult{}, fmt.Errorf("demo: %s: consumer not assigned a partition within 30s", rc.broker.Name())
-	case <-ctx.Done():
-		return RunResult{}, ctx.Err()
-	}
-
-	maxParked := make([]int, len(p.tenants))
-	totalMaxParked := 0
-	sample := func(producing bool) Snapshot {
-		stats := c.Stats()
-		snap := Snapshot{Broker: rc.broker.Name(), Mode: mode, Elapsed: st.elapsed(), Duration: sc.Duration, Producing: producing}
-		snap.FaultOn = st.faultOn(snap.Elapsed)
-		snap.Parked = stats.Parked
-		totalMaxParked = max(totalMaxParked, stats.Parked)
-		byKey := make(map[string]consumer.TenantStats, len(stats.Tenants))
-		for _, ts := range stats.Tenants {
-			byKey[ts.Tenant] = ts
-		}
-		shared := byKey[sharedKey]
-		snap.SharedState = shared.State
-		for i, name := range p.tenants {
-			r := Row{Tenant: name, Role: p.role(i), Handled: int(st.tHandled[i].Load()), Dead: int(st.tDead[i].Load())}
-			r.Backlog = max(int(st.produced[i].Load())-r.Handled-r.Dead, 0)
-			if mode == Shared {
-				r.Parked, r.State = -1, shared.State
-			} else {
-				ts := byKey[name]
-				r.Parked, r.State, r.TrackedAlone = ts.Parked, ts.State, true
-				maxParked[i] = max(maxParked[i], ts.Parked)
-			}
-			snap.Rows = append(snap.Rows, r)
-			snap.Handled += r.Handled
-			snap.Dead += r.Dead
-			snap.Backlog += r.Backlog
-			snap.Produced += int(st.produced[i].Load())
-		}
-		return snap
-	}
-
-	start := time.Now()
-	st.start.Store(start.UnixNano())
-	prodErr := make(chan error, 1)
-	go func() { prodErr <- produce(runCtx, p, topic, st) }()
-
-	tick := rc.tick
-	if tick <= 0 {
-		tick = 100 * time.Millisecond
-	}
-	ticker := time.NewTicker(tick)
-	defer ticker.Stop()
-	producing := true
-	deadline := time.Time{}
-	var failure error
-loop:
-	for {
-		select {
-		case err := <-prodErr:
-			producing = false
-			prodErr = nil
-			if err != nil {
-				failure = fmt.Errorf("demo: %s: produce: %w", rc.broker.Name(), err)
-				break loop
-			}
-			deadline = time.Now().Add(sc.Settle)
-		case err := <-runErr:
-			failure = fmt.Errorf("demo: %s: consumer stopped: %w", rc.broker.Name(), err)
-			runErr = nil
-			break loop
-		case <-ctx.Done():
-			failure = ctx.Err()
-			break loop
-		case <-ticker.C:
-			snap := sample(producing)
-			if rc.observe != nil {
-				rc.observe(snap)
-			}
-			if !producing && (int(st.settled.Load()) >= p.total || time.Now().After(deadline)) {
-				break loop
-			}
-		}
-	}
-	elapsed := time.Since(start)
-	stop()
-	if runErr != nil {
-		if err := <-runErr; err != nil && failure == nil {
-			failure = fmt.Errorf("demo: %s: consumer: %w", rc.broker.Name(), err)
-		}
-	}
-	if failure != nil {
-		return RunResult{}, failure
-	}
-
-	res := RunResult{Mode: mode, Produced: p.total, Elapsed: elapsed, MaxParked: totalMaxParked, Redelivered: int(st.redeliv.Load())}
-	// Dead letters are counted from what the broker durably holds.
-	keys := p.tenants
-	if mode == Shared {
-		keys = []string{sharedKey}
-	}
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	recs, err := topic.DeadLetters(rctx, keys)
-	cancel()
-	if err != nil {
-		return RunResult{}, fmt.Errorf("demo: %s: read dead letters back: %w", rc.broker.Name(), err)
-	}
-	deadIDs := make([]bool, p.total)
-	tDead := make([]int, len(p.tenants))
-	for _, r := range recs {
-		if _, id, _, ok := decodeValue(r.Value); ok && id < p.total && !deadIDs[id] {
-			deadIDs[id] = true
-			tDead[p.owner[id]]++
-		}
-	}
-	win0, win1 := sc.FaultStart, sc.FaultEnd
-	for i, name := range p.tenants {
-		tr := TenantResult{Tenant: name, Role: p.role(i), DeadLettered: tDead[i], MaxParked: -1, Trips: -1}
-		if mode != Shared {
-			tr.MaxParked = maxParked[i]
-			tr.Trips = st.tripsOf(name)
-		}
-		res.Tenants = append(res.Tenants, tr)
-		switch i {
-		case p.outage:
-			res.OutageDead += tDead[i]
-		case p.poison:
-			res.PoisonDead += tDead[i]
-		default:
-			res.OtherDead += tDead[i]
-		}
-	}
-	for id := range p.total {
-		t := p.owner[id]
-		h := st.handled[id].Load()
-		if h != 0 {
-			res.Tenants[t].Handled++
-			at := time.Duration(h - 1)
-			if at >= win0 && at < win1 {
-				res.Tenants[t].InWindow++
-				if p.healthy(t) {
-					res.HealthyInWindow++
-				}
-			}
-		} else if !deadIDs[id] {
-			res.Lost++
-		}
-	}
-	if mode == Shared {
-		res.SharedTrips = st.tripsOf(sharedKey)
-	}
-	return res, nil
-}
-
-func (st *runState) tripsOf(key string) int {
-	if v, ok := st.trips.Load(key); ok {
-		return int(v.(*atomic.Int64).Load())
-	}
-	return 0
-}
-
-func (p *plan) role(t int) string {
-	switch t {
-	case p.outage:
-		return "outage"
-	case p.poison:
-		return "poison"
-	}
-	return ""
-}
-
-// produce sends the plan's messages on schedule, in batches every 10ms.
-func produce(ctx context.Context, p *plan, topic Topic, st *runState) error {
-	const every = 10 * time.Millisecond
-	t := time.NewTicker(every)
-	defer t.Stop()
-	next := 0
-	var batch []Msg
-	for next < p.total {
-		el := st.elapsed()
-		batch = batch[:0]
-		first := next
-		for next < p.total && p.due[next] <= el {
-			tenant := p.tenants[p.owner[next]]
-			batch = append(batch, Msg{Tenant: tenant, Value: encodeValue(tenant, next, p.kinds[next])})
-			next++
-		}
-		if len(batch) > 0 {
-			if err := topic.Produce(ctx, batch); err != nil {
-				return err
-			}
-			for id := first; id < next; id++ {
-				st.produced[p.owner[id]].Add(1)
-			}
-		}
-		if next == p.total {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
 }

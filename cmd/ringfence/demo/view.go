@@ -52,15 +52,19 @@ func phase(s Snapshot) string {
 	case !s.Producing:
 		return "draining"
 	case s.FaultOn:
-		return "OUTAGE"
+		k := s.Kind
+		if k == "" {
+			k = KindOutage
+		}
+		return strings.ToUpper(k.Role())
 	}
 	return "running"
 }
 
 func plainLine(s Snapshot) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-6s %-9s t=%4.1fs %-8s produced=%d handled=%d backlog=%d parked=%d dead=%d",
-		s.Broker, s.Mode, s.Elapsed.Seconds(), phase(s), s.Produced, s.Handled, s.Backlog, s.Parked, s.Dead)
+	fmt.Fprintf(&b, "%-6s %-9s t=%4.1fs %-8s produced=%d handled=%d backlog=%d parked=%d dead=%d lag=%d heap=%.0fMiB",
+		s.Broker, s.Mode, s.Elapsed.Seconds(), phase(s), s.Produced, s.Handled, s.Backlog, s.Parked, s.Dead, s.Lag, float64(s.Heap)/(1<<20))
 	var open []string
 	if s.Mode == Shared {
 		if s.SharedState != policy.Closed {
@@ -90,7 +94,7 @@ func (v *view) draw(s Snapshot) {
 		b.WriteString("\x1b[K\n")
 		n++
 	}
-	line("%s · %s · %4.1fs / %v · %s", s.Broker, s.Mode.Title(), s.Elapsed.Seconds(), s.Duration, phase(s))
+	line("%s · %s · %s · %4.1fs / %v · %s · commit lag %d · heap %.0f MiB", s.Broker, s.Kind, s.Mode.Title(), s.Elapsed.Seconds(), s.Duration, phase(s), s.Lag, float64(s.Heap)/(1<<20))
 	line("%-12s %-7s %8s %8s %7s %6s  %s", "tenant", "", "handled", "backlog", "parked", "dead", "breaker")
 	for _, r := range s.Rows {
 		parked := "-"

@@ -1,0 +1,188 @@
+package demo
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// The thresholds of --check, from the Done-when sections of the spill
+// (issue 16) and bulkhead (issue 17) issues.
+const (
+	// MinGoodputRatio is the least healthy goodput during the fault, as a
+	// fraction of the no-fault run's, for all healthy tenants and for the
+	// bad tenant's partition-mates.
+	MinGoodputRatio = 0.95
+	// MaxP99Ratio is the most the healthy p99 end-to-end latency during the
+	// fault may be, as a multiple of the no-fault run's (slow, hang, hot;
+	// long-outage for the partition-mates).
+	MaxP99Ratio = 2.0
+)
+
+// LongOutageMaxLag is the largest commit lag (messages, one partition)
+// the long-outage check accepts during the outage. PROVISIONAL, to be set
+// by the lead once the spill engine lands. Derived from the engine's
+// configured limits: a tenant spills once it holds MaxParkedPerTenant
+// (1000 by default) parked messages, so its partition's committed offset
+// trails the log end by at most that, plus what arrives while the spill
+// append and one commit interval (250ms in the demo) are under way, plus
+// the other tenants' messages in flight (Concurrency, 64): about 1,100;
+// doubled for slack. Today's engine pauses the partition instead and the
+// lag grows with the outage. --lag-bound overrides it.
+const LongOutageMaxLag int64 = 2000
+
+// Check is one acceptance condition of --check, on the ringfence run
+// unless its name says otherwise.
+type Check struct {
+	Name string `json:"name"`
+	OK   bool   `json:"ok"`
+	// Skipped: the condition cannot be judged in this run (e.g. no
+	// partition-mates); it does not fail the check.
+	Skipped bool   `json:"skipped,omitempty"`
+	Value   string `json:"value"`
+	Limit   string `json:"limit"`
+}
+
+// ratio is a/b, or NaN when b is 0.
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return float64(a) / float64(b)
+}
+
+// p99Ratio is the run's p99 over the baseline's: +Inf when the run's 99th
+// percentile message was never handled, NaN when either has no messages.
+func p99Ratio(run, base RunResult, mates bool) float64 {
+	r, b := run.HealthyP99, base.HealthyP99
+	rn, bn := run.HealthyN, base.HealthyN
+	if mates {
+		r, b, rn, bn = run.MatesP99, base.MatesP99, run.MatesN, base.MatesN
+	}
+	switch {
+	case rn == 0 || bn == 0 || b == 0 || b == never:
+		return math.NaN()
+	case r == never:
+		return math.Inf(1)
+	}
+	return float64(r) / float64(b)
+}
+
+// Checks returns the acceptance conditions of b's scenario, judged.
+func (b *BrokerResult) Checks() []Check {
+	pt, bl := b.Runs[PerTenant], b.Runs[Baseline]
+	k := b.Sc.Kind
+	var cs []Check
+	add := func(c Check) { cs = append(cs, c) }
+	hasMates := len(b.Mates) > 0
+	noMates := Check{Skipped: true, OK: true, Value: "no partition-mates", Limit: fmt.Sprintf("no healthy tenant shares %s's partition", b.Bad)}
+
+	goodput := func(name string, run, base int) Check {
+		r := ratio(run, base)
+		c := Check{Name: name, Value: fmtRatio(r), Limit: fmt.Sprintf(">= %.2f", MinGoodputRatio)}
+		c.OK = r >= MinGoodputRatio
+		if math.IsNaN(r) {
+			c.Value = "baseline handled nothing in the window"
+		}
+		return c
+	}
+	add(goodput("healthy goodput during the fault / baseline", pt.HealthyGoodput, bl.HealthyGoodput))
+	if hasMates {
+		add(goodput("partition-mates goodput during the fault / baseline", pt.MatesGoodput, bl.MatesGoodput))
+	} else {
+		c := noMates
+		c.Name = "partition-mates goodput during the fault / baseline"
+		add(c)
+	}
+
+	p99 := func(name string, mates bool) {
+		if mates && !hasMates {
+			c := noMates
+			c.Name = name
+			add(c)
+			return
+		}
+		r := p99Ratio(pt, bl, mates)
+		run, base := pt.HealthyP99, bl.HealthyP99
+		if mates {
+			run, base = pt.MatesP99, bl.MatesP99
+		}
+		c := Check{Name: name, Value: fmt.Sprintf("%s (%s / %s)", fmtRatio(r), fmtLatency(run), fmtLatency(base)), Limit: fmt.Sprintf("<= %.1fx", MaxP99Ratio)}
+		c.OK = r <= MaxP99Ratio
+		if math.IsNaN(r) {
+			c.Value = "no messages in the window"
+		}
+		add(c)
+	}
+	switch k {
+	case KindSlow, KindHang, KindHot:
+		p99("healthy p99 end-to-end / baseline", false)
+		p99("partition-mates p99 end-to-end / baseline", true)
+	case KindLongOutage:
+		p99("partition-mates p99 end-to-end / baseline", true)
+	}
+
+	if k == KindSlow || k == KindHang {
+		add(Check{Name: b.Bad + " parked (EventParked)", OK: pt.BadParked > 0, Value: fmt.Sprint(pt.BadParked), Limit: ">= 1"})
+	}
+	add(Check{Name: b.Bad + " dead-lettered", OK: pt.BadDead == 0, Value: fmt.Sprint(pt.BadDead), Limit: "0 (a fault is not the message's fault)"})
+	add(Check{Name: b.Bad + " out of produce order", OK: pt.BadOutOfOrder == 0, Value: fmt.Sprintf("%d of %d", pt.BadOutOfOrder, pt.BadInOrder), Limit: "0 (EventReordered moves left out)"})
+	add(Check{Name: "unfinished after the drain", OK: pt.UnfinishedAfterDrain == 0, Value: fmt.Sprint(pt.UnfinishedAfterDrain), Limit: "0"})
+	for _, m := range Modes {
+		if r := b.Runs[m]; r.Ran {
+			add(Check{Name: "lost (" + m.String() + " run)", OK: r.Lost == 0, Value: fmt.Sprint(r.Lost), Limit: "0"})
+		}
+	}
+	if b.Keyed {
+		n := 0
+		for _, m := range Modes {
+			n += b.Runs[m].PartitionMismatches
+		}
+		add(Check{Name: "messages on the partition their key hashes to", OK: n == 0, Value: fmt.Sprintf("%d elsewhere", n), Limit: "0 elsewhere"})
+	}
+	if k == KindLongOutage {
+		c := Check{Name: "largest commit lag during the outage", Value: fmt.Sprint(pt.MaxLagFault), Limit: fmt.Sprintf("<= %d (LongOutageMaxLag, provisional)", b.LagBound)}
+		c.OK = pt.MaxLagFault <= b.LagBound && pt.LagSamples > 0
+		if pt.LagSamples == 0 {
+			c.Value = "not measured (no lag sample)"
+		}
+		add(c)
+	}
+	if b.HeapBudget > 0 {
+		add(Check{Name: "peak consumer heap", OK: pt.ConsumerHeap <= b.HeapBudget, Value: fmtBytes(pt.ConsumerHeap), Limit: "<= " + fmtBytes(b.HeapBudget)})
+	}
+	return cs
+}
+
+// asExpected reports whether every check passed.
+func (b *BrokerResult) asExpected() bool {
+	for _, c := range b.Checks() {
+		if !c.OK {
+			return false
+		}
+	}
+	return true
+}
+
+// Verdict says in one line whether the run shows what it should.
+func (b *BrokerResult) Verdict() string {
+	var bad []string
+	for _, c := range b.Checks() {
+		if !c.OK {
+			bad = append(bad, fmt.Sprintf("%s %s (want %s)", c.Name, c.Value, c.Limit))
+		}
+	}
+	if len(bad) > 0 {
+		return b.Broker + " " + string(b.Sc.Kind) + ": NOT as expected: " + strings.Join(bad, "; ")
+	}
+	pt := b.Runs[PerTenant]
+	s := fmt.Sprintf("%s %s: healthy tenants kept %.0f%% of their goodput with per-tenant guards", b.Broker, b.Sc.Kind, 100*ratio(pt.HealthyGoodput, b.Runs[Baseline].HealthyGoodput))
+	if sh := b.Runs[Shared]; sh.Ran {
+		s += fmt.Sprintf(", %.0f%% with one shared breaker", 100*ratio(sh.HealthyGoodput, b.Runs[Baseline].HealthyGoodput))
+	}
+	s += fmt.Sprintf("; %s dead-lettered nothing", b.Bad)
+	if sh := b.Runs[Shared]; sh.Ran {
+		s += fmt.Sprintf(" (shared: %d)", sh.BadDead)
+	}
+	return s + "; nothing lost."
+}
