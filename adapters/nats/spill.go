@@ -417,3 +417,43 @@ func (s *SpillLog) fullTenant(ctx context.Context, subj string) (string, error) 
 	}
 	return "", fmt.Errorf("nats: spill pending %s: first record (sequence %d) names no tenant", subj, recs[0].seq)
 }
+
+// SpillBacklog is one tenant's spill subject and what it holds.
+type SpillBacklog struct {
+	Tenant  string
+	Subject string
+	// Records counts the records left: not yet re-fed and committed. They
+	// may include copies (a re-appended batch), so it is an upper bound.
+	Records uint64
+}
+
+// Backlog lists the tenants with records in the spill stream (of the
+// Source's own partition), sorted by subject, for operators (`ringfence
+// spill ls`).
+func (s *SpillLog) Backlog(ctx context.Context) ([]SpillBacklog, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opt.timeout)
+	defer cancel()
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(s.prefix+".*"))
+	if err != nil {
+		return nil, fmt.Errorf("nats: spill backlog %s: %w", s.prefix, err)
+	}
+	var out []SpillBacklog
+	for subj, n := range info.State.Subjects {
+		tok, ok := dlq.SplitNATSSubject(s.prefix, subj)
+		if !ok || n == 0 {
+			continue
+		}
+		tenant, exact, err := dlq.ParseTenantToken(tok)
+		if err != nil {
+			continue
+		}
+		if !exact {
+			if tenant, err = s.fullTenant(ctx, subj); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, SpillBacklog{Tenant: tenant, Subject: subj, Records: n})
+	}
+	slices.SortFunc(out, func(a, b SpillBacklog) int { return strings.Compare(a.Subject, b.Subject) })
+	return out, nil
+}

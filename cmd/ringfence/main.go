@@ -3,6 +3,7 @@
 //	ringfence demo [flags]                     noisy-neighbour demo and its measurements (--scenario outage|long-outage|slow|hang|hot)
 //	ringfence dlq ls|peek|replay|purge [flags] list, inspect, replay and purge a tenant's dead letters
 //	ringfence console [flags]                  the ops console (DLQ browser) in a web browser
+//	ringfence spill ls [flags]                 list the tenants whose messages wait in a spill log
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage error.
 package main
@@ -20,6 +21,7 @@ Usage:
                               --scenario outage|long-outage|slow|hang|hot)
   ringfence dlq <command>     list, peek, replay and purge a tenant's dead letters
   ringfence console [flags]   browse, replay and purge dead letters in a web browser
+  ringfence spill ls [flags]  list the tenants whose messages wait in a spill log
 
 Run 'ringfence <command> --help' for a command's flags.
 `
@@ -38,6 +40,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runDLQ(args[1:], stdout, stderr)
 	case "console":
 		return runConsoleMain(args[1:], stdout, stderr)
+	case "spill":
+		return runSpill(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
