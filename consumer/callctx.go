@@ -20,6 +20,7 @@ type callCtx struct {
 	c      *Consumer
 
 	deadline atomic.Int64 // engine clock ns; 0: none
+	expired  atomic.Bool  // the attempt ran out its deadline (housekeeping ended it)
 
 	mu     sync.Mutex
 	done   chan struct{} // made on first Done
@@ -115,6 +116,7 @@ func (x *callCtx) cancel(err error) {
 // begin arms the context for a call that must end by deadline (engine
 // clock ns; 0: none).
 func (x *callCtx) begin(deadline int64) {
+	x.expired.Store(false)
 	x.deadline.Store(deadline)
 	if x.parent.Err() != nil {
 		x.cancel(x.parent.Err())
@@ -140,6 +142,7 @@ func (x *callCtx) end() (reusable bool) {
 // expireIfDue cancels the call if its deadline passed (engine clock now).
 func (x *callCtx) expireIfDue(now int64) {
 	if d := x.deadline.Load(); d != 0 && now >= d {
+		x.expired.Store(true)
 		x.cancel(context.DeadlineExceeded)
 	}
 }

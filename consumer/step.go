@@ -275,7 +275,13 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 			panicked = true
 		}
 	}()
-	return c.cfg.Handler.Handle(ctx, m), false
+	err = c.cfg.Handler.Handle(ctx, m)
+	if err != nil && ctx.expired.Load() {
+		// The attempt ran out its time: a hang, which the breaker weighs
+		// as policy.Breaker.TimeoutFailures.
+		err = policy.AttemptTimedOut(err)
+	}
+	return err, false
 }
 
 // PanicError is the failure recorded when a handler panics.

@@ -112,3 +112,12 @@ func (c *attemptCtx) end() {
 }
 
 func (c *attemptCtx) String() string { return "policy.attemptCtx" }
+
+// timedOut reports whether the attempt ran out its own AttemptTimeout (not
+// an earlier deadline of its parent, the caller's or the Deadline's).
+func (c *attemptCtx) timedOut() bool {
+	if d, ok := c.parent.Deadline(); ok && !d.After(c.deadline) {
+		return false
+	}
+	return !time.Now().Before(c.deadline)
+}

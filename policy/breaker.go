@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -202,7 +203,11 @@ func (g *guard) recordFailure(p *Permit, now int64, err error) {
 	trip := false
 	switch st {
 	case Closed:
-		n := g.consec.Add(1)
+		w := int64(1)
+		if errors.Is(err, ErrAttemptTimeout) {
+			w = g.r.timeoutW
+		}
+		n := g.consec.Add(w)
 		if g.r.consecutive > 0 && n >= int64(g.r.consecutive) {
 			trip = true
 		}

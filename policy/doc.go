@@ -51,7 +51,11 @@
 // open for OpenTimeout, doubling after each failed probe up to MaxOpenTimeout,
 // then admits HalfOpenProbes probes; all of them must succeed to close it.
 // Each state change starts a new generation, and outcomes from an older
-// generation are counted in [Stats] but do not move the breaker.
+// generation are counted in [Stats] but do not move the breaker. An
+// attempt that ran out its AttemptTimeout (a hang) counts as
+// Breaker.TimeoutFailures failures: by default as many as trip it, so one
+// hang opens the breaker instead of holding a caller for five timeouts
+// (engines report it with [AttemptTimedOut]; Run does so itself).
 //
 // # Slow calls
 //

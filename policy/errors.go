@@ -130,6 +130,37 @@ func (e *InvalidPolicyError) Error() string {
 // Is reports whether target is ErrInvalidPolicy.
 func (e *InvalidPolicyError) Is(target error) bool { return target == ErrInvalidPolicy }
 
+// ErrAttemptTimeout: an attempt ran out its Policy.AttemptTimeout. The
+// error Run returns for such an attempt is an [*AttemptTimeoutError]; an
+// engine that runs attempts itself reports one to Permit.Done the same way
+// (see [AttemptTimedOut]), so that the breaker weighs it as
+// Breaker.TimeoutFailures.
+var ErrAttemptTimeout = errors.New("policy: attempt timed out")
+
+// AttemptTimeoutError is the failure of an attempt that ran out its
+// AttemptTimeout: it matches ErrAttemptTimeout and unwraps to the
+// attempt's own error (usually wrapping context.DeadlineExceeded).
+type AttemptTimeoutError struct{ Err error }
+
+func (e *AttemptTimeoutError) Error() string {
+	return "policy: attempt timed out: " + e.Err.Error()
+}
+
+// Is reports whether target is ErrAttemptTimeout.
+func (e *AttemptTimeoutError) Is(target error) bool { return target == ErrAttemptTimeout }
+
+// Unwrap returns the attempt's error.
+func (e *AttemptTimeoutError) Unwrap() error { return e.Err }
+
+// AttemptTimedOut marks err, the error of an attempt that ran out its
+// AttemptTimeout, as such. AttemptTimedOut(nil) is nil.
+func AttemptTimedOut(err error) error {
+	if err == nil || errors.Is(err, ErrAttemptTimeout) {
+		return err
+	}
+	return &AttemptTimeoutError{Err: err}
+}
+
 // Permanent marks err as not retryable: Run returns it at once and the
 // consumer dead-letters the message without further attempts. It still counts
 // as a failure for the breaker. Permanent(nil) is nil.

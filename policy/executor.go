@@ -156,6 +156,9 @@ func (g *guard) attemptFull(ctx context.Context, p *Permit, attempt int, fn func
 	}
 	finished = true
 	if ac != nil {
+		if err != nil && ac.timedOut() {
+			err = AttemptTimedOut(err)
+		}
 		ac.end()
 	}
 	p.Done(err)

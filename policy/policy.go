@@ -135,6 +135,16 @@ type Breaker struct {
 
 	// SlowCall makes slow successes failures to the breaker. On by default.
 	SlowCall SlowCall
+
+	// TimeoutFailures is how many failures an attempt that ran out its
+	// AttemptTimeout counts as toward ConsecutiveFailures. Zero means
+	// ConsecutiveFailures itself: one timeout trips the breaker, because a
+	// call that did not answer for AttemptTimeout (10s by default, far past
+	// any normal latency) is a hang, and with its tenant's calls made one at
+	// a time (a consumer lane) waiting for five of them would hold a worker
+	// for minutes. 1 makes a timeout an ordinary failure. Negative is
+	// invalid.
+	TimeoutFailures int
 }
 
 // SlowCall configures slow calls, after resilience4j's slow-call threshold:

@@ -15,6 +15,7 @@ import (
 type resolved struct {
 	breaker     bool
 	consecutive int
+	timeoutW    int64 // consecutive failures an attempt timeout counts as
 	ratio       float64
 	window      time.Duration
 	minRequests int
@@ -100,10 +101,16 @@ func resolve(p Policy) (*resolved, error) {
 			return r, invalid("Breaker.MaxOpenTimeout", "must not be negative, got %v", b.MaxOpenTimeout)
 		case b.HalfOpenProbes < 0:
 			return r, invalid("Breaker.HalfOpenProbes", "must not be negative, got %d", b.HalfOpenProbes)
+		case b.TimeoutFailures < 0:
+			return r, invalid("Breaker.TimeoutFailures", "must not be negative, got %d", b.TimeoutFailures)
 		}
 		r.consecutive = b.ConsecutiveFailures
 		if r.consecutive == 0 && b.FailureRatio == 0 {
 			r.consecutive = 5
+		}
+		r.timeoutW = int64(b.TimeoutFailures)
+		if r.timeoutW == 0 {
+			r.timeoutW = int64(max(r.consecutive, 1))
 		}
 		r.ratio = b.FailureRatio
 		r.window = orDuration(b.Window, 10*time.Second)

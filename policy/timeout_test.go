@@ -34,7 +34,9 @@ func TestRunAttemptTimeout(t *testing.T) {
 			deadlines: []time.Duration{250 * ms}, took: 250 * ms},
 		{name: "deadline shorter than the attempt timeout", attempt: time.Second, deadline: 150 * ms,
 			deadlines: []time.Duration{150 * ms}, took: 150 * ms},
-		{name: "timeouts trip the breaker", attempt: 100 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 2},
+		{name: "one timeout trips the breaker", attempt: 100 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 5},
+			deadlines: []time.Duration{100 * ms}, took: 100 * ms, openErr: true},
+		{name: "timeouts as ordinary failures trip the breaker", attempt: 100 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 2, TimeoutFailures: 1},
 			deadlines: []time.Duration{100 * ms, 210 * ms}, took: 210 * ms, openErr: true},
 	}
 	for _, tt := range tests {
@@ -76,6 +78,9 @@ func TestRunAttemptTimeout(t *testing.T) {
 				var oe *policy.OpenError
 				if errors.As(err, &oe) != tt.openErr || !errors.Is(err, context.DeadlineExceeded) && !tt.openErr {
 					t.Fatalf("Run = %v", err)
+				}
+				if !tt.openErr && !errors.Is(err, policy.ErrAttemptTimeout) && tt.deadline == 0 {
+					t.Fatalf("Run = %v, want an attempt timeout", err)
 				}
 				if st := g.Stats(); st.Failures != uint64(len(tt.deadlines)) {
 					t.Fatalf("%d failures counted, want %d (a timed-out attempt is a failure)", st.Failures, len(tt.deadlines))
@@ -208,5 +213,32 @@ func TestDefaultAttemptTimeout(t *testing.T) {
 	}
 	if d := (policy.Policy{}).AttemptTimeout; d != 0 {
 		t.Fatalf("zero Policy's AttemptTimeout = %v", d)
+	}
+}
+
+func TestAttemptTimedOut(t *testing.T) {
+	if policy.AttemptTimedOut(nil) != nil {
+		t.Fatal("AttemptTimedOut(nil) is not nil")
+	}
+	err := policy.AttemptTimedOut(context.DeadlineExceeded)
+	if !errors.Is(err, policy.ErrAttemptTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v does not match both ErrAttemptTimeout and its cause", err)
+	}
+	if again := policy.AttemptTimedOut(err); again != err {
+		t.Fatal("marking twice wraps twice")
+	}
+	if _, err := policy.New(policy.Policy{Breaker: &policy.Breaker{TimeoutFailures: -1}}); !errors.Is(err, policy.ErrInvalidPolicy) {
+		t.Fatalf("negative TimeoutFailures: %v", err)
+	}
+	// Two-step: an engine reports a timeout with AttemptTimedOut; with the
+	// default weight one trips the breaker.
+	g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 5}})
+	p, err := g.Allow(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Done(policy.AttemptTimedOut(context.DeadlineExceeded))
+	if st := g.State(); st != policy.Open {
+		t.Fatalf("after one timed-out attempt the breaker is %v, want open", st)
 	}
 }
