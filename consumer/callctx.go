@@ -19,8 +19,13 @@ type callCtx struct {
 	parent context.Context // the engine's handler context
 	c      *Consumer
 
-	deadline atomic.Int64 // engine clock ns; 0: none
+	deadline atomic.Int64  // engine clock ns; 0: none
+	gen      atomic.Uint64 // counts calls: a late expiry of an earlier call must not end this one
+	expiring atomic.Bool   // housekeeping is expiring a call (begin then waits for it on mu)
 	expired  atomic.Bool  // the attempt ran out its deadline (housekeeping ended it)
+	// dirty: Done, AfterFunc or cancel was called since the last reset; a
+	// clean context ends its call without taking mu.
+	dirty atomic.Bool
 
 	mu     sync.Mutex
 	done   chan struct{} // made on first Done
@@ -51,6 +56,7 @@ func (x *callCtx) Done() <-chan struct{} {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.seen = true
+	x.dirty.Store(true)
 	if x.done == nil {
 		if x.err != nil {
 			return closedChan
@@ -74,6 +80,7 @@ func (x *callCtx) AfterFunc(f func()) (stop func() bool) {
 	a := &afterFunc{f: f}
 	x.mu.Lock()
 	x.seen = true
+	x.dirty.Store(true)
 	if x.err != nil {
 		x.mu.Unlock()
 		a.once.Do(func() { go f() })
@@ -97,17 +104,28 @@ func (x *callCtx) AfterFunc(f func()) (stop func() bool) {
 // cancel ends the context with err (the first cause wins).
 func (x *callCtx) cancel(err error) {
 	x.mu.Lock()
+	afters := x.cancelLocked(err)
+	x.mu.Unlock()
+	runAfters(afters)
+}
+
+// cancelLocked is cancel with mu held; the caller runs the returned
+// AfterFunc callbacks once it released mu.
+func (x *callCtx) cancelLocked(err error) map[*afterFunc]struct{} {
 	if x.err != nil {
-		x.mu.Unlock()
-		return
+		return nil
 	}
 	x.err = err
+	x.dirty.Store(true)
 	if x.done != nil {
 		close(x.done)
 	}
 	afters := x.afters
 	x.afters = nil
-	x.mu.Unlock()
+	return afters
+}
+
+func runAfters(afters map[*afterFunc]struct{}) {
 	for a := range afters {
 		a.once.Do(func() { go a.f() })
 	}
@@ -116,6 +134,18 @@ func (x *callCtx) cancel(err error) {
 // begin arms the context for a call that must end by deadline (engine
 // clock ns; 0: none).
 func (x *callCtx) begin(deadline int64) {
+	x.gen.Add(1)
+	// Sequentially consistent: either a running expiry saw the new gen and
+	// gives up, or this sees expiring and waits for it below.
+	if x.expiring.Load() || x.dirty.Load() {
+		// An expiry of the last call that lost the race with its end.
+		x.mu.Lock()
+		if !x.seen {
+			x.err = nil
+			x.dirty.Store(false)
+		}
+		x.mu.Unlock()
+	}
 	x.expired.Store(false)
 	x.deadline.Store(deadline)
 	if x.parent.Err() != nil {
@@ -127,10 +157,14 @@ func (x *callCtx) begin(deadline int64) {
 // not observed, so nobody can still be waiting on it.
 func (x *callCtx) end() (reusable bool) {
 	x.deadline.Store(0)
+	if !x.dirty.Load() {
+		return true // nobody asked for Done, nothing cancelled it
+	}
 	x.mu.Lock()
 	seen := x.seen
 	if !seen {
 		x.err = nil
+		x.dirty.Store(false)
 	}
 	x.mu.Unlock()
 	if seen {
@@ -141,8 +175,19 @@ func (x *callCtx) end() (reusable bool) {
 
 // expireIfDue cancels the call if its deadline passed (engine clock now).
 func (x *callCtx) expireIfDue(now int64) {
-	if d := x.deadline.Load(); d != 0 && now >= d {
-		x.expired.Store(true)
-		x.cancel(context.DeadlineExceeded)
+	g := x.gen.Load()
+	if d := x.deadline.Load(); d == 0 || now < d {
+		return
 	}
+	x.expiring.Store(true)
+	defer x.expiring.Store(false)
+	x.mu.Lock()
+	if x.gen.Load() != g || x.deadline.Load() == 0 {
+		x.mu.Unlock()
+		return // that call ended meanwhile
+	}
+	x.expired.Store(true)
+	afters := x.cancelLocked(context.DeadlineExceeded)
+	x.mu.Unlock()
+	runAfters(afters)
 }

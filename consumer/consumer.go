@@ -50,6 +50,8 @@ type Consumer struct {
 	sched   sched
 	spillQ  spillQueue
 	workers []*worker
+	// workerList publishes workers to Stats, which may run before Run.
+	workerList atomic.Pointer[[]*worker]
 
 	running  atomic.Bool
 	draining atomic.Bool
@@ -58,12 +60,15 @@ type Consumer struct {
 	stats       counters
 }
 
-// counters are engine-wide totals.
+// counters are totals, kept per worker (and engine-wide for what other
+// goroutines count), summed by Stats. The padding keeps two workers'
+// counters off one cache line.
 type counters struct {
 	handled, failed, dead, retried, panics atomic.Uint64
 	spilled, refed, spillFails, duplicates atomic.Uint64
 	unwritable                             atomic.Uint64
 	inflight                               atomic.Int64
+	_                                      [64]byte
 }
 
 // New validates cfg and builds a Consumer.
@@ -129,8 +134,10 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	var workers sync.WaitGroup
 	c.workers = make([]*worker, c.cfg.Concurrency)
 	for i := range c.workers {
-		w := newWorker(c)
-		c.workers[i] = w
+		c.workers[i] = newWorker(c)
+	}
+	c.workerList.Store(&c.workers)
+	for _, w := range c.workers {
 		workers.Go(func() { c.work(w) })
 	}
 	hkDone := make(chan struct{})
@@ -212,6 +219,12 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 		c.now.Store(now)
 		for _, w := range c.workers {
 			w.ctx().expireIfDue(now)
+		}
+		// Commits go out here, every tick, not per settled message: a
+		// source commits on its own interval anyway, and a Commit per
+		// message would put a shared line and a call on the hot path.
+		for _, sh := range *c.parts.Load() {
+			c.syncCommit(sh)
 		}
 		if slow++; slow%20 == 0 { // every 100ms
 			for _, sh := range c.shards() {

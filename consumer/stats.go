@@ -93,18 +93,29 @@ type Stats struct {
 // Stats returns a snapshot of the engine and its tenants. It takes each
 // partition's lock briefly, one at a time, and calls no user code.
 func (c *Consumer) Stats() Stats {
+	var n [6]uint64
+	var inflight int64
+	for _, x := range append([]*counters{&c.stats}, c.counterSets()...) {
+		n[0] += x.handled.Load()
+		n[1] += x.failed.Load()
+		n[2] += x.dead.Load()
+		n[3] += x.retried.Load()
+		n[4] += x.panics.Load()
+		n[5] += x.unwritable.Load()
+		inflight += x.inflight.Load()
+	}
 	s := Stats{
-		Handled:       c.stats.handled.Load(),
-		Failed:        c.stats.failed.Load(),
-		DeadLettered:  c.stats.dead.Load(),
-		Retried:       c.stats.retried.Load(),
-		Panics:        c.stats.panics.Load(),
+		Handled:       n[0],
+		Failed:        n[1],
+		DeadLettered:  n[2],
+		Retried:       n[3],
+		Panics:        n[4],
+		Unwritable:    n[5],
 		Spilled:       c.stats.spilled.Load(),
 		Refed:         c.stats.refed.Load(),
 		SpillFailures: c.stats.spillFails.Load(),
 		Duplicates:    c.stats.duplicates.Load(),
-		Unwritable:    c.stats.unwritable.Load(),
-		InFlight:      int(c.stats.inflight.Load()),
+		InFlight:      int(inflight),
 		Parked:        int(c.parkedTotal.Load()),
 	}
 	lag := map[*tenant]int64{}
@@ -211,4 +222,17 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 		return TenantStats{}, false
 	}
 	return c.tenantStats(t), true
+}
+
+// counterSets are the workers' counters (none before Run).
+func (c *Consumer) counterSets() []*counters {
+	ws := c.workerList.Load()
+	if ws == nil {
+		return nil
+	}
+	out := make([]*counters, len(*ws))
+	for i, w := range *ws {
+		out[i] = &w.n
+	}
+	return out
 }

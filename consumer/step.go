@@ -129,7 +129,7 @@ func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v
 	case actRetry:
 		m.st.backoff = v.delay
 		r.wait = v.delay
-		c.stats.retried.Add(1)
+		w.n.retried.Add(1)
 		m.st.lane.t.retried.Add(1)
 		c.emit(Event{Kind: EventRetried, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err, Delay: v.delay})
 	case actPark:
@@ -262,9 +262,9 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 	}
 	ctx := w.ctx()
 	ctx.begin(deadline)
-	c.stats.inflight.Add(1)
+	w.n.inflight.Add(1)
 	defer func() {
-		c.stats.inflight.Add(-1)
+		w.n.inflight.Add(-1)
 		if !ctx.end() {
 			w.cur.Store(newCallCtx(c))
 		}
@@ -295,7 +295,7 @@ func (e *PanicError) Error() string { return fmt.Sprintf("consumer: handler pani
 // noteFailure records a failed attempt of m.
 func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) {
 	now := time.Now()
-	c.stats.failed.Add(1)
+	w.n.failed.Add(1)
 	m.st.lane.t.failed.Add(1)
 	m.st.attempts++
 	m.st.total++
@@ -306,14 +306,14 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 	m.st.lastErr = err
 	m.st.panicked = panicked
 	if panicked {
-		c.stats.panics.Add(1)
+		w.n.panics.Add(1)
 		c.emit(Event{Kind: EventPanicked, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err})
 	}
 }
 
 // handled settles m after its handler succeeded.
 func (c *Consumer) handled(w *worker, m *Message) {
-	c.stats.handled.Add(1)
+	w.n.handled.Add(1)
 	m.st.lane.t.handled.Add(1)
 	m.st.probeFails = 0
 	c.settleSource(m.st.lane.sh, m)
@@ -346,7 +346,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 		m.st.dlqFails++
 		wait, aside := decideDLQFailed(m.st.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
 		if aside {
-			c.stats.unwritable.Add(1)
+			w.n.unwritable.Add(1)
 			l.t.unwritable.Add(1)
 			c.log.Error("consumer: dead letter cannot be written; message set aside, holding its partition's commit", "tenant", l.key, "partition", m.Partition, "offset", m.Offset, "reason", reason, "err", err)
 			c.emit(Event{Kind: EventDLQUnwritable, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason})
@@ -360,7 +360,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 		w.res.wait = wait
 		return
 	}
-	c.stats.dead.Add(1)
+	w.n.dead.Add(1)
 	l.t.dead.Add(1)
 	c.settleSource(l.sh, m)
 	w.res.settled = append(w.res.settled, m)

@@ -21,6 +21,9 @@ const maxJudgeSpan = 64
 type worker struct {
 	c    *Consumer
 	cur  atomic.Pointer[callCtx]
+	// n are this worker's counters, summed by Stats: per worker so that
+	// workers on two cores never write one line per message.
+	n counters
 	job  job
 	res  stepResult
 	turn int // jobs taken from the current shard
@@ -28,7 +31,6 @@ type worker struct {
 	// Deferred until the shard lock is released.
 	events  []Event
 	recheck []*tenant // tenants whose blocked lanes may run now
-	commit  *shard    // shard whose commit point moved
 	resume  *shard    // shard whose pause may end
 	spills  []*lane   // lanes whose spill job must be queued
 	chain   bool      // more lanes were ready when this worker took one
@@ -154,9 +156,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		return false
 	}
 	for _, m := range r.settled {
-		if c.removeSettled(sh, l, m) {
-			w.commit = sh
-		}
+		c.removeSettled(sh, l, m) // a moved commit point goes out at the next tick
 	}
 	if r.aside != nil {
 		c.setAside(sh, l, r.aside)
@@ -264,10 +264,6 @@ func (w *worker) flush() {
 	}
 	clear(w.spills)
 	w.spills = w.spills[:0]
-	if w.commit != nil {
-		c.syncCommit(w.commit)
-		w.commit = nil
-	}
 	if w.resume != nil {
 		c.maybeResume(w.resume)
 		w.resume = nil
