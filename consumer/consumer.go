@@ -323,9 +323,6 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	clear(sh.lanes)
 	sh.none = nil
-	for _, m := range sh.aside {
-		m.st.lane.t.queued.Add(-1)
-	}
 	sh.aside = nil
 	sh.ready.reset()
 	sh.wm.reset()
@@ -338,6 +335,11 @@ func (c *Consumer) Revoked(p Partition) {
 
 	// No Settle or Commit for p after Revoked returns.
 	sh.gate.close()
+	for _, w := range c.workers {
+		for w.settling.Load() == sh {
+			yield()
+		}
+	}
 	sh.commit.stop()
 	if sh.pause.stop() && !c.draining.Load() {
 		// The pause was the engine's, for state it just dropped.
@@ -360,12 +362,10 @@ func (c *Consumer) dropLane(l *lane) *tenant {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	n := l.q.len() + l.pend.len()
 	if l.parked {
 		l.t.parked.Add(-int64(l.q.len()))
 		c.parkedTotal.Add(-int64(l.q.len()))
 	}
-	l.t.queued.Add(-int64(n))
 	if l.spill.on {
 		l.t.spillLanes.Add(-1)
 	}

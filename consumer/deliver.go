@@ -65,7 +65,6 @@ func (c *Consumer) deliverRun(ms []*Message) {
 		l.seen = true
 		sh.queued++
 		t := l.t
-		t.queued.Add(1)
 		if l.spill.on {
 			m.st.spilled = true
 			l.pend.push(m)

@@ -157,9 +157,6 @@ func (c *Consumer) checkInvariants() error {
 	}
 	for _, t := range all {
 		x := at(t)
-		if int64(x.queued) != t.queued.Load() {
-			bad("tenant %q: queued count %d, lanes hold %d", t.key, t.queued.Load(), x.queued)
-		}
 		if int64(x.parked) != t.parked.Load() {
 			bad("tenant %q: parked count %d, lanes hold %d", t.key, t.parked.Load(), x.parked)
 		}

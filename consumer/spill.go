@@ -230,7 +230,7 @@ func (c *Consumer) spillWork(l *lane) {
 				return
 			}
 			for _, m := range batch {
-				c.settleSource(sh, m)
+				c.settleSource(sh, m, nil)
 			}
 			sh.mu.Lock()
 			if l.dead {
@@ -242,7 +242,6 @@ func (c *Consumer) spillWork(l *lane) {
 			for range batch {
 				m := l.pend.remove(0)
 				sh.queued--
-				t.queued.Add(-1)
 				if c.unlist(sh, l, m) {
 					moved = true
 				}
@@ -352,7 +351,6 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
 		sh.queued++
-		t.queued.Add(1)
 		t.refed.Add(1)
 		c.stats.refed.Add(1)
 		if l.parked {

@@ -119,6 +119,7 @@ func (c *Consumer) Stats() Stats {
 		Parked:        int(c.parkedTotal.Load()),
 	}
 	lag := map[*tenant]int64{}
+	queued := map[*tenant]int{}
 	now := c.clock()
 	for _, sh := range c.shards() {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.done.Load()}
@@ -144,6 +145,17 @@ func (c *Consumer) Stats() Stats {
 				lag[m.st.lane.t] += to - m.Offset
 			}
 		}
+		for _, l := range sh.lanes {
+			if n := l.q.len() + l.pend.len(); n > 0 {
+				queued[l.t] += n
+			}
+		}
+		if sh.none != nil {
+			queued[sh.none.t] += sh.none.q.len()
+		}
+		for _, m := range sh.aside {
+			queued[m.st.lane.t]++
+		}
 		sh.mu.Unlock()
 		s.Queued += ps.Queued
 		if ps.Paused {
@@ -156,7 +168,7 @@ func (c *Consumer) Stats() Stats {
 	})
 	c.tmu.Lock()
 	ts := make([]*tenant, 0, len(c.tenants)+1)
-	if c.noTenant.lanes > 0 || c.noTenant.queued.Load() > 0 || c.noTenant.dead.Load() > 0 {
+	if c.noTenant.lanes > 0 || c.noTenant.dead.Load() > 0 {
 		ts = append(ts, c.noTenant)
 	}
 	for _, t := range c.tenants {
@@ -166,6 +178,7 @@ func (c *Consumer) Stats() Stats {
 	for _, t := range ts {
 		x := c.tenantStats(t)
 		x.CommitLag = lag[t]
+		x.Queued = queued[t]
 		if x.Spilling > 0 {
 			s.SpillingTenants++
 		}
@@ -183,7 +196,8 @@ func (c *Consumer) Stats() Stats {
 	return s
 }
 
-// tenantStats reads one tenant's counters (without its commit lag).
+// tenantStats reads one tenant's counters (without its commit lag and
+// queued count, which come from its lanes).
 func (c *Consumer) tenantStats(t *tenant) TenantStats {
 	x := TenantStats{
 		Tenant:       t.key,
@@ -197,7 +211,6 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 		SpillLag:     max(int64(t.spilled.Load())-int64(t.spillDone.Load()), 0),
 		Unwritable:   t.unwritable.Load(),
 		Parked:       int(t.parked.Load()),
-		Queued:       int(t.queued.Load()),
 		InFlight:     int(t.inflight.Load()),
 		Spilling:     int(t.spillLanes.Load()),
 		State:        policy.Closed,
@@ -221,7 +234,20 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 	if t == nil {
 		return TenantStats{}, false
 	}
-	return c.tenantStats(t), true
+	x := c.tenantStats(t)
+	for _, sh := range *c.parts.Load() {
+		sh.mu.Lock()
+		if l := sh.lanes[key]; l != nil {
+			x.Queued += l.q.len() + l.pend.len()
+		}
+		for _, m := range sh.aside {
+			if m.st.lane.t == t {
+				x.Queued++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return x, true
 }
 
 // counterSets are the workers' counters (none before Run).

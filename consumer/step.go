@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"sync/atomic"
 	"errors"
 	"fmt"
 	"runtime"
@@ -316,18 +317,31 @@ func (c *Consumer) handled(w *worker, m *Message) {
 	w.n.handled.Add(1)
 	m.st.lane.t.handled.Add(1)
 	m.st.probeFails = 0
-	c.settleSource(m.st.lane.sh, m)
+	c.settleSource(m.st.lane.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
 }
 
 // settleSource tells the source that m is settled (a re-fed message's
 // original was settled when it was spilled). It makes no call for a
-// partition revoked since m's delivery.
-func (c *Consumer) settleSource(sh *shard, m *Message) {
-	if m.Refed || m.st.gen != sh.gen || !sh.gate.enter() {
+// partition revoked since m's delivery. A worker passes its own slot to
+// count itself in (a store to its own line); other callers use the
+// partition's shared count.
+func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shard]) {
+	if m.Refed || m.st.gen != sh.gen {
 		return
 	}
-	defer sh.gate.exit()
+	if slot != nil {
+		slot.Store(sh)
+		defer slot.Store(nil)
+		if sh.gate.closed.Load() {
+			return
+		}
+	} else {
+		if !sh.gate.enter() {
+			return
+		}
+		defer sh.gate.exit()
+	}
 	if err := c.src.Settle(c.bg, m); err != nil {
 		c.log.Warn("consumer: settle failed; the message may be redelivered", "partition", m.Partition, "offset", m.Offset, "err", err)
 	}
@@ -362,7 +376,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 	}
 	w.n.dead.Add(1)
 	l.t.dead.Add(1)
-	c.settleSource(l.sh, m)
+	c.settleSource(l.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
 	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
 }
@@ -440,7 +454,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		}
 		c.stats.dead.Add(1)
 		l.t.dead.Add(1)
-		c.settleSource(sh, m)
+		c.settleSource(sh, m, nil)
 		done = append(done, m)
 		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.lastErr, Reason: m.st.dlqReason})
 	}
@@ -458,7 +472,6 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 				}
 			}
 			sh.queued--
-			m.st.lane.t.queued.Add(-1)
 			if sh.wm.remove(m) && sh.commit.raise(sh.commitPoint()) {
 				moved = true
 			}

@@ -74,7 +74,7 @@ type tenant struct {
 	handled, failed, dead, retried atomic.Uint64
 	spilled, refed, unwritable     atomic.Uint64
 	spillDone                      atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
-	parked, queued                 atomic.Int64  // messages now
+	parked                         atomic.Int64  // messages parked now
 	spillLanes                     atomic.Int32  // lanes in spill mode now
 }
 
@@ -177,7 +177,7 @@ func (c *Consumer) releaseTenant(t *tenant) (unpin *tenant) {
 	if t.none || t.lanes > 0 || len(c.tenants) <= c.keepTenants {
 		return nil
 	}
-	if t.inflight.Load() > 0 || t.queued.Load() > 0 {
+	if t.inflight.Load() > 0 {
 		return nil
 	}
 	delete(c.tenants, t.key)

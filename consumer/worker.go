@@ -24,6 +24,9 @@ type worker struct {
 	// n are this worker's counters, summed by Stats: per worker so that
 	// workers on two cores never write one line per message.
 	n counters
+	// settling is the shard this worker is calling Source.Settle for, if
+	// any: Revoked waits for it (see settleSource).
+	settling atomic.Pointer[shard]
 	job  job
 	res  stepResult
 	turn int // jobs taken from the current shard
@@ -354,7 +357,6 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 		}
 	}
 	sh.queued--
-	l.t.queued.Add(-1)
 	if l.parked {
 		l.t.parked.Add(-1)
 		c.parkedTotal.Add(-1)
