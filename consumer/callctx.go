@@ -22,7 +22,7 @@ type callCtx struct {
 	deadline atomic.Int64  // engine clock ns; 0: none
 	gen      atomic.Uint64 // counts calls: a late expiry of an earlier call must not end this one
 	expiring atomic.Bool   // housekeeping is expiring a call (begin then waits for it on mu)
-	expired  atomic.Bool  // the attempt ran out its deadline (housekeeping ended it)
+	expired  atomic.Bool   // the attempt ran out its deadline (housekeeping ended it)
 	// dirty: Done, AfterFunc or cancel was called since the last reset; a
 	// clean context ends its call without taking mu.
 	dirty atomic.Bool

@@ -2,10 +2,10 @@ package consumer
 
 import (
 	"context"
-	"sync/atomic"
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringfence/ringfence/dlq"

@@ -19,17 +19,17 @@ const maxJudgeSpan = 64
 // fields are its own; cur is read by housekeeping (to end calls past their
 // deadline).
 type worker struct {
-	c    *Consumer
-	cur  atomic.Pointer[callCtx]
+	c   *Consumer
+	cur atomic.Pointer[callCtx]
 	// n are this worker's counters, summed by Stats: per worker so that
 	// workers on two cores never write one line per message.
 	n counters
 	// settling is the shard this worker is calling Source.Settle for, if
 	// any: Revoked waits for it (see settleSource).
 	settling atomic.Pointer[shard]
-	job  job
-	res  stepResult
-	turn int // jobs taken from the current shard
+	job      job
+	res      stepResult
+	turn     int // jobs taken from the current shard
 
 	// Deferred until the shard lock is released.
 	events  []Event
