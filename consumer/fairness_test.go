@@ -126,3 +126,49 @@ func TestBulkheadKeepsWorkersForOthers(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// Adaptive per-tenant concurrency (issue 17): with Bulkhead.Adaptive the
+// tenant's limit moves with its measured latency, below the engine's cap:
+// it falls when the tenant's calls turn several times slower, so a
+// dependency in trouble gets fewer concurrent calls from that tenant.
+func TestAdaptiveTenantLimitFollowsLatency(t *testing.T) {
+	const parts = 8
+	h := consumertest.NewMemHarness(parts)
+	var slow atomic.Bool
+	p := policy.Policy{Bulkhead: policy.Bulkhead{Adaptive: true}}
+	c := startWith(t, consumer.Config{
+		Scope:             scope.New(p, scope.Options[string]{}),
+		Tenant:            h.Tenant(),
+		DLQ:               h.S,
+		Concurrency:       parts,
+		TenantConcurrency: parts,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			d := 2 * time.Millisecond
+			if slow.Load() {
+				d = 40 * time.Millisecond
+			}
+			time.Sleep(d) // the dependency's latency
+			return nil
+		}),
+	}, h.NewSource(t))
+	produce := func(n int) {
+		for i := range n {
+			h.Produce(t, consumertest.Msg{Tenant: "a", Partition: i % parts, Value: []byte(fmt.Sprint(i))})
+		}
+	}
+	limit := func() int { ts, _ := c.Tenant("a"); return ts.Limit }
+	produce(800)
+	consumertest.Eventually(t, "the fast calls handled", func() bool { ts, _ := c.Tenant("a"); return ts.Handled == 800 })
+	fast := limit()
+	slow.Store(true)
+	produce(1000)
+	consumertest.Eventually(t, "the limit down once the tenant is 100x slower", func() bool { return limit() < parts/2 })
+	low := limit()
+	if low >= fast {
+		t.Fatalf("the limit did not fall: %d with fast calls, %d with slow ones", fast, low)
+	}
+	slow.Store(false)
+	produce(3000)
+	consumertest.Eventually(t, "the limit up again once the tenant is fast", func() bool { return limit() > low })
+	t.Logf("limit (cap %d): %d with 2ms calls, %d with 40ms calls, %d after recovery", parts, fast, low, limit())
+}
