@@ -22,7 +22,7 @@ func result(k Kind) *BrokerResult {
 	}
 	b := &BrokerResult{
 		Broker: "kafka", Sc: Scenario{Kind: k}.withDefaults(), Bad: "tenant-07", Keyed: true,
-		Mates: []string{"tenant-01"}, LagBound: LongOutageMaxLag,
+		Mates: []string{"tenant-01"}, LagBound: 2000,
 	}
 	b.Runs[Baseline], b.Runs[PerTenant] = base, pt
 	return b
@@ -66,7 +66,7 @@ func TestChecksPerScenario(t *testing.T) {
 		{KindOutage, nil, nil, func(r *RunResult) { r.UnfinishedAfterDrain = 3 }, "unfinished after the drain"},
 		{KindOutage, nil, nil, func(r *RunResult) { r.PartitionMismatches = 2 }, "messages on the partition their key hashes to"},
 		{KindLongOutage, []string{"partition-mates p99", "largest commit lag during the outage"}, []string{"healthy p99", "parked"},
-			func(r *RunResult) { r.MaxLagFault = LongOutageMaxLag + 1 }, "largest commit lag during the outage"},
+			func(r *RunResult) { r.MaxLagFault = 2001 }, "largest commit lag during the outage"},
 		{KindLongOutage, nil, nil, func(r *RunResult) { r.LagSamples = 0 }, "largest commit lag during the outage"},
 		{KindLongOutage, nil, nil, func(r *RunResult) { r.MatesP99 = 21 * ms }, "partition-mates p99 end-to-end / baseline"},
 		{KindSlow, []string{"healthy p99", "partition-mates p99", "tenant-07 parked"}, []string{"commit lag"},
@@ -204,5 +204,22 @@ func TestFormat(t *testing.T) {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
 		}
+	}
+}
+
+// The default long-outage lag bound is the busiest partition's messages in
+// the engine's StuckAfter plus a second.
+func TestLagBoundFor(t *testing.T) {
+	sc := Scenario{Kind: KindLongOutage, Duration: 10 * time.Second}.withDefaults()
+	p := &plan{sc: sc, owner: make([]int32, 2500)} // 250 msg/s, one partition
+	if got := lagBoundFor(p, groups{}); got != 2750 {
+		t.Fatalf("bound %d, want 2750 (250 msg/s x 11s)", got)
+	}
+	for i := range p.owner {
+		p.owner[i] = int32(i % 2)
+	}
+	g := groups{keyed: true, part: []int{0, 1}}
+	if got := lagBoundFor(p, g); got != 1375 {
+		t.Fatalf("bound %d over two partitions, want 1375", got)
 	}
 }

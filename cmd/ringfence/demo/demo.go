@@ -129,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	shared := fs.Bool("shared", false, "also run the shared-breaker comparison (default: only for outage)")
 	settle := fs.Duration("settle", 30*time.Second, "the run's deadline after production ends; what is not done then is 'unfinished at deadline'")
 	drain := fs.Duration("drain", 5*time.Minute, "how long to keep consuming after the deadline while progress is made")
-	lagBound := fs.Int64("lag-bound", LongOutageMaxLag, "long-outage --check: the largest commit lag (messages) accepted during the outage")
+	lagBound := fs.Int64("lag-bound", LongOutageMaxLag, "long-outage --check: the largest commit lag (messages) accepted during the outage (0: the busiest partition's messages in the engine's StuckAfter + 1s)")
 	heapBudget := fs.String("heap-budget", "", "--check fails if the consumer's heap grows by more than this during the ringfence run (e.g. 64MiB; default: reported only)")
 	kafkaAddr := fs.String("kafka", "", "HOST:PORT of a real Kafka broker (default: start kfake in a child process)")
 	natsURL := fs.String("nats", "", "URL of a real NATS server with JetStream (default: start one in a child process)")
@@ -328,6 +328,9 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 			Broker: name, Where: b.Where(), Tenants: base.tenants, Bad: base.tenants[base.bad],
 			Sent: base.poisonCount(), Sc: sc, Keyed: g.keyed, Partitions: g.part, BadPartition: g.badPart,
 			Mates: g.mateNames(base), LagBound: lagBound, HeapBudget: o.HeapBudget,
+		}
+		if res.LagBound == 0 {
+			res.LagBound = lagBoundFor(base, g)
 		}
 		if base.poison >= 0 {
 			res.Poison = base.tenants[base.poison]
