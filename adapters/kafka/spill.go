@@ -173,9 +173,12 @@ type SpillLog struct {
 	topics  flight.Group[spillTopic]  // spill topic -> what the log knows of it
 	tenants flight.Group[string]      // spill topic with a hashed token -> tenant key
 
-	ahead      readAhead
-	skipBudget time.Duration // see Read; a field so that tests can shorten it
-	stats      spillCounters
+	ahead readAhead
+	// recordBytes is the running average size of a fetched spill record,
+	// for sizing fetches (see fetchSize).
+	recordBytes atomic.Int64
+	skipBudget  time.Duration // see Read; a field so that tests can shorten it
+	stats       spillCounters
 }
 
 // spillSource is what a SpillLog knows of its source topic.

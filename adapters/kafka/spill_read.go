@@ -78,7 +78,7 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	for stalls := 0; len(out) == 0 && stalls < fetchStalls; {
 		resp, err := s.client.Fetch(ctx, &kafkago.FetchRequest{
 			Topic: topic, Partition: p, Offset: from,
-			MinBytes: 0, MaxBytes: int64(s.cfg.fetchBytes), MaxWait: fetchSlack,
+			MinBytes: 0, MaxBytes: s.fetchSize(limit), MaxWait: fetchSlack,
 		})
 		if err == nil && resp.Error != nil {
 			err = resp.Error
@@ -121,6 +121,7 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 			if err != nil {
 				return err
 			}
+			s.noteRecord(f)
 			sp, ok := decodeSpill(f, s.source)
 			if !ok || sp.group != s.group || sp.tenant != "" && sp.tenant != lane.Tenant {
 				s.stats.skipped.Add(1)
@@ -210,4 +211,32 @@ func (s *SpillLog) start(ctx context.Context, topic string, p int) (off int64, e
 		return first, true, nil
 	}
 	return c, true, nil
+}
+
+// fetchSize is the MaxBytes of a fetch that should bring limit records:
+// twice what that many records took lately (at least 16 KiB, at most
+// SpillFetchBytes). A re-feed that asks for one record while its tenant is
+// parked must not fetch (and decode into kafka-go's 64 KiB pages) a whole
+// SpillFetchBytes each time.
+func (s *SpillLog) fetchSize(limit int) int64 {
+	per := s.recordBytes.Load()
+	if per <= 0 {
+		return int64(s.cfg.fetchBytes)
+	}
+	return min(max(2*int64(limit)*per, 16<<10), int64(s.cfg.fetchBytes))
+}
+
+// noteRecord folds a fetched record's size into the running average
+// fetchSize uses.
+func (s *SpillLog) noteRecord(f *fetched) {
+	n := int64(len(f.key) + len(f.value) + 64)
+	for _, h := range f.headers {
+		n += int64(len(h.Key) + len(h.Value) + 8)
+	}
+	old := s.recordBytes.Load()
+	if old == 0 {
+		s.recordBytes.Store(n)
+		return
+	}
+	s.recordBytes.Store(old + (n-old)/16)
 }
