@@ -296,6 +296,11 @@ func (q *DLQ) Peek(ctx context.Context, tenant string, n int) ([]dlq.Record, err
 // source subject.
 var ErrNoSource = errors.New("nats: dead letter has no source subject")
 
+// ErrNotReplayable: a dead letter cannot be republished to NATS as it is
+// (a header name NATS messages cannot carry, kept by the DLQ out of line).
+// It stays in the DLQ.
+var ErrNotReplayable = errors.New("nats: dead letter cannot be replayed to NATS")
+
 // Replay republishes the tenant's oldest dead letters (up to opt.Limit) to
 // their source subjects, once each, with the redrive count raised, and
 // deletes every copy of each (and its stored body) only after its
@@ -334,6 +339,11 @@ func (q *DLQ) Replay(ctx context.Context, tenant string, opt dlq.ReplayOptions) 
 		for _, x := range r.ReplayHeaders() {
 			if x.Key == jetstream.MsgIDHeader || strings.HasPrefix(x.Key, "Nats-Expected-") {
 				continue
+			}
+			if !validHeaderKey(x.Key) {
+				// Published, it would reach the source as a message no NATS
+				// client can decode: a poison for every consumer of it.
+				return recs[:i], fmt.Errorf("%w: dead letter at position %d has a header named %q, which a NATS message cannot carry; it stays in the DLQ (purge it, or replay it where such headers are valid)", ErrNotReplayable, r.Position, x.Key)
 			}
 			h[x.Key] = append(h[x.Key], string(x.Value))
 		}

@@ -252,10 +252,47 @@ func TestReplayRefusesRecordWithoutSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	moved, err := q.Replay(ctx, "acme", dlq.ReplayOptions{})
-	if !errors.Is(err, ErrNoSource) || len(moved) != 0 {
+	if !errors.Is(err, ErrNotReplayable) || len(moved) != 0 {
 		t.Fatalf("replay = %d, %v; want ErrNoSource", len(moved), err)
 	}
 	if recs, _ := q.Peek(ctx, "acme", 0); len(recs) != 1 {
 		t.Fatal("record removed although not replayed")
+	}
+}
+
+// A dead letter with a header name NATS cannot carry (it came from Kafka,
+// or was written directly) is kept byte for byte, but replaying it to NATS
+// is refused with a clear error: published, it would be a message no NATS
+// client can decode. It stays in the DLQ and can be purged.
+func TestReplayRefusesHeadersNATSCannotCarry(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.JetStream(t)
+	ctx := testCtx(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SRC", Subjects: []string{"src.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	q := newDLQ(t, js)
+	r := record("acme", "src.acme", "v")
+	r.Headers = []dlq.Header{{Key: "trace-<id>", Value: []byte("1")}}
+	if err := q.Write(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := q.Peek(ctx, "acme", 0)
+	if err != nil || len(recs) != 1 || recs[0].Headers[0].Key != "trace-<id>" {
+		t.Fatalf("peek %v, %v: want the header kept", recs, err)
+	}
+	moved, err := q.Replay(ctx, "acme", dlq.ReplayOptions{})
+	if !errors.Is(err, ErrNotReplayable) || len(moved) != 0 || !strings.Contains(err.Error(), "trace-<id>") {
+		t.Fatalf("replay = %d moved, %v; want ErrNoSource naming the header", len(moved), err)
+	}
+	if recs, _ := q.Peek(ctx, "acme", 0); len(recs) != 1 {
+		t.Fatalf("the refused dead letter left the DLQ")
+	}
+	if info, _ := js.Stream(ctx, "SRC"); info.CachedInfo().State.Msgs != 0 {
+		t.Fatalf("something reached the source stream")
+	}
+	if n, err := q.Purge(ctx, "acme"); err != nil || n != 1 {
+		t.Fatalf("purge = %d, %v", n, err)
 	}
 }
