@@ -151,6 +151,9 @@ func spillKillRestart(t *testing.T, kind string) {
 	if noisyDead > 0 {
 		t.Errorf("%d of the noisy tenant's %d messages dead-lettered; its fault was a transient outage", noisyDead, noisyProduced)
 	}
+	if kind == "nats" {
+		t.Logf("the server redelivered %d of the noisy tenant's messages (held by a killed consumer)", r.spillEvents(events, "redelivered", ""))
+	}
 	r.checkOrder(spillNoisy, r.reorderedOffsets(events))
 	if r.spillEvents(events, "spilling", "") == 0 {
 		t.Error("no spilling event recorded")
