@@ -254,6 +254,11 @@ func (r *rig) startConsumer(name string, mod func(*childConfig)) *proc {
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
+		// A killed child never reaches the race detector's exit status:
+		// its reports are found in its output instead.
+		if out, _ := os.ReadFile(p.log); strings.Contains(string(out), "WARNING: DATA RACE") {
+			r.t.Errorf("consumer %s: the race detector reported a data race (see its output)", name)
+		}
 		if r.t.Failed() {
 			out, _ := os.ReadFile(p.log)
 			if len(out) > 6000 {
