@@ -295,42 +295,86 @@ func (r *rig) reorderedOffsets(path string) map[place]bool {
 	return out
 }
 
-// checkOrder checks that in each source partition the first handlings of
-// tenant's messages (the handled file is in handling order) are in offset
-// order, that is in the order they were produced: later handlings of an id
-// (redeliveries after a kill, copies re-fed again) and the messages in
-// reordered are left out.
-func (r *rig) checkOrder(tenant string, reordered map[place]bool) {
-	r.t.Helper()
+// orderReport is what checkOrder found.
+type orderReport struct {
+	firsts  map[int32]int // first handlings checked, per partition
+	dups    int           // later handlings of an id, left out
+	skipped int           // first handlings of reordered messages, left out
+	bad     []string      // first handlings below an earlier one's offset
+}
+
+// orderOf checks that in each source partition the first handlings of
+// tenant's messages in hs (in handling order) are in offset order, that is
+// in the order they were produced: later handlings of an id (redeliveries
+// after a kill, copies re-fed again) and the messages in reordered are
+// left out.
+func orderOf(hs []handledLine, tenant string, reordered map[place]bool) orderReport {
+	rep := orderReport{firsts: map[int32]int{}}
 	seen := map[string]bool{}
 	last := map[int32]int64{}
-	firsts := map[int32]int{}
-	dups, skipped := 0, 0
-	var bad []string
-	for _, h := range r.handled() {
+	for _, h := range hs {
 		if h.tenant != tenant {
 			continue
 		}
 		if seen[h.id] {
-			dups++
+			rep.dups++
 			continue
 		}
 		seen[h.id] = true
 		if reordered[place{h.partition, h.offset}] {
-			skipped++
+			rep.skipped++
 			continue
 		}
 		if prev, ok := last[h.partition]; ok && h.offset <= prev {
-			bad = append(bad, fmt.Sprintf("id %s at partition %d offset %d (by %s) after offset %d", h.id, h.partition, h.offset, h.proc, prev))
+			rep.bad = append(rep.bad, fmt.Sprintf("id %s at partition %d offset %d (by %s) after offset %d", h.id, h.partition, h.offset, h.proc, prev))
 		}
 		last[h.partition] = h.offset
-		firsts[h.partition]++
+		rep.firsts[h.partition]++
 	}
-	r.t.Logf("order of %s: first handlings per partition %v, %d later handlings of the same ids, %d left out (reordered or redelivered)", tenant, firsts, dups, skipped)
-	if len(firsts) == 0 {
+	return rep
+}
+
+// checkOrder fails the test unless tenant's messages were first handled in
+// their source order (see orderOf).
+func (r *rig) checkOrder(tenant string, reordered map[place]bool) {
+	r.t.Helper()
+	rep := orderOf(r.handled(), tenant, reordered)
+	r.t.Logf("order of %s: first handlings per partition %v, %d later handlings of the same ids, %d left out (reordered or redelivered)", tenant, rep.firsts, rep.dups, rep.skipped)
+	if len(rep.firsts) == 0 {
 		r.t.Errorf("order of %s: nothing handled", tenant)
 	}
-	if len(bad) > 0 {
-		r.t.Errorf("order of %s: %d messages first handled out of their source order, e.g. %v", tenant, len(bad), bad[:min(5, len(bad))])
+	if len(rep.bad) > 0 {
+		r.t.Errorf("order of %s: %d messages first handled out of their source order, e.g. %v", tenant, len(rep.bad), rep.bad[:min(5, len(rep.bad))])
+	}
+}
+
+// TestOrderOf holds the order check to what it must catch and what it must
+// let pass.
+func TestOrderOf(t *testing.T) {
+	h := func(id string, part int32, off int64) handledLine {
+		return handledLine{id: id, tenant: "noisy", partition: part, offset: off, proc: "c"}
+	}
+	other := handledLine{id: "x", tenant: "other", partition: 0, offset: 1, proc: "c"}
+	for _, tc := range []struct {
+		name      string
+		hs        []handledLine
+		reordered map[place]bool
+		bad       int
+		dups      int
+	}{
+		{name: "in order", hs: []handledLine{h("1", 0, 1), h("2", 0, 2), other, h("3", 0, 5)}},
+		{name: "partitions apart", hs: []handledLine{h("1", 0, 7), h("2", 1, 1), h("3", 0, 8), h("4", 1, 2)}},
+		{name: "redelivered after a kill", hs: []handledLine{h("1", 0, 1), h("2", 0, 2), h("1", 0, 1), h("2", 0, 2), h("3", 0, 3)}, dups: 2},
+		{name: "a later copy in the source log", hs: []handledLine{h("1", 0, 1), h("2", 0, 2), h("1", 0, 3), h("3", 0, 4)}, dups: 1},
+		{name: "out of order", hs: []handledLine{h("1", 0, 1), h("3", 0, 3), h("2", 0, 2), h("4", 0, 4)}, bad: 1},
+		{name: "reported reordered", hs: []handledLine{h("1", 0, 1), h("3", 0, 3), h("2", 0, 2), h("4", 0, 4)}, reordered: map[place]bool{{0, 3}: true}},
+		{name: "a duplicate offset with a new id", hs: []handledLine{h("1", 0, 1), h("2", 0, 1)}, bad: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := orderOf(tc.hs, "noisy", tc.reordered)
+			if len(rep.bad) != tc.bad || rep.dups != tc.dups {
+				t.Errorf("bad %v, dups %d; want %d bad, %d dups", rep.bad, rep.dups, tc.bad, tc.dups)
+			}
+		})
 	}
 }
