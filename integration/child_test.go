@@ -40,11 +40,40 @@ type childConfig struct {
 	Handled string // file the idempotent sink appends to
 
 	FaultTenant   string // this tenant's dependency is down...
-	FaultWindowMs int    // ...for this long after its first attempt
+	FaultWindowMs int    // ...for this long after its first attempt, or
+	FaultFile     string // ...while this file exists (across processes), if set
 	WorkMs        int    // simulated handler work per message
-	// NATSTenantLimit, if set, is the engine's MaxParkedPerTenant for the
-	// NATS source (a parked tenant spills to the spill stream past it).
-	NATSTenantLimit int
+	// MaxParkedPerTenant, if set, is the engine's: a parked tenant spills
+	// to its spill log past it.
+	MaxParkedPerTenant int
+	// Progress, if set, is a file the child rewrites with its progress
+	// (a JSON childProgress) every progressEvery.
+	Progress string
+	// Events, if set, is a file the child appends the engine's spill and
+	// reorder events to, one line each (see eventSink).
+	Events string
+}
+
+// progressEvery is how often a child writes its Progress file.
+const progressEvery = 100 * time.Millisecond
+
+// childProgress is what a child reports of its engine (its own counters:
+// a new process starts from zero).
+type childProgress struct {
+	Proc            string
+	Handled         uint64
+	Spilled, Refed  uint64
+	SpillFailures   uint64
+	SpillingTenants int
+	// Tenants holds the tenants the engine tracks now, by key.
+	Tenants map[string]tenantProgress
+}
+
+// tenantProgress is one tenant's part of childProgress.
+type tenantProgress struct {
+	Handled, Spilled, Refed uint64
+	SpillLag                int64
+	Spilling, Parked        int
 }
 
 // testPolicy trips fast and probes fast, so scenarios finish in seconds.
@@ -73,17 +102,19 @@ func parsePayload(v []byte) (id string, poison bool, ok bool) {
 	return id, rest == "poison", id != ""
 }
 
-// handledSink appends "id tenant unixnano process" lines to a file. Each
-// line is one write on an O_APPEND file, so a SIGKILL leaves whole lines and
-// several processes may share the file.
+// handledSink appends "id tenant unixnano process partition offset" lines
+// to a file, the partition and offset being the message's place in its
+// source (also for a message re-fed from a spill log). Each line is one
+// write on an O_APPEND file, so a SIGKILL leaves whole lines and several
+// processes may share the file.
 type handledSink struct {
 	mu   sync.Mutex
 	f    *os.File
 	name string
 }
 
-func (s *handledSink) record(id, tenant string) error {
-	line := fmt.Sprintf("%s %s %d %s\n", id, tenant, time.Now().UnixNano(), s.name)
+func (s *handledSink) record(id, tenant string, m *consumer.Message) error {
+	line := fmt.Sprintf("%s %s %d %s %d %d\n", id, tenant, time.Now().UnixNano(), s.name, m.Partition.ID, m.Offset)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, err := s.f.WriteString(line)
@@ -93,11 +124,19 @@ func (s *handledSink) record(id, tenant string) error {
 var errDependencyDown = errors.New("integration: tenant dependency down")
 
 // scenarioHandler fails poison messages for good, fails the fault tenant
-// transiently during its window, and otherwise works WorkMs and records the
-// message as handled.
+// transiently during its window (or while FaultFile exists), and otherwise
+// works WorkMs and records the message as handled.
 func scenarioHandler(cfg childConfig, sink *handledSink) consumer.HandlerFunc {
 	var faultStart sync.Once
 	var faultUntil time.Time
+	down := func() bool {
+		if cfg.FaultFile != "" {
+			_, err := os.Stat(cfg.FaultFile)
+			return err == nil
+		}
+		faultStart.Do(func() { faultUntil = time.Now().Add(time.Duration(cfg.FaultWindowMs) * time.Millisecond) })
+		return time.Now().Before(faultUntil)
+	}
 	return func(ctx context.Context, m *consumer.Message) error {
 		id, poison, ok := parsePayload(m.Value)
 		if !ok {
@@ -107,11 +146,8 @@ func scenarioHandler(cfg childConfig, sink *handledSink) consumer.HandlerFunc {
 			return policy.Permanent(errors.New("integration: poison message"))
 		}
 		tenant := tenantOf(cfg.Broker, m)
-		if cfg.FaultTenant != "" && tenant == cfg.FaultTenant {
-			faultStart.Do(func() { faultUntil = time.Now().Add(time.Duration(cfg.FaultWindowMs) * time.Millisecond) })
-			if time.Now().Before(faultUntil) {
-				return errDependencyDown
-			}
+		if cfg.FaultTenant != "" && tenant == cfg.FaultTenant && down() {
+			return errDependencyDown
 		}
 		if cfg.WorkMs > 0 {
 			t := time.NewTimer(time.Duration(cfg.WorkMs) * time.Millisecond)
@@ -122,8 +158,72 @@ func scenarioHandler(cfg childConfig, sink *handledSink) consumer.HandlerFunc {
 				return ctx.Err()
 			}
 		}
-		return sink.record(id, tenant)
+		return sink.record(id, tenant, m)
 	}
+}
+
+// eventSink appends "kind tenant partition offset process" lines for the
+// events a scenario checks against (the engine's spilling, spill-drained
+// and reordered, and redelivered: see redeliveries), one write each, like
+// handledSink.
+type eventSink struct {
+	mu   sync.Mutex
+	f    *os.File
+	name string
+}
+
+func (s *eventSink) onEvent(e consumer.Event) {
+	switch e.Kind {
+	case consumer.EventReordered, consumer.EventSpilling, consumer.EventSpillDrained:
+		s.write(e.Kind.String(), e.Tenant, e.Partition.ID, e.Offset)
+	}
+}
+
+func (s *eventSink) write(kind, tenant string, partition int32, offset int64) {
+	line := fmt.Sprintf("%s %s %d %d %s\n", kind, tenant, partition, offset, s.name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, _ = s.f.WriteString(line)
+}
+
+// redeliveries wraps a NATS tenant func to record the messages of tenant
+// that the server delivered more than once: those a killed process held
+// unacknowledged come back after AckWait, behind later messages, so across
+// a crash a tenant's order on NATS is as loose as JetStream's (see the
+// adapter's doc), and the order check leaves them out.
+func redeliveries(tf consumer.TenantFunc, tenant string, s *eventSink) consumer.TenantFunc {
+	return func(m *consumer.Message) (string, error) {
+		key, err := tf(m)
+		if err == nil && key == tenant {
+			if jm, ok := m.Handle.(jetstream.Msg); ok {
+				if md, merr := jm.Metadata(); merr == nil && md.NumDelivered > 1 {
+					s.write("redelivered", key, m.Partition.ID, m.Offset)
+				}
+			}
+		}
+		return key, err
+	}
+}
+
+// writeProgress replaces path with c's progress (write, then rename, so a
+// reader never sees half of it).
+func writeProgress(path, name string, c *consumer.Consumer) error {
+	st := c.Stats()
+	p := childProgress{Proc: name, Handled: st.Handled, Spilled: st.Spilled, Refed: st.Refed,
+		SpillFailures: st.SpillFailures, SpillingTenants: st.SpillingTenants, Tenants: map[string]tenantProgress{}}
+	for _, t := range st.Tenants {
+		p.Tenants[t.Tenant] = tenantProgress{Handled: t.Handled, Spilled: t.Spilled, Refed: t.Refed,
+			SpillLag: t.SpillLag, Spilling: t.Spilling, Parked: t.Parked}
+	}
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, raw, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func tenantOf(broker string, m *consumer.Message) string {
@@ -162,11 +262,22 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 	defer f.Close()
 	sink := &handledSink{f: f, name: cfg.Name}
 	ccfg := consumer.Config{
-		Scope:       scope.New(testPolicy(), scope.Options[string]{}),
-		Handler:     scenarioHandler(cfg, sink),
-		Group:       cfg.Group,
-		Concurrency: 16,
-		Logger:      log,
+		Scope:              scope.New(testPolicy(), scope.Options[string]{}),
+		Handler:            scenarioHandler(cfg, sink),
+		Group:              cfg.Group,
+		Concurrency:        16,
+		MaxParkedPerTenant: cfg.MaxParkedPerTenant,
+		Logger:             log,
+	}
+	var events *eventSink
+	if cfg.Events != "" {
+		ef, err := os.OpenFile(cfg.Events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer ef.Close()
+		events = &eventSink{f: ef, name: cfg.Name}
+		ccfg.OnEvent = events.onEvent
 	}
 	var src consumer.Source
 	switch cfg.Broker {
@@ -187,7 +298,12 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		defer dlqSink.Close()
-		src, ccfg.Tenant, ccfg.DLQ = s, consumer.FromKey(), dlqSink
+		spill, err := kafkaad.NewSpillLog([]string{cfg.Addr}, cfg.Topic, cfg.Group, kafkaad.SpillLogger(log))
+		if err != nil {
+			return err
+		}
+		defer spill.Close()
+		src, ccfg.Tenant, ccfg.DLQ, ccfg.Spill = s, consumer.FromKey(), dlqSink, spill
 	case "nats":
 		nc, err := nats.Connect(cfg.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err != nil {
@@ -210,8 +326,8 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		ccfg.Tenant = natsad.FromSubjectToken(-1)
-		if cfg.NATSTenantLimit > 0 {
-			ccfg.MaxParkedPerTenant = cfg.NATSTenantLimit
+		if events != nil && cfg.FaultTenant != "" {
+			ccfg.Tenant = redeliveries(ccfg.Tenant, cfg.FaultTenant, events)
 		}
 		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, natsad.WithLogger(log))
 		if err != nil {
@@ -230,10 +346,29 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		return err
 	}
 	log.Info("child consumer running", "broker", cfg.Broker, "topic", cfg.Topic, "group", cfg.Group)
+	if cfg.Progress != "" {
+		pctx, pcancel := context.WithCancel(ctx)
+		defer pcancel()
+		go func() {
+			tick := time.NewTicker(progressEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-pctx.Done():
+					return
+				case <-tick.C:
+					if err := writeProgress(cfg.Progress, cfg.Name, c); err != nil {
+						log.Warn("child progress", "err", err)
+					}
+				}
+			}
+		}()
+	}
 	if err := c.Run(ctx, src); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	st := c.Stats()
-	log.Info("child consumer stats", "handled", st.Handled, "failed", st.Failed, "deadlettered", st.DeadLettered, "parked", st.Parked)
+	log.Info("child consumer stats", "handled", st.Handled, "failed", st.Failed, "deadlettered", st.DeadLettered, "parked", st.Parked,
+		"spilled", st.Spilled, "refed", st.Refed, "spill_failures", st.SpillFailures, "duplicates", st.Duplicates)
 	return nil
 }

@@ -44,10 +44,23 @@
 //     messages land in the DLQ once it is back.
 //   - rebalance (Kafka): a second consumer process joins the group mid-run
 //     and later leaves it.
+//   - spill-kill: one tenant's dependency is down (a file the consumers
+//     poll) while messages keep arriving, so it spills to its durable spill
+//     log (MaxParkedPerTenant 20). The consumer is killed with SIGKILL while
+//     spilling; the broker container is restarted while its successor
+//     spills; the dependency comes back and that consumer is killed with
+//     SIGKILL while re-feeding; a third drains the log. Besides lost=0:
+//     nothing of the tenant dead-lettered, and in each source partition its
+//     messages first handled in produce order (leaving out what the engine
+//     reported as EventReordered and, on NATS, what the server redelivered
+//     after a kill, whose order JetStream does not keep).
 //
 // Consumers are real child processes: the test binary started again with
-// RINGFENCE_IT_CHILD set (see TestMain), running the engine with an adapter
-// and a handler that records each handled message id in an append-only file.
+// RINGFENCE_IT_CHILD set (see TestMain), running the engine with an adapter,
+// its spill log, and a handler that records each handled message id, with
+// its source partition and offset, in an append-only file. The spill-kill
+// children also write their Stats to a file the test polls, and their spill
+// and reorder events to another.
 //
 // # Reconciliation
 //

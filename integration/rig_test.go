@@ -254,6 +254,11 @@ func (r *rig) startConsumer(name string, mod func(*childConfig)) *proc {
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
+		// A killed child never reaches the race detector's exit status:
+		// its reports are found in its output instead.
+		if out, _ := os.ReadFile(p.log); strings.Contains(string(out), "WARNING: DATA RACE") {
+			r.t.Errorf("consumer %s: the race detector reported a data race (see its output)", name)
+		}
 		if r.t.Failed() {
 			out, _ := os.ReadFile(p.log)
 			if len(out) > 6000 {
@@ -290,10 +295,15 @@ func (p *proc) stop(t *testing.T) {
 	}
 }
 
-// handledLine is one record of the idempotent sink.
+// handledLine is one record of the idempotent sink: the message's id and
+// tenant, when and by which process it was handled, and where it came from
+// in its source (partition and offset; a Kafka partition, or 0 for NATS
+// with the stream sequence).
 type handledLine struct {
 	id, tenant, proc string
 	at               time.Time
+	partition        int32
+	offset           int64
 }
 
 // handled reads the sink file.
@@ -311,11 +321,13 @@ func (r *rig) handled() []handledLine {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) != 4 {
+		if len(fs) != 6 {
 			continue // a torn last line of a killed process
 		}
 		ns, _ := strconv.ParseInt(fs[2], 10, 64)
-		out = append(out, handledLine{id: fs[0], tenant: fs[1], at: time.Unix(0, ns), proc: fs[3]})
+		part, _ := strconv.ParseInt(fs[4], 10, 32)
+		off, _ := strconv.ParseInt(fs[5], 10, 64)
+		out = append(out, handledLine{id: fs[0], tenant: fs[1], at: time.Unix(0, ns), proc: fs[3], partition: int32(part), offset: off})
 	}
 	return out
 }
@@ -516,7 +528,14 @@ func (r *rig) reconcile(scenario string) result {
 	r.t.Log(line)
 	appendReconcileOut(r.t, line)
 	if res.lost != 0 {
-		r.t.Errorf("%s on %s lost %d messages", scenario, r.kind, res.lost)
+		var lost []string
+		for id, m := range r.produced {
+			if hcount[id] == 0 && dcount[id] == 0 {
+				lost = append(lost, m.tenant+"/"+id)
+			}
+		}
+		sort.Strings(lost)
+		r.t.Errorf("%s on %s lost %d messages (tenant/id): %v", scenario, r.kind, res.lost, lost[:min(20, len(lost))])
 	}
 	return res
 }
