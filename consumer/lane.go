@@ -72,7 +72,14 @@ type laneSpill struct {
 	// refed lists the re-fed messages not yet settled, in log order; its
 	// head is where the cursor may be committed to.
 	refed   msgList
-	maxOrig int64 // highest original offset re-fed (later copies are duplicates)
+	// refedIDs remembers the original offsets of the last refedMemory
+	// messages re-fed: a second copy of one of them (a torn append, a
+	// crash between an append and its settle) is dropped. Copies are found
+	// by identity, never by order: a source may deliver a redelivery after
+	// later messages (NATS after AckWait), so a lower offset is not a copy.
+	refedIDs  map[int64]struct{}
+	refedRing []int64
+	refedNext int
 	commit  commitSync
 }
 

@@ -78,7 +78,6 @@ func (sh *shard) laneFor(key string, none bool) *lane {
 	t := sh.c.tenantFor(key, false)
 	l := &lane{sh: sh, t: t, key: t.key}
 	l.spill.readPos = -1
-	l.spill.maxOrig = -1
 	l.spill.commit.init()
 	sh.lanes[t.key] = l
 	return l

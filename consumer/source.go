@@ -23,7 +23,9 @@ type Message struct {
 	// Partition is where the message came from (see Partition).
 	Partition Partition
 	// Offset is the Kafka offset or the JetStream stream sequence. Within one
-	// partition, offsets of delivered messages strictly increase.
+	// partition, offsets of delivered messages increase, except for a
+	// redelivery a broker makes after later messages (JetStream after
+	// AckWait): the engine never takes a lower offset for a copy.
 	Offset int64
 	// Stream is the JetStream stream name (Offset is then its sequence);
 	// empty for Kafka.
@@ -148,10 +150,8 @@ type SpillLog interface {
 	// an error none of them counts as appended: the engine appends them
 	// all again later. The records that did land despite the error must be
 	// a prefix of msgs (an implementation stores them in order, each after
-	// the previous one is stored): the engine drops a re-fed record whose
-	// original offset is not above the last one it took from the lane, so
-	// copies of a prefix are harmless while a record landing out of order
-	// would be dropped as a copy.
+	// the previous one is stored), so that the log keeps the lane's order;
+	// the engine drops a re-fed record whose original it re-fed already.
 	Append(ctx context.Context, lane SpillLane, msgs []*Message) error
 
 	// Read returns up to max entries of lane's log at positions >= from, in

@@ -340,12 +340,11 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 		if m.SpillPos >= l.spill.readPos {
 			l.spill.readPos = m.SpillPos + 1
 		}
-		if m.Offset <= l.spill.maxOrig && m.Partition == sh.p {
+		if l.spill.seenCopy(m.Offset) {
 			c.stats.duplicates.Add(1)
 			t.spillDone.Add(1)
 			continue
 		}
-		l.spill.maxOrig = m.Offset
 		m.Refed = true
 		m.st = msgState{lane: l, gen: sh.gen, at: now}
 		l.spill.refed.pushBack(m)
@@ -438,4 +437,29 @@ func (c *Consumer) recoverSpills(sh *shard) {
 	for i := range ev {
 		c.emit(ev[i])
 	}
+}
+
+// refedMemory is how many re-fed originals a lane remembers to tell copies.
+const refedMemory = 4096
+
+// seenCopy reports whether the original at offset was re-fed already
+// (within the last refedMemory), and remembers it if not. A copy older
+// than that is handled again: a duplicate, which at-least-once allows;
+// dropping a message that is not a copy would be a loss.
+func (s *laneSpill) seenCopy(offset int64) bool {
+	if _, ok := s.refedIDs[offset]; ok {
+		return true
+	}
+	if s.refedIDs == nil {
+		s.refedIDs = make(map[int64]struct{})
+	}
+	if len(s.refedRing) < refedMemory {
+		s.refedRing = append(s.refedRing, offset)
+	} else {
+		delete(s.refedIDs, s.refedRing[s.refedNext])
+		s.refedRing[s.refedNext] = offset
+		s.refedNext = (s.refedNext + 1) % refedMemory
+	}
+	s.refedIDs[offset] = struct{}{}
+	return false
 }
