@@ -71,7 +71,7 @@ type laneSpill struct {
 	readPos int64
 	// refed lists the re-fed messages not yet settled, in log order; its
 	// head is where the cursor may be committed to.
-	refed   msgList
+	refed msgList
 	// refedIDs remembers the original offsets of the last refedMemory
 	// messages re-fed: a second copy of one of them (a torn append, a
 	// crash between an append and its settle) is dropped. Copies are found
@@ -80,7 +80,7 @@ type laneSpill struct {
 	refedIDs  map[int64]struct{}
 	refedRing []int64
 	refedNext int
-	commit  commitSync
+	commit    commitSync
 }
 
 // msgRing is a FIFO of messages that can also take out an element in the
