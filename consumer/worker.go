@@ -299,8 +299,12 @@ func (c *Consumer) unblock(t *tenant) {
 func (c *Consumer) makeReady(l *lane) {
 	sh := l.sh
 	l.state = laneReady
+	first := sh.ready.len() == 0
 	sh.ready.push(l)
-	if !sh.inRing || c.sched.idleN.Load() > 0 {
+	// Wake a worker only for a first ready lane: the worker that takes a
+	// lane while more wait wakes the next (chain), so a burst of ready
+	// lanes costs one wake-up, not one per lane.
+	if !sh.inRing || first && c.sched.idleN.Load() > 0 {
 		c.sched.enter(sh)
 	}
 }
