@@ -61,7 +61,7 @@ func (d chanDispatcher) DeliverBatch(ms []*consumer.Message) {
 // BenchmarkHandler compares the engine with a bare worker pool when the
 // handler does realistic work: 50µs per message, 1000 tenants over 4
 // partitions, 64 workers on each side, the same in-memory source
-// (poolSource, batches of 256). The bare pool is 64 goroutines taking
+// (batchSource, batches of 256). The bare pool is 64 goroutines taking
 // messages from a channel, calling the same handler and settling them. The
 // engine runs with its defaults (policy.Default, so each attempt has its
 // timeout, breaker and latency estimate) but Concurrency 64. ns/op is per
@@ -93,7 +93,7 @@ func BenchmarkHandler(b *testing.B) {
 		})
 
 		b.Run(work.name+"/bare-pool", func(b *testing.B) {
-			src := newPoolSource(b.N, parts, tenants, batch)
+			src := newBatchSource(b.N, parts, tenants, batch)
 			d := chanDispatcher{ch: make(chan *consumer.Message, batch)}
 			ctx, cancel := context.WithCancel(context.Background())
 			var workers sync.WaitGroup
@@ -121,7 +121,7 @@ func BenchmarkHandler(b *testing.B) {
 		})
 
 		b.Run(work.name+"/engine", func(b *testing.B) {
-			src := newPoolSource(b.N, parts, tenants, batch)
+			src := newBatchSource(b.N, parts, tenants, batch)
 			var parks atomic.Int64
 			c, err := consumer.New(consumer.Config{
 				Handler:     handler,
@@ -161,11 +161,11 @@ func BenchmarkHandler(b *testing.B) {
 
 // waitSettled waits until src has had every message settled, for at most
 // ten minutes.
-func waitSettled(b *testing.B, src *poolSource) {
+func waitSettled(b *testing.B, src *batchSource) {
 	b.Helper()
 	select {
 	case <-src.done:
 	case <-time.After(10 * time.Minute):
-		b.Fatalf("%d of %d messages settled in 10 minutes", src.settled.Load(), src.n)
+		b.Fatalf("%d of %d messages settled in 10 minutes", src.settled.Load(), len(src.msgs))
 	}
 }
