@@ -4,10 +4,13 @@ package consumer_test
 // the engine before the rewrite (see the issue's closing note).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -476,4 +479,66 @@ func TestJudgedAttemptGetsAFreshDeadline(t *testing.T) {
 	if recs := sink.Records("a", false); len(recs) != 0 {
 		t.Fatalf("the head was dead-lettered (%q) after its last attempt inherited its round's spent deadline", recs[0].Error)
 	}
+}
+
+// Issue 15: a dead letter the DLQ says can never be written (too large
+// even for its limits) must not wedge its tenant: it is logged once at
+// Error, counted, set aside (unsettled: it holds its partition's commit,
+// as at-least-once requires) and the tenant's next messages, and the
+// others', flow.
+func TestUnwritableDeadLetterIsSetAside(t *testing.T) {
+	var logs syncBuffer
+	sink := dlq.SinkFunc(func(ctx context.Context, r *dlq.Record) error {
+		if string(r.Value) == "huge" {
+			return fmt.Errorf("dlq: record of 9 MiB over the topic's limit: %w", dlq.ErrUnwritable)
+		}
+		return nil
+	})
+	src := newGenSource(4, func(i int) *consumer.Message {
+		return tenantMsg([]string{"acme", "acme", "acme", "globex"}[i], []string{"huge", "ok", "ok", "ok"}[i])
+	})
+	var handled atomic.Int64
+	c := startWith(t, consumer.Config{
+		DLQ:    sink,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "huge" {
+				return policy.Permanent(errors.New("cannot parse"))
+			}
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "the messages behind it handled", func() bool { return handled.Load() == 3 })
+	s := c.Stats()
+	if s.Unwritable != 1 || s.DeadLettered != 0 {
+		t.Fatalf("unwritable %d, dead-lettered %d; want 1 and 0", s.Unwritable, s.DeadLettered)
+	}
+	if len(s.Partitions) != 1 || s.Partitions[0].Unsettled != 1 || s.Partitions[0].CommitLag != 4 {
+		t.Fatalf("partition %+v: the set-aside message must stay unsettled and hold the commit", s.Partitions)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || !strings.Contains(logs.String(), "cannot be written") {
+		t.Fatalf("%d Error lines, want one:\n%s", n, logs.String())
+	}
+	if ts, _ := c.Tenant("acme"); ts.Unwritable != 1 || ts.Handled != 2 {
+		t.Fatalf("acme: %+v", ts)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (a logger).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
