@@ -1,5 +1,9 @@
 package console
 
+// The DLQ pages and their actions (peek, dry run, confirm, replay, purge)
+// share one flow of checks (token, CSRF, expect, rate limit), kept in one
+// file so that the flow reads top to bottom: hence its length.
+
 import (
 	"context"
 	"crypto/sha256"

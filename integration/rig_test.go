@@ -1,5 +1,8 @@
 package integration
 
+// The rig every scenario shares: containers, child consumers, producer,
+// reconcile. One concern (running a scenario), hence its length.
+
 import (
 	"bufio"
 	"context"

@@ -1,5 +1,9 @@
 package scope
 
+// This file is one concern, the keyed table (lookups, inserts, pins and
+// sweeps share its invariants), kept together as otter keeps its cache: hence
+// its length.
+
 import (
 	"fmt"
 	"hash/maphash"

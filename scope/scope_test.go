@@ -1,5 +1,8 @@
 package scope_test
 
+// The scope's behaviour tests, one table each; long because the table, its
+// pins and its sweeps are one concern (see scope.go).
+
 import (
 	"context"
 	"errors"

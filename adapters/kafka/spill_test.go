@@ -1,5 +1,8 @@
 package kafka
 
+// Tests of the Kafka spill log beyond the conformance suite (naming, topic
+// settings, groups sharing a topic, read-ahead, size limits): one concern.
+
 import (
 	"bytes"
 	"errors"

@@ -1,0 +1,120 @@
+package consumer_test
+
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+// A suspect head's last attempt in a judge round is a round of its own: it
+// must not inherit what little its spent round left of the policy's
+// Deadline (seen in the demo as a transient outage dead-lettering a
+// message: the judge took a timeout for evidence against it).
+func TestJudgedAttemptGetsAFreshDeadline(t *testing.T) {
+	sink := consumertest.NewSink()
+	var headCalls atomic.Int64
+	src := newGenSource(2, func(i int) *consumer.Message { return tenantMsg("a", []string{"head", "next"}[i]) })
+	p := policy.Policy{
+		Deadline: 100 * time.Millisecond,
+		Retry:    policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Kind: policy.Constant, Base: 60 * time.Millisecond}},
+	}
+	var handled atomic.Int64
+	startWith(t, consumer.Config{
+		Scope: scope.New(p, scope.Options[string]{}),
+		DLQ:   sink,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "head" && headCalls.Add(1) <= 2 {
+				return errors.New("down for the head's first round")
+			}
+			if string(m.Value) == "head" {
+				select { // 50ms of work: within a fresh 100ms, not within the ~40ms its round left
+				case <-time.After(50 * time.Millisecond):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "both handled", func() bool { return handled.Load() == 2 || len(sink.Records("a", false)) > 0 })
+	if recs := sink.Records("a", false); len(recs) != 0 {
+		t.Fatalf("the head was dead-lettered (%q) after its last attempt inherited its round's spent deadline", recs[0].Error)
+	}
+}
+
+// Issue 15: a dead letter the DLQ says can never be written (too large
+// even for its limits) must not wedge its tenant: it is logged once at
+// Error, counted, set aside (unsettled: it holds its partition's commit,
+// as at-least-once requires) and the tenant's next messages, and the
+// others', flow.
+func TestUnwritableDeadLetterIsSetAside(t *testing.T) {
+	var logs syncBuffer
+	sink := dlq.SinkFunc(func(ctx context.Context, r *dlq.Record) error {
+		if string(r.Value) == "huge" {
+			return fmt.Errorf("dlq: record of 9 MiB over the topic's limit: %w", dlq.ErrUnwritable)
+		}
+		return nil
+	})
+	src := newGenSource(4, func(i int) *consumer.Message {
+		return tenantMsg([]string{"acme", "acme", "acme", "globex"}[i], []string{"huge", "ok", "ok", "ok"}[i])
+	})
+	var handled atomic.Int64
+	c := startWith(t, consumer.Config{
+		DLQ:    sink,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "huge" {
+				return policy.Permanent(errors.New("cannot parse"))
+			}
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "the messages behind it handled", func() bool { return handled.Load() == 3 })
+	s := c.Stats()
+	if s.Unwritable != 1 || s.DeadLettered != 0 {
+		t.Fatalf("unwritable %d, dead-lettered %d; want 1 and 0", s.Unwritable, s.DeadLettered)
+	}
+	if len(s.Partitions) != 1 || s.Partitions[0].Unsettled != 1 || s.Partitions[0].CommitLag != 4 {
+		t.Fatalf("partition %+v: the set-aside message must stay unsettled and hold the commit", s.Partitions)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || !strings.Contains(logs.String(), "cannot be written") {
+		t.Fatalf("%d Error lines, want one:\n%s", n, logs.String())
+	}
+	if ts, _ := c.Tenant("acme"); ts.Unwritable != 1 || ts.Handled != 2 {
+		t.Fatalf("acme: %+v", ts)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (a logger).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
