@@ -1,6 +1,5 @@
 package consumer_test
 
-
 import (
 	"bytes"
 	"context"
