@@ -1,160 +1,36 @@
 package main
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
+	"github.com/ringfence/ringfence/console"
 	"github.com/ringfence/ringfence/dlq"
 )
 
-// The JSON shape of every dlq command: JSON Lines, one object per line,
-// "type" first. Anything that came from outside as bytes is a jsonBytes
-// (null when absent), so nothing is lost and nothing collides; the tenant
-// is a jsonTenant, whose token feeds --tenant-token.
+// The JSON shape of every dlq command is the console's JSON API (package
+// console: JSON Lines, one object per line, "type" first, bytes as
+// text+base64, tenants with their token); one definition serves both, and
+// a test holds the console's answers to the same bytes.
+type (
+	jsonBytes  = console.Bytes
+	jsonTenant = console.Tenant
+	lsLine     = console.TenantLine
+	recordLine = console.RecordLine
+	copyLine   = console.CopyLine
+	headerLine = console.HeaderLine
+	replayLine = console.ReplayLine
+	purgeLine  = console.PurgeLine
+	errorLine  = console.ErrorLine
+)
 
-// jsonBytes is raw bytes: Text to read (printable, escaped as printable
-// does; cut to 200 characters in a record's value unless --raw) and Base64
-// for programs (always whole).
-type jsonBytes struct {
-	Text   string `json:"text"`
-	Base64 string `json:"base64"`
-}
+func tenantOf(key string) jsonTenant { return console.TenantOf(key) }
 
-func bytesOf(b []byte, limit int) *jsonBytes {
-	if b == nil {
-		return nil
-	}
-	return &jsonBytes{Text: printable(string(b), limit), Base64: base64.StdEncoding.EncodeToString(b)}
-}
-
-// jsonTenant is a tenant: Key and KeyBase64 hold the raw key ("" for the
-// no-tenant bucket), Token the handle for --tenant-token.
-type jsonTenant struct {
-	Key       string `json:"key"`
-	KeyBase64 string `json:"key_base64"`
-	Token     string `json:"token"`
-	NoTenant  bool   `json:"no_tenant"`
-}
-
-func tenantOf(key string) jsonTenant {
-	return jsonTenant{
-		Key:       printable(key, 0),
-		KeyBase64: base64.StdEncoding.EncodeToString([]byte(key)),
-		Token:     dlq.TenantToken(key),
-		NoTenant:  key == "",
-	}
-}
-
-// lsLine is one tenant of `ls`.
-type lsLine struct {
-	Type      string     `json:"type"` // "tenant"
-	Tenant    jsonTenant `json:"tenant"`
-	Count     int        `json:"count"`   // dead letters, copies counted once
-	Records   int        `json:"records"` // stored records, copies included
-	Oldest    time.Time  `json:"oldest"`
-	Newest    time.Time  `json:"newest"`
-	Reason    string     `json:"reason"`
-	LastError string     `json:"last_error"`
-}
-
-// recordLine is one dead letter of `peek` (and of `replay`).
-type recordLine struct {
-	Type         string       `json:"type"` // "record"
-	Tenant       jsonTenant   `json:"tenant"`
-	RefusedKey   *jsonBytes   `json:"refused_key"` // the key refused as a tenant (reason invalid-tenant)
-	ID           string       `json:"id"`          // "<topic>/<partition>/<offset>", "<stream>#<sequence>", or "" when unknown
-	Position     int64        `json:"position"`
-	Time         time.Time    `json:"time"`
-	Copies       []copyLine   `json:"copies"`
-	Source       string       `json:"source"`
-	Partition    *int32       `json:"partition"` // Kafka
-	Offset       *int64       `json:"offset"`    // Kafka
-	Stream       string       `json:"stream"`    // JetStream
-	Sequence     uint64       `json:"sequence"`  // JetStream
-	Group        string       `json:"group"`
-	Attempts     int          `json:"attempts"`
-	Reason       string       `json:"reason"`
-	Error        string       `json:"error"`
-	ErrorType    string       `json:"error_type"`
-	FirstFailure time.Time    `json:"first_failure"`
-	LastFailure  time.Time    `json:"last_failure"`
-	Redrive      int          `json:"redrive"`
-	Key          *jsonBytes   `json:"key"`
-	Value        *jsonBytes   `json:"value"`
-	Headers      []headerLine `json:"headers"`
-}
-
-type copyLine struct {
-	Position int64     `json:"position"`
-	Time     time.Time `json:"time"`
-}
-
-type headerLine struct {
-	Key   jsonBytes  `json:"key"`
-	Value *jsonBytes `json:"value"` // null: a Kafka header with a null value
-}
-
-// replayLine closes `replay`, after one recordLine per dead letter.
-type replayLine struct {
-	Type   string     `json:"type"` // "replay"
-	Tenant jsonTenant `json:"tenant"`
-	DryRun bool       `json:"dry_run"`
-	Moved  int        `json:"moved"`
-}
-
-// purgeLine is `purge`'s one line.
-type purgeLine struct {
-	Type   string     `json:"type"` // "purge"
-	Tenant jsonTenant `json:"tenant"`
-	Purged int        `json:"purged"` // dead letters, copies counted once
-}
-
-// errorLine ends the output of a command that failed.
-type errorLine struct {
-	Type    string `json:"type"` // "error"
-	Command string `json:"command"`
-	Error   string `json:"error"`
-}
-
-func recordOf(r dlq.Record, raw bool) recordLine {
-	limit := 200
-	if raw {
-		limit = 0
-	}
-	l := recordLine{
-		Type: "record", Tenant: tenantOf(r.Bucket()), Position: r.Position, Time: r.Time.UTC(),
-		Source: r.Source, Stream: r.Stream, Sequence: r.Sequence, Group: r.Group, Attempts: r.Attempts,
-		Reason: string(r.Reason), Error: r.Error, ErrorType: r.ErrorType,
-		FirstFailure: r.FirstFailure.UTC(), LastFailure: r.LastFailure.UTC(), Redrive: r.Redrive,
-		Key: bytesOf(r.Key, 0), Value: bytesOf(r.Value, limit), Headers: []headerLine{}, Copies: []copyLine{},
-	}
-	if l.Value == nil {
-		l.Value = bytesOf([]byte{}, 0)
-	}
-	if r.Bucket() != r.Tenant {
-		l.RefusedKey = bytesOf([]byte(r.Tenant), 0)
-	}
-	if id, ok := r.ID(); ok {
-		l.ID = id.String()
-	}
-	if r.Stream == "" {
-		l.Partition, l.Offset = &r.Partition, &r.Offset
-	}
-	for _, c := range r.Copies {
-		l.Copies = append(l.Copies, copyLine{Position: c.Position, Time: c.Time.UTC()})
-	}
-	for _, h := range r.Headers {
-		l.Headers = append(l.Headers, headerLine{Key: *bytesOf([]byte(h.Key), 0), Value: bytesOf(h.Value, 0)})
-	}
-	return l
-}
+func recordOf(r dlq.Record, raw bool) recordLine { return console.RecordLineOf(r, raw) }
 
 // printer writes a command's output as text or JSON Lines.
 type printer struct {
@@ -338,32 +214,4 @@ func (p *printer) purged(tenant, who string, n int) {
 	fmt.Fprintf(p.w, "purged %d dead letter(s) of tenant %s\n", n, who)
 }
 
-// printable escapes control characters, backslashes, double quotes and
-// invalid UTF-8, and cuts s to limit runes (0: no limit), so that two
-// different byte strings never print alike.
-func printable(s string, limit int) string {
-	var b strings.Builder
-	n := 0
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if limit > 0 && n >= limit {
-			b.WriteString("…")
-			break
-		}
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\\' || r == '"':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0:
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-		default:
-			b.WriteRune(r)
-		}
-		i += size
-		n++
-	}
-	return b.String()
-}
+func printable(s string, limit int) string { return console.Printable(s, limit) }
