@@ -83,65 +83,74 @@ type laneSpill struct {
 	commit    commitSync
 }
 
-// msgRing is a FIFO of messages that can also take out an element in the
-// middle (a judge round handles a message behind the head).
-type msgRing struct {
-	buf  []*Message
+// fifo is a queue that can also take out an element in the middle (a
+// judge round handles a message behind the head) and put elements back in
+// front: a lane's messages (msgRing) and a partition's ready lanes
+// (laneQueue).
+type fifo[T any] struct {
+	buf  []T
 	head int
 }
 
-func (r *msgRing) len() int          { return len(r.buf) - r.head }
-func (r *msgRing) at(i int) *Message { return r.buf[r.head+i] }
-func (r *msgRing) front() *Message   { return r.buf[r.head] }
+// msgRing is a lane's queue of messages.
+type msgRing = fifo[*Message]
 
-func (r *msgRing) push(m *Message) {
+func (r *fifo[T]) len() int   { return len(r.buf) - r.head }
+func (r *fifo[T]) at(i int) T { return r.buf[r.head+i] }
+func (r *fifo[T]) front() T   { return r.buf[r.head] }
+
+func (r *fifo[T]) push(x T) {
 	if r.head > 0 && len(r.buf) == cap(r.buf) && r.head*2 >= len(r.buf) {
 		n := copy(r.buf, r.buf[r.head:])
 		clear(r.buf[n:])
 		r.buf = r.buf[:n]
 		r.head = 0
 	}
-	r.buf = append(r.buf, m)
+	r.buf = append(r.buf, x)
 }
 
-// pushFront puts ms, in order, before the current front.
-func (r *msgRing) pushFront(ms []*Message) {
-	if len(ms) == 0 {
+// pop removes and returns the front.
+func (r *fifo[T]) pop() T { return r.remove(0) }
+
+// pushFront puts xs, in order, before the current front.
+func (r *fifo[T]) pushFront(xs []T) {
+	if len(xs) == 0 {
 		return
 	}
-	if r.head >= len(ms) {
-		r.head -= len(ms)
-		copy(r.buf[r.head:], ms)
+	if r.head >= len(xs) {
+		r.head -= len(xs)
+		copy(r.buf[r.head:], xs)
 		return
 	}
 	rest := r.buf[r.head:]
-	nb := make([]*Message, 0, len(ms)+len(rest)+4)
-	nb = append(nb, ms...)
+	nb := make([]T, 0, len(xs)+len(rest)+4)
+	nb = append(nb, xs...)
 	nb = append(nb, rest...)
 	r.buf, r.head = nb, 0
 }
 
-// remove takes out the i-th message from the front.
-func (r *msgRing) remove(i int) *Message {
+// remove takes out the i-th element from the front.
+func (r *fifo[T]) remove(i int) T {
+	var zero T
 	j := r.head + i
-	m := r.buf[j]
+	x := r.buf[j]
 	if i == 0 {
-		r.buf[j] = nil
+		r.buf[j] = zero
 		r.head++
 	} else {
 		copy(r.buf[j:], r.buf[j+1:])
-		r.buf[len(r.buf)-1] = nil
+		r.buf[len(r.buf)-1] = zero
 		r.buf = r.buf[:len(r.buf)-1]
 	}
 	if r.head == len(r.buf) {
 		r.buf = r.buf[:0]
 		r.head = 0
 	}
-	return m
+	return x
 }
 
-// takeFrom removes and returns the messages from index i to the end.
-func (r *msgRing) takeFrom(i int, into []*Message) []*Message {
+// takeFrom removes and returns the elements from index i to the end.
+func (r *fifo[T]) takeFrom(i int, into []T) []T {
 	j := r.head + i
 	into = append(into, r.buf[j:]...)
 	clear(r.buf[j:])
@@ -154,7 +163,7 @@ func (r *msgRing) takeFrom(i int, into []*Message) []*Message {
 }
 
 // reset drops everything.
-func (r *msgRing) reset() {
+func (r *fifo[T]) reset() {
 	clear(r.buf)
 	r.buf, r.head = nil, 0
 }

@@ -83,39 +83,8 @@ func (sh *shard) laneFor(key string, none bool) *lane {
 	return l
 }
 
-// laneQueue is a FIFO of lanes.
-type laneQueue struct {
-	buf  []*lane
-	head int
-}
-
-func (q *laneQueue) len() int { return len(q.buf) - q.head }
-
-func (q *laneQueue) push(l *lane) {
-	if q.head > 0 && len(q.buf) == cap(q.buf) && q.head*2 >= len(q.buf) {
-		n := copy(q.buf, q.buf[q.head:])
-		clear(q.buf[n:])
-		q.buf = q.buf[:n]
-		q.head = 0
-	}
-	q.buf = append(q.buf, l)
-}
-
-func (q *laneQueue) pop() *lane {
-	l := q.buf[q.head]
-	q.buf[q.head] = nil
-	q.head++
-	if q.head == len(q.buf) {
-		q.buf = q.buf[:0]
-		q.head = 0
-	}
-	return l
-}
-
-func (q *laneQueue) reset() {
-	clear(q.buf)
-	q.buf, q.head = nil, 0
-}
+// laneQueue is a partition's queue of ready lanes.
+type laneQueue = fifo[*lane]
 
 // sched hands shards with ready lanes to workers. Its ring holds exactly
 // the shards whose ready queue is not empty (kept so under both locks: a
