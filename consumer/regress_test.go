@@ -416,6 +416,38 @@ func TestAttemptTimeoutAndDeadline(t *testing.T) {
 			t.Fatalf("the hanging call ended with %v, want DeadlineExceeded", err)
 		}
 	})
+	// Only running out AttemptTimeout is a hang (weighed as
+	// Breaker.TimeoutFailures, by default tripping the breaker at once);
+	// running out what is left of the Deadline is an ordinary failure. Found
+	// by examples/shaping: its standard tenant's 100ms deadline tripped the
+	// breaker on the first report and parked the tenant for the open timeout.
+	t.Run("running out the Deadline is not a hang", func(t *testing.T) {
+		sink := consumertest.NewSink()
+		src := newGenSource(2, func(i int) *consumer.Message { return tenantMsg("a", []string{"slow", "ok"}[i]) })
+		p := policy.Policy{
+			Deadline: 20 * time.Millisecond,
+			Breaker:  &policy.Breaker{ConsecutiveFailures: 5, OpenTimeout: time.Hour},
+			Retry:    policy.Retry{MaxAttempts: 1},
+		}
+		sc := scope.New(p, scope.Options[string]{})
+		startWith(t, consumer.Config{
+			Scope: sc,
+			DLQ:   sink,
+			Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+				if string(m.Value) == "slow" {
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return nil
+			}),
+		}, src)
+		// With the deadline taken for a hang the breaker opens for an hour
+		// and neither message settles.
+		consumertest.Eventually(t, "slow dead-lettered", func() bool { return len(sink.Records("a", false)) == 1 })
+		if st := sc.For("a").State(); st != policy.Closed {
+			t.Fatalf("breaker %v after one deadline expiry, want closed", st)
+		}
+	})
 	t.Run("Deadline is the round's budget", func(t *testing.T) {
 		sink := consumertest.NewSink()
 		var calls atomic.Int64

@@ -251,10 +251,14 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 		m.st.roundStart = now
 	}
 	timeout := g.AttemptTimeout()
+	// hang: the attempt's time is its own AttemptTimeout, not what is left
+	// of the round's Deadline. Only running out the former is a hang (as
+	// policy.Run marks it); running out the Deadline is an ordinary failure.
+	hang := timeout > 0
 	if d := g.Deadline(); d > 0 {
 		left := max(d-time.Duration(now-m.st.roundStart), time.Millisecond)
 		if timeout <= 0 || left < timeout {
-			timeout = left
+			timeout, hang = left, false
 		}
 	}
 	var deadline int64
@@ -277,9 +281,9 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 		}
 	}()
 	err = c.cfg.Handler.Handle(ctx, m)
-	if err != nil && ctx.expired.Load() {
-		// The attempt ran out its time: a hang, which the breaker weighs
-		// as policy.Breaker.TimeoutFailures.
+	if err != nil && hang && ctx.expired.Load() {
+		// The attempt ran out its AttemptTimeout: a hang, which the
+		// breaker weighs as policy.Breaker.TimeoutFailures.
 		err = policy.AttemptTimedOut(err)
 	}
 	return err, false

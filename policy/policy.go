@@ -143,7 +143,8 @@ type Breaker struct {
 	// any normal latency) is a hang, and with its tenant's calls made one at
 	// a time (a consumer lane) waiting for five of them would hold a worker
 	// for minutes. 1 makes a timeout an ordinary failure. Negative is
-	// invalid.
+	// invalid. Running out the Deadline (the round's budget) rather than
+	// AttemptTimeout is an ordinary failure.
 	TimeoutFailures int
 }
 

@@ -293,12 +293,13 @@ func (q *DLQ) Peek(ctx context.Context, tenant string, n int) ([]dlq.Record, err
 }
 
 // ErrNoSource: a record cannot be replayed because it does not name its
-// source subject.
-var ErrNoSource = errors.New("nats: dead letter has no source subject")
+// source subject. It is one case of ErrNotReplayable (errors.Is matches
+// both).
+var ErrNoSource = fmt.Errorf("%w: it has no source subject", ErrNotReplayable)
 
 // ErrNotReplayable: a dead letter cannot be republished to NATS as it is
-// (a header name NATS messages cannot carry, kept by the DLQ out of line).
-// It stays in the DLQ.
+// (it names no source subject, or has a header name NATS messages cannot
+// carry, kept by the DLQ out of line). It stays in the DLQ.
 var ErrNotReplayable = errors.New("nats: dead letter cannot be replayed to NATS")
 
 // Replay republishes the tenant's oldest dead letters (up to opt.Limit) to

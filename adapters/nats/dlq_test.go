@@ -252,8 +252,8 @@ func TestReplayRefusesRecordWithoutSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	moved, err := q.Replay(ctx, "acme", dlq.ReplayOptions{})
-	if !errors.Is(err, ErrNotReplayable) || len(moved) != 0 {
-		t.Fatalf("replay = %d, %v; want ErrNoSource", len(moved), err)
+	if !errors.Is(err, ErrNoSource) || !errors.Is(err, ErrNotReplayable) || len(moved) != 0 {
+		t.Fatalf("replay = %d, %v; want ErrNoSource (an ErrNotReplayable)", len(moved), err)
 	}
 	if recs, _ := q.Peek(ctx, "acme", 0); len(recs) != 1 {
 		t.Fatal("record removed although not replayed")
