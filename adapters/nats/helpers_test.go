@@ -98,7 +98,13 @@ func (f *fixture) publishRetry(t testing.TB, subject, value string) {
 	var err error
 	last := ""
 	for range 600 {
-		if _, err = f.js.Publish(ctx, subject, []byte(value)); err == nil {
+		// Each try gets a few seconds of its own: a publish sent just
+		// before the client noticed the restart is lost, and its wait for
+		// a PubAck must not spend the whole test's context (it did, in CI).
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = f.js.Publish(actx, subject, []byte(value))
+		cancel()
+		if err == nil {
 			return
 		}
 		if err.Error() != last {
