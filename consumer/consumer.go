@@ -186,6 +186,11 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 		<-drained
 	}
 	timer.Stop()
+	// The drain is over: end what still waits on hctx, such as the source's
+	// Assigned callback retrying a spill log's Pending (recoverSpills), so
+	// the source's Run can return. Found by the property test: a spill log
+	// down while a partition was assigned held Run after cancel for ever.
+	c.hcancel()
 	close(hkStop)
 	<-hkDone
 	for _, sh := range c.shards() {

@@ -169,7 +169,16 @@ func (e *runningEngine) stop() error {
 		}
 		return nil
 	case <-time.After(10 * time.Second):
-		return errors.New("Run did not return within 10s of cancel")
+		// The engine's goroutines, to see where the drain is stuck.
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var stuck []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "ringfence/consumer.") && !strings.Contains(g, "consumer_test.") {
+				stuck = append(stuck, g)
+			}
+		}
+		return fmt.Errorf("Run did not return within 10s of cancel; engine goroutines:\n%s", strings.Join(stuck, "\n\n"))
 	}
 }
 
@@ -378,11 +387,11 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 			}
 			return true
 		}
-		if !within(2*time.Second, idle) {
+		if !within(10*time.Second, idle) {
 			s := e.c.Stats()
 			fail("stats after the drain: queued %d parked %d inflight %d paused partitions %d, lanes %v", s.Queued, s.Parked, s.InFlight, s.PausedPartitions, consumer.DumpLanes(e.c))
 		}
-		if n := h.Sp.Backlog(); rp.spill && !within(2*time.Second, func() bool { return h.Sp.Backlog() == 0 }) {
+		if n := h.Sp.Backlog(); rp.spill && !within(10*time.Second, func() bool { return h.Sp.Backlog() == 0 }) {
 			fail("spill logs hold %d uncommitted entries after the drain", n)
 		}
 	}
