@@ -117,3 +117,36 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A run of poison messages ended by one good message: the judge of the
+// first finds the good one (the span doubles past the others) and
+// dead-letters it; the others failed in that same round, so they carry its
+// evidence and each is dead-lettered after its own last chance. Before, the
+// next head's judge tried the poison message behind it again, saw it fail,
+// took that for an outage and cleared their evidence: with nothing after
+// them, the last two waited for ever. Found by the property test (seed
+// 508045).
+func TestRunOfPoisonEndedByOneGoodMessage(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	for i := range 4 {
+		produce(h, "A", 0, i)
+	}
+	rec := consumertest.NewRecorder()
+	run(t, h, fastPolicy(), consumer.Config{Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+		if string(m.Value) != "A/0/000003" {
+			return errors.New("poison")
+		}
+		rec.Add("A", string(m.Value))
+		return nil
+	})})
+	consumertest.Eventually(t, "the three poison messages dead-lettered, the good one handled", func() bool {
+		return h.S.Total() == 3 && rec.Distinct() == 1
+	})
+	for i, r := range h.S.Records("A", false) {
+		if want := fmt.Sprintf("A/0/%06d", i); string(r.Value) != want {
+			t.Errorf("dead letter %d is %q, want %q (in order)", i, r.Value, want)
+		}
+	}
+	consumertest.Eventually(t, "committed past all four", func() bool { return h.B.Committed(h.Group, 0) == 4 })
+}

@@ -80,7 +80,8 @@
 // head starts over after a growing backoff. If one succeeds, the head gets
 // one last attempt and is dead-lettered if it fails again (reason
 // exhausted, panic or poison); the messages that failed before the winner
-// carry the same evidence and are judged next. Messages handled this way
+// carry the same evidence and are judged next: each gets its own last
+// attempt as head and is dead-lettered if that fails too. Messages handled this way
 // run ahead of the head: the only reordering the engine makes, reported as
 // EventReordered. A lone message with nothing behind it and no evidence is
 // never dead-lettered for failing: it keeps retrying with a growing
