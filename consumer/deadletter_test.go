@@ -150,3 +150,40 @@ func TestRunOfPoisonEndedByOneGoodMessage(t *testing.T) {
 	}
 	consumertest.Eventually(t, "committed past all four", func() bool { return h.B.Committed(h.Group, 0) == 4 })
 }
+
+// Poison heads of several tenants fill a partition's queue bound (no spill
+// log): each waits, behind its open breaker, for a later message of its
+// tenant as evidence, and those are still in the broker. The full-queue
+// pause counts only messages that can run, so it lifts, the later messages
+// arrive, and the poison ones are dead-lettered on their evidence. Before,
+// the pause waited for the parked poison messages to leave and they waited
+// for the pause to lift. Found by the property test (seed 15030).
+func TestPoisonHeadsFillingTheQueueDoNotStallThePartition(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	tenants := []string{"A", "B", "C"}
+	for _, tn := range tenants {
+		produce(h, tn, 0, 0) // poison
+	}
+	for i := range 6 {
+		produce(h, "X", 0, i)
+	}
+	for _, tn := range tenants {
+		produce(h, tn, 0, 1) // good: the evidence
+	}
+	rec := consumertest.NewRecorder()
+	run(t, h, fastPolicy(), consumer.Config{
+		MaxQueuedPerPartition: 4,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if strings.HasSuffix(string(m.Value), "/000000") && !strings.HasPrefix(string(m.Value), "X/") {
+				return errors.New("poison")
+			}
+			rec.Add(string(m.Key), string(m.Value))
+			return nil
+		}),
+	})
+	consumertest.Eventually(t, "the three poison messages dead-lettered, everything else handled", func() bool {
+		return h.S.Total() == 3 && rec.Distinct() == 9
+	})
+	consumertest.Eventually(t, "committed past all twelve", func() bool { return h.B.Committed(h.Group, 0) == 12 })
+}

@@ -172,17 +172,41 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 // sh.mu held.
 func (c *Consumer) pressureGone(sh *shard) bool {
 	if sh.queued > sh.maxQueued/2 {
-		return false
+		// A full queue's pressure is the messages that can run. Parked
+		// ones are bounded on their own (MaxParkedPerTenant, MaxParked:
+		// PauseParkedBound); counted here, a queue whose every message
+		// waits behind an open breaker for a message still in the broker
+		// (a poison head needs a later message of its tenant as evidence)
+		// stayed paused for ever. Found by the property test (seed 15030).
+		if sh.pauseReason != PauseQueueFull || sh.queued-parkedIn(sh) > sh.maxQueued/2 {
+			return false
+		}
 	}
 	if sh.pauseReason == PauseParkedBound {
-		if c.parkedTotal.Load() >= int64(c.cfg.MaxParked)*9/10 {
+		// Below 90% of the bounds, compared without rounding: with a bound
+		// of 2, rounded 90% is 1, and one parked message (a poison head
+		// waiting for a later message still in the broker) kept the
+		// partition paused for ever.
+		if c.parkedTotal.Load()*10 >= int64(c.cfg.MaxParked)*9 {
 			return false
 		}
 		for _, l := range sh.lanes {
-			if l.parked && l.t.parked.Load() >= int64(sh.maxParkedTenant)*9/10 {
+			if l.parked && l.t.parked.Load()*10 >= int64(sh.maxParkedTenant)*9 {
 				return false
 			}
 		}
 	}
 	return true
+}
+
+// parkedIn counts sh's messages in parked lanes. Called with sh.mu held,
+// only while sh is paused for a full queue.
+func parkedIn(sh *shard) int {
+	n := 0
+	for _, l := range sh.lanes {
+		if l.parked {
+			n += l.q.len()
+		}
+	}
+	return n
 }

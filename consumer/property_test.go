@@ -145,7 +145,7 @@ func startEngine(t *testing.T, h *consumertest.MemHarness, rp *roundPlan, w *rou
 				w.reordered[[2]int64{int64(ev.Partition.ID), ev.Offset}] = true
 				w.mu.Unlock()
 			}
-			w.tracef("event %v tenant %s p%d off %d reason %q delay %v err %v", ev.Kind, ev.Tenant, ev.Partition.ID, ev.Offset, ev.Reason, ev.Delay, ev.Err)
+			w.tracef("event %v tenant %s p%d off %d reason %q pause %v delay %v err %v", ev.Kind, ev.Tenant, ev.Partition.ID, ev.Offset, ev.Reason, ev.Pause, ev.Delay, ev.Err)
 		},
 	})
 	if err != nil {
