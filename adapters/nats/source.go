@@ -39,6 +39,8 @@ type Source struct {
 	disp    consumer.Dispatcher
 	ran     bool
 
+	acks *acker // sends acks in bursts while Run runs
+
 	dupDropped, extends atomic.Uint64
 }
 
@@ -58,6 +60,9 @@ type SourceStats struct {
 	Duplicates uint64
 	// Extends counts rounds of InProgress sent for held messages.
 	Extends uint64
+	// AcksQueued is how many acks of settled messages wait to be sent
+	// (at most about a millisecond: see Settle).
+	AcksQueued int
 }
 
 // Stats returns the Source's counters.
@@ -66,6 +71,7 @@ func (s *Source) Stats() SourceStats {
 	st := SourceStats{Held: len(s.held)}
 	s.mu.Unlock()
 	st.Duplicates, st.Extends = s.dupDropped.Load(), s.extends.Load()
+	st.AcksQueued = s.acks.queued()
 	return st
 }
 
@@ -117,6 +123,7 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 		maxAckPending: cfg.MaxAckPending,
 		log:           o.logger.With("stream", info.Stream, "durable", cfg.Durable),
 		held:          make(map[uint64]jetstream.Msg),
+		acks:          newAcker(o.logger.With("stream", info.Stream, "durable", cfg.Durable)),
 	}, nil
 }
 
@@ -194,6 +201,8 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { s.extendLoop(ctx) })
+	s.acks.start()
+	wg.Go(func() { s.acks.run(ctx) }) // sends what is queued once ctx ends
 
 	live := newLiveness()
 	cc, err := s.cons.Consume(func(msg jetstream.Msg) { s.onMsg(ctx, d, msg) },
@@ -267,6 +276,10 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 }
 
 // Settle acks a message the engine handled, dead-lettered or spilled.
+// While Run runs the ack is queued and sent within about a millisecond,
+// back to back with the other acks of that moment (see acker: acks sent one
+// by one contend with the server's delivery loop); before Run and after it
+// returned, and with WithDoubleAck, it is sent before Settle returns.
 func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
 	h, ok := m.Handle.(jetstream.Msg)
 	if !ok {
@@ -277,6 +290,9 @@ func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
 	s.mu.Unlock()
 	if s.opt.doubleAck {
 		return h.DoubleAck(ctx)
+	}
+	if s.acks.add(h) {
+		return nil
 	}
 	return h.Ack()
 }
