@@ -18,8 +18,12 @@
 // means a redelivery, never a loss; WithDoubleAck waits for the server's
 // confirmation). The engine calls Settle after the handler succeeded, the
 // dead letter's PubAck, or the spill record's PubAck, so nothing is acked
-// that is not done or safe elsewhere. Commit does nothing: JetStream has no
-// offsets to commit.
+// that is not done or safe elsewhere. While Run runs, plain acks are sent
+// in bursts: Settle queues the ack and one goroutine sends what is queued
+// back to back within a millisecond (acks sent one by one as each handler
+// returns contend with the server's delivery loop on its consumer lock);
+// SourceStats.AcksQueued counts them. Commit does nothing: JetStream has
+// no offsets to commit.
 //
 // While the engine holds a message (queued in a lane, running, parked, or
 // waiting to be spilled), the Source sends InProgress for it every third of
