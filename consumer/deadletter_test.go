@@ -118,37 +118,52 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// A run of poison messages ended by one good message: the judge of the
-// first finds the good one (the span doubles past the others) and
-// dead-letters it; the others failed in that same round, so they carry its
-// evidence and each is dead-lettered after its own last chance. Before, the
-// next head's judge tried the poison message behind it again, saw it fail,
-// took that for an outage and cleared their evidence: with nothing after
-// them, the last two waited for ever. Found by the property test (seed
-// 508045).
-func TestRunOfPoisonEndedByOneGoodMessage(t *testing.T) {
+// A run of poison messages needs a success behind each of them. Followed
+// by one good message, the first is dead-lettered on its evidence; the
+// others failed in that round too, but as heads their evidence is checked
+// against the messages behind them (an outage may be back), those fail,
+// and they wait like lone messages: never dead-lettered without a success
+// behind them. The tenant's next good messages are that evidence. (The
+// property test's plan once assumed one good message would do for the
+// whole run, seed 508045; making evidence alone enough dead-lettered a
+// good message whose outage came back, seed 10023.)
+func TestRunOfPoisonNeedsASuccessBehindEach(t *testing.T) {
 	t.Parallel()
 	h := consumertest.NewMemHarness(1)
 	for i := range 4 {
-		produce(h, "A", 0, i)
+		produce(h, "A", 0, i) // 0-2 poison, 3 good
 	}
 	rec := consumertest.NewRecorder()
+	var calls atomic.Int64
 	run(t, h, fastPolicy(), consumer.Config{Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-		if string(m.Value) != "A/0/000003" {
+		calls.Add(1)
+		if v := string(m.Value); v < "A/0/000003" {
 			return errors.New("poison")
 		}
 		rec.Add("A", string(m.Value))
 		return nil
 	})})
-	consumertest.Eventually(t, "the three poison messages dead-lettered, the good one handled", func() bool {
-		return h.S.Total() == 3 && rec.Distinct() == 1
+	consumertest.Eventually(t, "the first poison message dead-lettered, the good one handled", func() bool {
+		return h.S.Total() == 1 && rec.Distinct() == 1
+	})
+	// The other two keep being tried, and are not dead-lettered without a
+	// success behind them.
+	n := calls.Load()
+	consumertest.Eventually(t, "the others tried again", func() bool { return calls.Load() >= n+6 })
+	if got := h.S.Total(); got != 1 {
+		t.Fatalf("%d dead letters with no success behind the last poison messages, want 1", got)
+	}
+	produce(h, "A", 0, 4)
+	produce(h, "A", 0, 5)
+	consumertest.Eventually(t, "all three poison messages dead-lettered, the good ones handled", func() bool {
+		return h.S.Total() == 3 && rec.Distinct() == 3
 	})
 	for i, r := range h.S.Records("A", false) {
 		if want := fmt.Sprintf("A/0/%06d", i); string(r.Value) != want {
 			t.Errorf("dead letter %d is %q, want %q (in order)", i, r.Value, want)
 		}
 	}
-	consumertest.Eventually(t, "committed past all four", func() bool { return h.B.Committed(h.Group, 0) == 4 })
+	consumertest.Eventually(t, "committed past all six", func() bool { return h.B.Committed(h.Group, 0) == 6 })
 }
 
 // Poison heads of several tenants fill a partition's queue bound (no spill

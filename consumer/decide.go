@@ -167,20 +167,21 @@ func decideJudgeStart(f judgeFacts) (judge, headFirst bool) {
 }
 
 // decideJudgeHead maps the outcome of trying a suspect head in its judge
-// round. Handled: settle. Permanent: dead-letter. With evidence (it failed
-// before while a later message succeeded) this was its last chance:
-// dead-letter, whatever is behind it (trying those again could only find
-// them failing too, as the next poison message of a run would, and clear
-// the evidence: two poison messages at a lane's end then waited for ever).
-// With nothing behind it and no evidence: wait (nothing says it is at
-// fault). Otherwise the messages behind it are tried next.
+// round. Handled: settle. Permanent: dead-letter. With nothing behind it to
+// try: dead-letter on evidence, else wait (nothing says it is at fault).
+// Otherwise the messages behind it are tried next, also when it has
+// evidence: an earlier round's evidence is checked against the dependency
+// as it is now, so that an outage that came back (a message that failed
+// before a winner only because the outage ended mid-round) dead-letters
+// nothing. Found by the property test (seed 10023) when evidence alone
+// dead-lettered such a head.
 func decideJudgeHead(o outcome, f judgeFacts) verdict {
 	switch {
 	case o.err == nil:
 		return verdict{act: actSettle}
 	case o.permanent:
 		return verdict{act: actDeadLetter, reason: dlq.ReasonPermanent}
-	case f.evidence:
+	case f.behind == 0 && f.evidence:
 		return verdict{act: actDeadLetter, reason: f.reason}
 	case f.behind == 0:
 		return verdict{act: actWait}

@@ -103,7 +103,7 @@ func TestDecideJudge(t *testing.T) {
 			{"alone with evidence: dead letter", outcome{err: errBoom}, judgeFacts{reason: dlq.ReasonExhausted, evidence: true}, verdict{act: actDeadLetter, reason: dlq.ReasonExhausted}},
 			{"alone without evidence: wait", outcome{err: errBoom}, judgeFacts{reason: dlq.ReasonExhausted}, verdict{act: actWait}},
 			{"with messages behind: try them", outcome{err: errBoom}, judgeFacts{reason: dlq.ReasonPoison, behind: 1}, verdict{act: actJudgeNext}},
-			{"evidence and messages behind: dead letter (its last chance)", outcome{err: errBoom}, judgeFacts{reason: dlq.ReasonPoison, evidence: true, behind: 1}, verdict{act: actDeadLetter, reason: dlq.ReasonPoison}},
+			{"evidence and messages behind: check it against them", outcome{err: errBoom}, judgeFacts{reason: dlq.ReasonPoison, evidence: true, behind: 1}, verdict{act: actJudgeNext}},
 		} {
 			if got := decideJudgeHead(tc.o, tc.f); got != tc.want {
 				t.Errorf("%s: decideJudgeHead = %+v, want %+v", tc.name, got, tc.want)

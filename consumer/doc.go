@@ -80,8 +80,12 @@
 // head starts over after a growing backoff. If one succeeds, the head gets
 // one last attempt and is dead-lettered if it fails again (reason
 // exhausted, panic or poison); the messages that failed before the winner
-// carry the same evidence and are judged next: each gets its own last
-// attempt as head and is dead-lettered if that fails too. Messages handled this way
+// carry the same evidence and are judged next: as head, each is tried
+// again, then the messages behind it; if they all fail the evidence is
+// dropped (the outage may be back) and it waits like a lone message. So a
+// run of poison messages needs a success behind each of them: followed by
+// one good message, the first is dead-lettered and the others wait for the
+// tenant's next message. Messages handled this way
 // run ahead of the head: the only reordering the engine makes, reported as
 // EventReordered. A lone message with nothing behind it and no evidence is
 // never dead-lettered for failing: it keeps retrying with a growing

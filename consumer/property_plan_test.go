@@ -265,23 +265,28 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 	return rp
 }
 
-// endPoisonedLanes ends every lane (tenant and partition) that holds a
-// poison message with a message that can succeed: the engine needs a
-// tenant success to tell poison from an outage, and a poison message with
-// nothing behind it waits (by design) for one.
+// endPoisonedLanes ends every lane (tenant and partition) that holds
+// poison messages with as many messages that can succeed: the engine needs
+// a tenant success behind each poison message to tell it from an outage
+// (see TestRunOfPoisonNeedsASuccessBehindEach), and a poison message with
+// none behind it waits (by design) for one.
 func (rp *roundPlan) endPoisonedLanes() {
 	type lk struct{ t, p int }
 	var poisoned []lk
-	seen := map[lk]bool{}
+	count := map[lk]int{}
 	for _, m := range rp.msgs {
 		k := lk{m.tenant, m.part}
-		if m.kind == kindPoison && !seen[k] {
-			seen[k] = true
-			poisoned = append(poisoned, k)
+		if m.kind == kindPoison {
+			if count[k] == 0 {
+				poisoned = append(poisoned, k)
+			}
+			count[k]++
 		}
 	}
 	for _, k := range poisoned {
-		rp.msgs = append(rp.msgs, planMsg{tenant: k.t, part: k.p, kind: kindGood})
+		for range count[k] {
+			rp.msgs = append(rp.msgs, planMsg{tenant: k.t, part: k.p, kind: kindGood})
+		}
 	}
 }
 
