@@ -196,18 +196,26 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 			bad.st.evidence = true
 		}
 		permit.Done(nil)
-		c.handled(w, alt)
-		c.emit(Event{Kind: EventReordered, Tenant: j.l.key, Partition: alt.Partition, Offset: alt.Offset, Reason: f.reason})
+		reordered := Event{Kind: EventReordered, Tenant: j.l.key, Partition: alt.Partition, Offset: alt.Offset, Reason: f.reason}
 		last, err := g.Allow(c.hctx)
 		if err != nil {
 			// Refused (other lanes of the tenant are failing): the evidence
 			// stays for the next judge.
+			c.handled(w, alt)
+			c.emit(reordered)
 			r.park = true
 			r.wait = decideRefused(c.retryAfter(g, err)).delay
 			return
 		}
+		// The head's last attempt follows alt's success at once: settling
+		// alt (a Source call) and its event (a user callback) come after
+		// it. An outage that ends and returns between the two calls would
+		// have the head dead-lettered; the property test saw it happen
+		// while those ran in between on a loaded machine.
 		herr, hpanicked := c.call(w, g, m, true)
 		last.Done(herr)
+		c.handled(w, alt)
+		c.emit(reordered)
 		o := outcome{err: herr, panicked: hpanicked}
 		if herr != nil {
 			c.noteFailure(w, m, herr, hpanicked)
