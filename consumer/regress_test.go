@@ -1,7 +1,8 @@
 package consumer_test
 
 // Regression tests for the engine defects of issue 14, each seen failing on
-// the engine before the rewrite (see the issue's closing note).
+// the engine before the rewrite (see the issue's closing note). One list of
+// reproductions, one concern, hence the file's length.
 
 import (
 	"context"

@@ -1,5 +1,9 @@
 package demo
 
+// One run of a scenario in one mode: start the consumer, produce, sample lag
+// and heap, drain, read back what is missing. runMode is one sequence that
+// reads top to bottom (its state is in state.go), hence the file's length.
+
 import (
 	"context"
 	"errors"
