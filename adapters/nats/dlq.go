@@ -104,24 +104,15 @@ func NewDLQ(ctx context.Context, js jetstream.JetStream, opts ...DLQOption) (*DL
 	if err != nil {
 		return nil, err
 	}
-	st, err := js.Stream(ctx, o.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:        o.stream,
-			Description: "ringfence dead letters",
-			Subjects:    []string{o.prefix + ".>"},
-			Storage:     jetstream.FileStorage,
-			Metadata:    map[string]string{MetaDLQ: dlqFormat, MetaPrefix: o.prefix, MetaBodies: o.bucketFor()},
-		})
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a creation race
-			st, err = js.Stream(ctx, o.stream)
-		}
-	}
-	switch {
-	case noJetStream(err):
-		return nil, fmt.Errorf("%w (%v)", ErrCoreNATS, err)
-	case err != nil:
-		return nil, fmt.Errorf("nats: stream %s: %w", o.stream, err)
+	st, err := getOrCreateStream(ctx, js, "stream", jetstream.StreamConfig{
+		Name:        o.stream,
+		Description: "ringfence dead letters",
+		Subjects:    []string{o.prefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Metadata:    map[string]string{MetaDLQ: dlqFormat, MetaPrefix: o.prefix, MetaBodies: o.bucketFor()},
+	})
+	if err != nil {
+		return nil, err
 	}
 	q, err := openDLQ(ctx, js, st, o, true)
 	if err != nil {
@@ -431,3 +422,23 @@ func (q *DLQ) getBody(ctx context.Context, ref string) (tenant string, key, valu
 // defaultBucket names the object store bucket of a DLQ stream: the stream's
 // name with "_BODIES" when that is a legal bucket name, else a hash of it.
 func defaultBucket(stream string) string { return bucketName(stream, "RINGFENCE_DLQ_BODIES_") }
+
+// getOrCreateStream returns the stream cfg.Name, creating it with cfg if it
+// does not exist (another process creating it first is fine). what names it
+// in errors; a server without JetStream is ErrCoreNATS.
+func getOrCreateStream(ctx context.Context, js jetstream.JetStream, what string, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		st, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a creation race
+			st, err = js.Stream(ctx, cfg.Name)
+		}
+	}
+	switch {
+	case noJetStream(err):
+		return nil, fmt.Errorf("%w (%v)", ErrCoreNATS, err)
+	case err != nil:
+		return nil, fmt.Errorf("nats: %s %s: %w", what, cfg.Name, err)
+	}
+	return st, nil
+}

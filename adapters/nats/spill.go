@@ -219,26 +219,17 @@ func ensureSpillStream(ctx context.Context, js jetstream.JetStream, o *spillOpti
 		o.bucket = bucketName(o.stream, "RINGFENCE_SPILL_BODIES_")
 	}
 	meta := map[string]string{MetaSpill: spillFormat, MetaSpillPrefix: o.prefix, MetaSpillBodies: o.bucket}
-	st, err := js.Stream(ctx, o.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:               o.stream,
-			Description:        "ringfence spill log",
-			Subjects:           []string{o.prefix + ".>"},
-			Storage:            jetstream.FileStorage,
-			AllowDirect:        true,
-			AllowAtomicPublish: true,
-			Metadata:           meta,
-		})
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a creation race
-			st, err = js.Stream(ctx, o.stream)
-		}
-	}
-	switch {
-	case noJetStream(err):
-		return nil, fmt.Errorf("%w (%v)", ErrCoreNATS, err)
-	case err != nil:
-		return nil, fmt.Errorf("nats: spill stream %s: %w", o.stream, err)
+	st, err := getOrCreateStream(ctx, js, "spill stream", jetstream.StreamConfig{
+		Name:               o.stream,
+		Description:        "ringfence spill log",
+		Subjects:           []string{o.prefix + ".>"},
+		Storage:            jetstream.FileStorage,
+		AllowDirect:        true,
+		AllowAtomicPublish: true,
+		Metadata:           meta,
+	})
+	if err != nil {
+		return nil, err
 	}
 	info := st.CachedInfo()
 	cfg := info.Config
