@@ -368,8 +368,7 @@ func (c *Consumer) dropLane(l *lane) *tenant {
 		l.timer.Stop()
 	}
 	if l.parked {
-		l.t.parked.Add(-int64(l.q.len()))
-		c.parkedTotal.Add(-int64(l.q.len()))
+		c.addParked(l, -l.q.len())
 	}
 	if l.spill.on {
 		l.t.spillLanes.Add(-1)

@@ -72,8 +72,7 @@ func (c *Consumer) deliverRun(ms []*Message) {
 		} else {
 			l.q.push(m)
 			if l.parked {
-				t.parked.Add(1)
-				c.parkedTotal.Add(1)
+				c.addParked(l, 1)
 			}
 			if l.state == laneIdle && !c.draining.Load() {
 				c.makeReady(l)
@@ -178,7 +177,7 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 		// waits behind an open breaker for a message still in the broker
 		// (a poison head needs a later message of its tenant as evidence)
 		// stayed paused for ever. Found by the property test (seed 15030).
-		if sh.pauseReason != PauseQueueFull || sh.queued-parkedIn(sh) > sh.maxQueued/2 {
+		if sh.pauseReason != PauseQueueFull || sh.queued-sh.parked > sh.maxQueued/2 {
 			return false
 		}
 	}
@@ -197,16 +196,4 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 		}
 	}
 	return true
-}
-
-// parkedIn counts sh's messages in parked lanes. Called with sh.mu held,
-// only while sh is paused for a full queue.
-func parkedIn(sh *shard) int {
-	n := 0
-	for _, l := range sh.lanes {
-		if l.parked {
-			n += l.q.len()
-		}
-	}
-	return n
 }

@@ -64,6 +64,7 @@ func (c *Consumer) checkInvariants() error {
 			lanes = append(lanes, sh.none)
 		}
 		queued, live, ready := len(sh.aside), len(sh.aside), false
+		shParked := 0
 		for _, l := range lanes {
 			x := at(l.t)
 			x.lanes++
@@ -94,6 +95,7 @@ func (c *Consumer) checkInvariants() error {
 			}
 			if l.parked {
 				parked += l.q.len()
+				shParked += l.q.len()
 				x.parked += l.q.len()
 			}
 			if l.spill.on {
@@ -135,6 +137,9 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v: set-aside message %d from another partition", sh.p, m.Offset)
 			}
 			at(m.st.lane.t).queued++
+		}
+		if shParked != sh.parked {
+			bad("%v: parked count %d, lanes hold %d parked messages", sh.p, sh.parked, shParked)
 		}
 		if ready && !sh.inRing {
 			bad("%v: has ready lanes but is not in the scheduler's ring", sh.p)

@@ -30,6 +30,7 @@ type shard struct {
 	wm     msgList          // unsettled live messages, in offset order
 	next   int64            // offset after the last delivered message; -1 before any
 	queued int              // messages in this partition's lanes (q and pend)
+	parked int              // of them, those in parked lanes' q (see addParked)
 	// pauseReason is why the engine wants the partition paused (zero: it
 	// does not).
 	pauseReason PauseReason

@@ -121,8 +121,7 @@ func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
 			l.judge, l.judgeSpan = "", 0
 		}
 		if l.parked {
-			l.t.parked.Add(-int64(n))
-			c.parkedTotal.Add(-int64(n))
+			c.addParked(l, -n)
 		}
 		for _, m := range moved {
 			m.st.spilled = true
@@ -353,8 +352,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 		t.refed.Add(1)
 		c.stats.refed.Add(1)
 		if l.parked {
-			t.parked.Add(1)
-			c.parkedTotal.Add(1)
+			c.addParked(l, 1)
 		}
 	}
 	if l.spill.refed.head == nil {

@@ -441,8 +441,7 @@ func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
 		}
 	}
 	if l.parked {
-		l.t.parked.Add(-1)
-		c.parkedTotal.Add(-1)
+		c.addParked(l, -1)
 	}
 	m.st.aside = true
 	m.st.asideAt = c.clock()

@@ -362,8 +362,7 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 	}
 	sh.queued--
 	if l.parked {
-		l.t.parked.Add(-1)
-		c.parkedTotal.Add(-1)
+		c.addParked(l, -1)
 	}
 	return c.unlist(sh, l, m)
 }
@@ -387,17 +386,23 @@ func (c *Consumer) unlist(sh *shard, l *lane, m *Message) bool {
 // parkLane starts counting l's messages as parked. Called with sh.mu held.
 func (c *Consumer) parkLane(l *lane) {
 	l.parked = true
-	n := int64(l.q.len())
-	l.t.parked.Add(n)
-	c.parkedTotal.Add(n)
+	c.addParked(l, l.q.len())
 }
 
 // unparkLane stops counting l's messages as parked. Called with sh.mu held.
 func (c *Consumer) unparkLane(l *lane) {
 	l.parked = false
-	n := int64(l.q.len())
-	l.t.parked.Add(-n)
-	c.parkedTotal.Add(-n)
+	c.addParked(l, -l.q.len())
+}
+
+// addParked counts n more (or, negative, fewer) messages of parked lane l
+// as parked: for its tenant, for the engine, and for its shard (whose
+// count lets pressureGone tell a full queue's runnable messages without
+// walking the shard's lanes on every finish). Called with l.sh.mu held.
+func (c *Consumer) addParked(l *lane, n int) {
+	l.sh.parked += n
+	l.t.parked.Add(int64(n))
+	c.parkedTotal.Add(int64(n))
 }
 
 // maybeResume lifts an engine pause of sh whose pressure is gone.
