@@ -38,7 +38,10 @@ func (c *Consumer) tenantOf(m *Message) {
 	case len(key) > c.cfg.MaxTenantLen:
 		err = fmt.Errorf("consumer: tenant key of %d bytes exceeds MaxTenantLen %d", len(key), c.cfg.MaxTenantLen)
 	}
-	m.st = msgState{tenantErr: err, key: key}
+	m.st = msgState{key: key}
+	if err != nil {
+		m.st.wr().tenantErr = err
+	}
 }
 
 // deliverRun queues messages of one partition, in order.
@@ -54,7 +57,7 @@ func (c *Consumer) deliverRun(ms []*Message) {
 		return
 	}
 	for _, m := range ms {
-		none := m.st.tenantErr != nil
+		none := m.st.rd().tenantErr != nil
 		l := sh.laneFor(m.st.key, none)
 		m.st.key = ""
 		m.st.lane, m.st.gen, m.st.at = l, sh.gen, now
@@ -126,8 +129,8 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 	}
 	if len(sh.aside) > 0 && !sh.asideBusy.Load() {
 		for _, m := range sh.aside {
-			if now-m.st.asideAt >= int64(asideRetry) {
-				m.st.asideAt = now
+			if now-m.st.rd().asideAt >= int64(asideRetry) {
+				m.st.wr().asideAt = now
 				aside = append(aside, m)
 			}
 		}

@@ -29,14 +29,14 @@ func (c *Consumer) step(w *worker) {
 	t := j.l.t
 	if t.none {
 		reason := dlq.ReasonNoTenant
-		if !errors.Is(m.st.tenantErr, ErrNoTenant) {
+		if !errors.Is(m.st.rd().tenantErr, ErrNoTenant) {
 			reason = dlq.ReasonInvalidTenant
 		}
-		c.deadLetter(w, m, reason, m.st.tenantErr)
+		c.deadLetter(w, m, reason, m.st.rd().tenantErr)
 		return
 	}
-	if m.st.dlqReason != "" {
-		c.deadLetter(w, m, m.st.dlqReason, m.st.lastErr)
+	if m.st.fail != nil && m.st.fail.dlqReason != "" {
+		c.deadLetter(w, m, m.st.rd().dlqReason, m.st.rd().lastErr)
 		return
 	}
 	g := c.guard(t)
@@ -57,12 +57,12 @@ func (c *Consumer) step(w *worker) {
 			c.deadLetter(w, m, dlq.ReasonPermanent, err)
 			return
 		}
-		r.wait = max(g.Backoff(1, err, m.st.backoff), time.Millisecond)
+		r.wait = max(g.Backoff(1, err, m.st.rd().backoff), time.Millisecond)
 		return
 	}
 	jf := judgeFacts{reason: j.judge, probe: permit.Probe(), behind: len(j.span)}
 	if j.judge != "" {
-		jf.evidence = m.st.evidence
+		jf.evidence = m.st.rd().evidence
 	}
 	if judge, headFirst := decideJudgeStart(jf); judge {
 		c.judge(w, g, &permit, jf, headFirst)
@@ -71,7 +71,7 @@ func (c *Consumer) step(w *worker) {
 	o := c.attempt(w, g, &permit, m)
 	v := decideAttempt(o, limits{poisonProbes: c.cfg.PoisonProbes})
 	if v.act == actAskRetry {
-		rd := g.NextRetry(m.st.attempts, o.err, m.st.backoff)
+		rd := g.NextRetry(m.st.attempts, o.err, m.st.rd().backoff)
 		v = decideRetry(rd, c.retryFacts(g, m))
 	}
 	c.carryOut(w, g, m, o.err, v)
@@ -85,16 +85,18 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	permit.Done(err)
 	o := outcome{err: err, panicked: panicked, probe: probe}
 	if err == nil {
-		m.st.probeFails = 0
+		if m.st.fail != nil {
+			m.st.fail.probeFails = 0
+		}
 		return o
 	}
 	c.noteFailure(w, m, err, panicked)
 	if probe {
-		m.st.probeFails++
+		m.st.wr().probeFails++
 	}
 	o.permanent = policy.IsPermanent(err)
 	o.closed = g.Closed()
-	o.probeFails = m.st.probeFails
+	o.probeFails = m.st.rd().probeFails
 	return o
 }
 
@@ -103,13 +105,13 @@ func (c *Consumer) retryFacts(g *policy.Guard, m *Message) retryFacts {
 	f := retryFacts{
 		attempts:     m.st.attempts,
 		maxAttempts:  g.MaxAttempts(),
-		panicked:     m.st.panicked,
+		panicked:     m.st.rd().panicked,
 		deadlineLeft: -1,
 	}
 	if d := g.Deadline(); d > 0 {
 		f.deadlineLeft = max(d-time.Duration(c.clock()-m.st.roundStart), 0)
 	}
-	f.longBackoff = g.Backoff(g.MaxAttempts(), m.st.lastErr, 1<<62)
+	f.longBackoff = g.Backoff(g.MaxAttempts(), m.st.rd().lastErr, 1<<62)
 	return f
 }
 
@@ -117,7 +119,10 @@ func (c *Consumer) retryFacts(g *policy.Guard, m *Message) retryFacts {
 func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v verdict) {
 	r := &w.res
 	if v.newRound {
-		m.st.attempts, m.st.backoff = 0, 0
+		m.st.attempts = 0
+		if m.st.fail != nil {
+			m.st.fail.backoff = 0
+		}
 	}
 	if v.suspect != "" {
 		r.suspect = v.suspect
@@ -128,7 +133,7 @@ func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v
 	case actDeadLetter:
 		c.deadLetter(w, m, v.reason, err)
 	case actRetry:
-		m.st.backoff = v.delay
+		m.st.wr().backoff = v.delay
 		r.wait = v.delay
 		w.n.retried.Add(1)
 		m.st.lane.t.retried.Add(1)
@@ -146,10 +151,10 @@ func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v
 // wait starts a new round for a head without evidence: after a backoff that
 // grows round to round, or behind the breaker if it is not closed.
 func (c *Consumer) wait(w *worker, g *policy.Guard, m *Message, err error) {
-	d := max(g.Backoff(g.MaxAttempts(), err, m.st.backoff), time.Millisecond)
+	d := max(g.Backoff(g.MaxAttempts(), err, m.st.rd().backoff), time.Millisecond)
 	v := decideWait(g.Closed(), d)
 	m.st.attempts = 0
-	m.st.backoff = d
+	m.st.wr().backoff = d
 	r := &w.res
 	if v.act == actPark {
 		r.park = true
@@ -191,9 +196,9 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 		}
 		// alt won: the head, and the messages that failed before alt in
 		// this round, failed while the dependency worked.
-		m.st.evidence = true
+		m.st.wr().evidence = true
 		for _, bad := range j.span[:i] {
-			bad.st.evidence = true
+			bad.st.wr().evidence = true
 		}
 		permit.Done(nil)
 		reordered := Event{Kind: EventReordered, Tenant: j.l.key, Partition: alt.Partition, Offset: alt.Offset, Reason: f.reason}
@@ -226,9 +231,9 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 	}
 	permit.Done(lastErr)
 	// Everything failed: the tenant is failing broadly now.
-	m.st.evidence = false
+	m.st.clearEvidence()
 	for _, alt := range j.span {
-		alt.st.evidence = false
+		alt.st.clearEvidence()
 	}
 	r.cleared = true
 	c.carryOut(w, g, m, lastErr, decideJudgeEnd(false, outcome{}, false, f))
@@ -311,13 +316,14 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 	w.n.failed.Add(1)
 	m.st.lane.t.failed.Add(1)
 	m.st.attempts++
-	m.st.total++
-	if m.st.first.IsZero() {
-		m.st.first = now
+	f := m.st.wr()
+	f.total++
+	if f.first.IsZero() {
+		f.first = now
 	}
-	m.st.last = now
-	m.st.lastErr = err
-	m.st.panicked = panicked
+	f.last = now
+	f.lastErr = err
+	f.panicked = panicked
 	if panicked {
 		w.n.panics.Add(1)
 		c.emit(Event{Kind: EventPanicked, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err})
@@ -328,7 +334,9 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 func (c *Consumer) handled(w *worker, m *Message) {
 	w.n.handled.Add(1)
 	m.st.lane.t.handled.Add(1)
-	m.st.probeFails = 0
+	if m.st.fail != nil {
+		m.st.fail.probeFails = 0
+	}
 	c.settleSource(m.st.lane.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
 }
@@ -368,9 +376,9 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 	rec := c.record(l, m, reason, cause)
 	err := c.cfg.DLQ.Write(c.hctx, rec)
 	if err != nil {
-		m.st.dlqReason = reason
-		m.st.dlqFails++
-		wait, aside := decideDLQFailed(m.st.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
+		m.st.wr().dlqReason = reason
+		m.st.wr().dlqFails++
+		wait, aside := decideDLQFailed(m.st.rd().dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
 		if aside {
 			w.n.unwritable.Add(1)
 			l.t.unwritable.Add(1)
@@ -403,9 +411,9 @@ func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *
 		Partition:    m.Partition.ID,
 		Offset:       m.Offset,
 		Group:        c.cfg.Group,
-		Attempts:     m.st.total,
-		FirstFailure: m.st.first,
-		LastFailure:  m.st.last,
+		Attempts:     m.st.rd().total,
+		FirstFailure: m.st.rd().first,
+		LastFailure:  m.st.rd().last,
 		Reason:       reason,
 	}
 	if !l.t.none {
@@ -444,7 +452,7 @@ func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
 		c.addParked(l, -1)
 	}
 	m.st.aside = true
-	m.st.asideAt = c.clock()
+	m.st.wr().asideAt = c.clock()
 	sh.aside = append(sh.aside, m)
 }
 
@@ -459,7 +467,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 	var done []*Message
 	for _, m := range ms {
 		l := m.st.lane
-		rec := c.record(l, m, m.st.dlqReason, m.st.lastErr)
+		rec := c.record(l, m, m.st.rd().dlqReason, m.st.rd().lastErr)
 		if err := c.cfg.DLQ.Write(c.hctx, rec); err != nil {
 			continue
 		}
@@ -467,7 +475,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		l.t.dead.Add(1)
 		c.settleSource(sh, m, nil)
 		done = append(done, m)
-		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.lastErr, Reason: m.st.dlqReason})
+		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.rd().lastErr, Reason: m.st.rd().dlqReason})
 	}
 	if len(done) == 0 {
 		return
