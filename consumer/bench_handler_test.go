@@ -166,6 +166,6 @@ func waitSettled(b *testing.B, src *batchSource) {
 	select {
 	case <-src.done:
 	case <-time.After(10 * time.Minute):
-		b.Fatalf("%d of %d messages settled in 10 minutes", src.settled.Load(), len(src.msgs))
+		b.Fatalf("%d of %d messages settled in 10 minutes", src.settledCount(), len(src.msgs))
 	}
 }

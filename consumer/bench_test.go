@@ -18,12 +18,18 @@ import (
 
 // batchSource delivers prepared messages spread over partitions and
 // tenants, in batches of batch per partition (as a Kafka fetch does),
-// honouring Pause, and reports when all are settled.
+// honouring Pause, and reports when all are settled. Settles are counted
+// per partition, each count on a cache line of its own: one counter that
+// every worker increments was a line bouncing between the cores on every
+// message (about 90 ns a message at 1000 tenants, charged to the engine),
+// where Kafka's Settle is a no-op and NATS's queues an ack.
 type batchSource struct {
 	msgs    []consumer.Message
 	parts   int
 	batch   int
-	settled atomic.Int64
+	settled []paddedCount // per partition
+	want    []int64       // messages per partition
+	left    atomic.Int64  // partitions not yet wholly settled
 	done    chan struct{}
 
 	mu     sync.Mutex
@@ -32,7 +38,8 @@ type batchSource struct {
 }
 
 func newBatchSource(n, parts, tenants, batch int) *batchSource {
-	s := &batchSource{msgs: make([]consumer.Message, n), parts: parts, batch: batch, done: make(chan struct{}), paused: map[int32]bool{}}
+	s := &batchSource{msgs: make([]consumer.Message, n), parts: parts, batch: batch, done: make(chan struct{}), paused: map[int32]bool{},
+		settled: make([]paddedCount, parts), want: make([]int64, parts)}
 	s.cond = sync.NewCond(&s.mu)
 	keys := make([][]byte, tenants)
 	for i := range keys {
@@ -44,7 +51,33 @@ func newBatchSource(n, parts, tenants, batch int) *batchSource {
 		s.msgs[i] = consumer.Message{Key: keys[i%tenants], Topic: "t", Partition: consumer.Partition{Topic: "t", ID: int32(p)}, Offset: offs[p]}
 		offs[p]++
 	}
+	left := 0
+	for p := range parts {
+		s.want[p] = offs[p]
+		if offs[p] > 0 {
+			left++
+		}
+	}
+	s.left.Store(int64(left))
+	if left == 0 {
+		close(s.done)
+	}
 	return s
+}
+
+// paddedCount is a counter alone on its cache line.
+type paddedCount struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// settledCount is how many messages were settled so far.
+func (s *batchSource) settledCount() int64 {
+	var n int64
+	for i := range s.settled {
+		n += s.settled[i].n.Load()
+	}
+	return n
 }
 
 func (s *batchSource) Run(ctx context.Context, d consumer.Dispatcher) error {
@@ -70,7 +103,8 @@ func (s *batchSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 }
 
 func (s *batchSource) Settle(ctx context.Context, m *consumer.Message) error {
-	if s.settled.Add(1) == int64(len(s.msgs)) {
+	p := m.Partition.ID
+	if s.settled[p].n.Add(1) == s.want[p] && s.left.Add(-1) == 0 {
 		close(s.done)
 	}
 	return nil
