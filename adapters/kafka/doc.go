@@ -8,20 +8,34 @@
 // it was given, so it can neither pause one partition nor leave a parked
 // message uncommitted. Source is built on the lower-level ConsumerGroup and
 // Generation API instead: each assigned partition is fetched by its own
-// goroutine (Pause stops that one only; concurrent fetches each take a
-// pooled connection of their own, so a long poll of one partition holds up
-// no other), and a single
-// committer per generation commits the engine's watermarks (the lowest
-// unsettled offset of each partition) every CommitInterval, on revocation
-// and on shutdown.
+// goroutine over its own connection to the partition's leader (Pause stops
+// that one only, and a long poll of one partition holds up no other), and a
+// single committer per generation commits the engine's watermarks (the
+// lowest unsettled offset of each partition) every CommitInterval, on
+// revocation and on shutdown.
 //
-// A partition is fetched with kafka-go's Client.Fetch, whose decoder keeps a
-// header value's null apart from an empty one (Conn.ReadBatch reads both as
-// nil), and each fetch is handed to the engine with DeliverBatch, in slices
-// of at most 64 messages: a fetch of MaxBytes may hold thousands of small
+// The fetch path is the package's own, not kafka-go's: a partition's
+// fetcher finds the leader with a Metadata request (which never creates the
+// topic), connects as the WithDialer Dialer does (its DialFunc or net
+// settings, Resolver, TLS, ClientID and SASL mechanism), and sends Fetch
+// requests (the highest version from 4 to 11 the broker supports, reading
+// uncommitted) encoded with franz-go's kmsg. It decodes the record batches
+// itself: message format v2 (Kafka 0.11 and later; a topic still holding
+// the legacy v0/v1 format is refused with an error, retried), each batch's
+// CRC-32C checked, gzip, snappy, lz4 and zstd decompressed with kafka-go's
+// codecs, transaction markers skipped, null keys, values and header values
+// kept apart from empty ones. A leader change, a stale leader epoch or a
+// dropped connection closes the connection, and the next try (with the
+// backoff below) finds the leader again.
+//
+// Each fetch is handed to the engine with DeliverBatch, in slices of at
+// most 64 messages: a fetch of MaxBytes may hold thousands of small
 // messages, and once the engine pauses the partition the rest of the fetch
 // is dropped (and fetched again on Resume), so the engine's per-partition
-// bounds hold within one slice.
+// bounds hold within one slice. A slice's messages are copied out of the
+// fetch response into one allocation for the messages and one for their
+// bytes (values over 4 KiB get their own), so a message the engine keeps
+// for long pins at most its slice's small neighbours, never the response.
 //
 // The source does not know tenants: the engine's consumer.Config.Tenant is
 // the one place a tenant key is read (consumer.FromKey, consumer.FromHeader
@@ -56,7 +70,9 @@
 //	transient (retried, logged at Warn)
 //	no broker reachable, however long; a broker restarting; coordinator
 //	not available or moved; rebalance in progress; leader election; request
-//	timeouts; an inconsistent group protocol (another member's deployment)
+//	timeouts; an inconsistent group protocol (another member's deployment);
+//	a record batch that cannot be decoded (a bad CRC, the legacy message
+//	format): its partition stops there, retrying every 5s
 //
 // A broker outage is never terminal: the source keeps trying to join the
 // group (every JoinBackoff) and to reach each partition leader (backoff

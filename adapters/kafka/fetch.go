@@ -1,20 +1,34 @@
 package kafka
 
-// Fetching a source partition. The source reads with kafka-go's
-// Client.Fetch, whose record decoder keeps a header value's null apart from
-// an empty one (kafka-go's Conn.ReadBatch reads both as nil, so a tenant
-// header "" would reach the engine as a missing value).
+// Fetching a source partition. Each assigned partition has a fetcher of its
+// own: one connection to the partition's leader (found with a Metadata
+// request to a bootstrap broker, never creating the topic), over which it
+// sends its own Fetch requests, encoded with franz-go's kmsg (conn.go), and
+// whose record batches it decodes itself (records.go) and copies into the
+// engine's messages a slice at a time (messages.go). The response buffer is
+// reused from fetch to fetch. kafka-go (group membership, commits, offsets,
+// metadata checks) is not on this path: its Client.Fetch decoded through a
+// page buffer and allocated three times per message.
+//
+// A fetch asks for one partition at the highest Fetch version in [4, 11]
+// that the leader supports (v12 is flexible, v13 names topics by ID), reads
+// uncommitted (transaction markers are skipped, aborted records delivered,
+// as before), with MinBytes 1 and the source's MaxBytes (for the request
+// and the partition) and MaxWait. It may take MaxWait+fetchSlack; ctx
+// cancellation aborts it at once. An I/O error, or any partition error but
+// OffsetOutOfRange, closes the connection, and the next try finds the
+// leader again; a partition error is a kafka-go Error, so that the
+// classification of liveness.go applies as it did.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
-	"github.com/segmentio/kafka-go/protocol/metadata"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ringfence/ringfence/consumer"
 )
@@ -34,6 +48,8 @@ const fetchSlack = 10 * time.Second
 // fetch reads ps and delivers each fetched batch, in offset order, until
 // ctx ends, retrying failures with backoff (100ms doubling up to 5s).
 func (s *Source) fetch(ctx context.Context, ps *partition, d consumer.Dispatcher) {
+	f := s.newFetcher(ps)
+	defer f.drop()
 	offset := ps.start
 	resolve := offset < 0
 	for attempt := 0; ; {
@@ -49,7 +65,7 @@ func (s *Source) fetch(ctx context.Context, ps *partition, d consumer.Dispatcher
 			resolve = err != nil
 		}
 		if err == nil {
-			offset, err = s.fetchOnce(ctx, ps, offset, d)
+			offset, err = f.fetchOnce(ctx, offset, d)
 		}
 		switch {
 		case err == nil:
@@ -137,186 +153,144 @@ func partitionBounds(ctx context.Context, cl *kafkago.Client, topic string, part
 	return 0, 0, fmt.Errorf("kafka: offsets of %s/%d: no answer: %w", topic, part, kafkago.UnknownTopicOrPartition)
 }
 
-// fetchOnce fetches ps once from offset and delivers what came back, in
-// DeliverBatch calls of up to deliverSlice messages, stopping early when the
-// engine pauses ps. It returns the offset to fetch next.
-func (s *Source) fetchOnce(ctx context.Context, ps *partition, offset int64, d consumer.Dispatcher) (int64, error) {
-	fctx, cancel := context.WithTimeout(ctx, s.cfg.maxWait+fetchSlack)
-	defer cancel()
-	resp, err := s.client.Fetch(fctx, &kafkago.FetchRequest{
-		Topic: s.topic, Partition: int(ps.id.ID), Offset: offset,
-		MinBytes: 1, MaxBytes: int64(s.cfg.maxBytes), MaxWait: s.cfg.maxWait,
-	})
-	if err == nil && resp.Error != nil {
-		err = resp.Error
-		closeRecords(resp.Records)
+// fetcher fetches one partition over its own connection to the leader.
+type fetcher struct {
+	s       *Source
+	ps      *partition
+	conn    *brokerConn // nil until connected, and after an error
+	epoch   int32       // the leader epoch Metadata gave, -1 if unknown
+	version int16       // of Fetch
+	req     kmsg.FetchRequest
+	resp    kmsg.FetchResponse
+	rd      batchReader
+	sb      sliceBuilder
+}
+
+func (s *Source) newFetcher(ps *partition) *fetcher {
+	f := &fetcher{s: s, ps: ps, req: kmsg.NewFetchRequest()}
+	maxBytes := int32(min(s.cfg.maxBytes, math.MaxInt32))
+	f.req.MaxWaitMillis = int32(min(max(s.cfg.maxWait.Milliseconds(), 1), math.MaxInt32))
+	f.req.MinBytes = 1
+	f.req.MaxBytes = maxBytes
+	f.req.IsolationLevel = 0 // read uncommitted
+	t := kmsg.NewFetchRequestTopic()
+	t.Topic = s.topic
+	p := kmsg.NewFetchRequestTopicPartition()
+	p.Partition = ps.id.ID
+	p.PartitionMaxBytes = maxBytes
+	t.Partitions = []kmsg.FetchRequestTopicPartition{p}
+	f.req.Topics = []kmsg.FetchRequestTopic{t}
+	return f
+}
+
+// drop closes the connection; the next fetch finds the leader again.
+func (f *fetcher) drop() {
+	if f.conn != nil {
+		f.conn.close()
+		f.conn = nil
 	}
+}
+
+// connect finds the partition's leader and connects to it.
+func (f *fetcher) connect(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, fetchSlack)
+	defer cancel()
+	addr, epoch, err := f.s.leaderOf(cctx, f.ps.id.ID)
 	if err != nil {
+		return err
+	}
+	c, err := dialBroker(cctx, f.s.cfg.dialer, addr)
+	if err != nil {
+		return err
+	}
+	v := c.version(kmsg.Fetch)
+	if v < 4 {
+		c.close()
+		return fmt.Errorf("kafka: broker %s supports Fetch up to v%d; the source needs v4 (Kafka 0.11) or later", addr, v)
+	}
+	f.conn, f.epoch, f.version = c, epoch, min(v, 11)
+	return nil
+}
+
+// fetchOnce fetches the partition once from offset and delivers what came
+// back, in DeliverBatch calls of up to deliverSlice messages, stopping
+// early when the engine pauses it. It returns the offset to fetch next.
+func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispatcher) (int64, error) {
+	if f.conn != nil && f.conn.stale() {
+		f.drop()
+	}
+	if f.conn == nil {
+		if err := f.connect(ctx); err != nil {
+			return offset, err
+		}
+	}
+	f.req.Version = f.version
+	rp := &f.req.Topics[0].Partitions[0]
+	rp.FetchOffset = offset
+	rp.CurrentLeaderEpoch = f.epoch
+	if err := f.conn.roundTrip(ctx, &f.req, &f.resp, f.s.cfg.maxWait+fetchSlack); err != nil {
+		f.drop()
 		return offset, err
 	}
-	s.watch.seen()
-	batch := make([]*consumer.Message, 0, deliverSlice)
-	next, err := walkRecords(resp.Records, offset, func(r *kafkago.Record) error {
-		if len(batch) == deliverSlice {
-			d.DeliverBatch(batch)
-			batch = make([]*consumer.Message, 0, deliverSlice)
-			if ps.paused.Load() {
-				return errPaused
+	addr := f.conn.addr
+	failed := func(format string, args ...any) error {
+		return fmt.Errorf("kafka: fetch %s/%d at offset %d from %s: "+format, append([]any{f.s.topic, f.ps.id.ID, offset, addr}, args...)...)
+	}
+	if f.resp.ErrorCode != 0 {
+		f.drop()
+		return offset, failed("%w", kafkago.Error(f.resp.ErrorCode))
+	}
+	var part *kmsg.FetchResponseTopicPartition
+	for i := range f.resp.Topics {
+		t := &f.resp.Topics[i]
+		for j := range t.Partitions {
+			if t.Topic == f.s.topic && t.Partitions[j].Partition == f.ps.id.ID {
+				part = &t.Partitions[j]
 			}
 		}
-		m, err := sourceMessage(ps.id, r)
-		if err != nil {
-			return err
-		}
-		batch = append(batch, m)
-		return nil
-	})
-	if len(batch) > 0 {
-		d.DeliverBatch(batch)
 	}
-	if errors.Is(err, errPaused) {
-		err = nil
+	if part == nil {
+		f.drop()
+		return offset, failed("no answer for the partition")
+	}
+	if part.ErrorCode != 0 {
+		err := kafkago.Error(part.ErrorCode)
+		if err != kafkago.OffsetOutOfRange {
+			f.drop() // NotLeaderForPartition, FencedLeaderEpoch, ...: find the leader again
+		}
+		return offset, failed("%w", err)
+	}
+	f.s.watch.seen()
+	next, err := f.deliver(part.RecordBatches, offset, d)
+	if err == nil && next == offset && len(part.RecordBatches) > 0 {
+		err = failed("the first record batch came back cut short (larger than MaxBytes %d?)", f.s.cfg.maxBytes)
 	}
 	return next, err
 }
 
-// errPaused stops delivering a fetch once the engine paused its partition.
-var errPaused = errors.New("kafka: partition paused")
-
-// sourceMessage copies a fetched record into a consumer.Message. Header
-// values keep null (nil) apart from empty.
-func sourceMessage(p consumer.Partition, r *kafkago.Record) (*consumer.Message, error) {
-	m := &consumer.Message{Topic: p.Topic, Partition: p, Offset: r.Offset, Time: r.Time}
-	var err error
-	if m.Key, err = readBytes(r.Key); err != nil {
-		return nil, err
-	}
-	if m.Value, err = readBytes(r.Value); err != nil {
-		return nil, err
-	}
-	if len(r.Headers) > 0 {
-		m.Headers = make([]consumer.Header, len(r.Headers))
-		for i, h := range r.Headers {
-			m.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return m, nil
-}
-
-// walkRecords calls fn, in order, for each data record of rr at offset from
-// or later, and closes rr. It returns the offset after the last record it
-// passed, control records included (a transaction's commit markers take
-// offsets too), so that a fetch holding only control records still moves
-// on. An error of fn stops the walk; the returned offset is then the one
-// after the last record fn accepted.
-func walkRecords(rr kafkago.RecordReader, from int64, fn func(*kafkago.Record) error) (int64, error) {
-	defer closeRecords(rr)
-	next := from
-	var readers []kafkago.RecordReader
-	if st, ok := rr.(*protocol.RecordStream); ok {
-		readers = st.Records
-	} else {
-		readers = []kafkago.RecordReader{rr}
-	}
-	for _, sub := range readers {
-		_, control := sub.(*protocol.ControlBatch)
-		for {
-			r, err := sub.ReadRecord()
-			if errors.Is(err, io.EOF) {
-				break
+// deliver decodes batches and delivers their records at offset or later,
+// in slices of deliverSlice, until the end or until the engine pauses the
+// partition. It returns the offset after what it passed.
+func (f *fetcher) deliver(batches []byte, offset int64, d consumer.Dispatcher) (int64, error) {
+	rd, sb := &f.rd, &f.sb
+	rd.reset(batches, offset)
+	defer rd.reset(nil, 0)
+	defer sb.reset()
+	for {
+		hdrs, ok, err := rd.read(sb.slot(), sb.hdrs)
+		sb.hdrs = hdrs
+		if !ok {
+			if sb.n > 0 {
+				d.DeliverBatch(sb.build(f.ps.id))
 			}
-			if err != nil {
-				return next, fmt.Errorf("kafka: decode records: %w", err)
+			return rd.nextOffset(), err
+		}
+		if sb.add() {
+			d.DeliverBatch(sb.build(f.ps.id))
+			rd.release()
+			if f.ps.paused.Load() {
+				return rd.nextOffset(), nil
 			}
-			if r.Offset < next {
-				closeRecord(r)
-				continue // a batch may start before the fetch offset
-			}
-			if control {
-				closeRecord(r)
-				next = r.Offset + 1
-				continue
-			}
-			err = fn(r)
-			closeRecord(r)
-			if err != nil {
-				return next, err
-			}
-			next = r.Offset + 1
 		}
 	}
-	return next, nil
-}
-
-func closeRecord(r *kafkago.Record) {
-	if r.Key != nil {
-		r.Key.Close()
-	}
-	if r.Value != nil {
-		r.Value.Close()
-	}
-}
-
-func closeRecords(rr kafkago.RecordReader) {
-	if c, ok := rr.(io.Closer); ok {
-		_ = c.Close()
-	}
-}
-
-// cacheMiss reports whether err is kafka-go's transport failing to route a
-// request because its cached metadata (refreshed every 6s) does not know
-// the topic or partition: the topic may have been created or grown since,
-// or deleted.
-func cacheMiss(err error) bool {
-	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) || errors.Is(err, protocol.ErrNoLeader)
-}
-
-// topicShape is a topic's partition count and replication factor.
-type topicShape struct {
-	partitions  int
-	replication int
-}
-
-// liveTopics asks one of brokers, directly and not through kafka-go's
-// metadata cache, for every topic of the cluster and its shape. (A
-// metadata request naming topics would ask the broker to auto-create them;
-// one naming none never does.)
-func liveTopics(ctx context.Context, dialer *kafkago.Dialer, brokers []string) (map[string]topicShape, error) {
-	var errs []error
-	for _, b := range brokers {
-		conn, err := dialer.DialContext(ctx, "tcp", b)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if dl, ok := ctx.Deadline(); ok {
-			_ = conn.SetDeadline(dl)
-		}
-		parts, err := conn.ReadPartitions()
-		_ = conn.Close()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out := make(map[string]topicShape)
-		for _, p := range parts {
-			sh := out[p.Topic]
-			sh.partitions++
-			sh.replication = max(sh.replication, len(p.Replicas))
-			out[p.Topic] = sh
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("kafka: list topics: %w", errors.Join(errs...))
-}
-
-// refreshCache makes kafka-go's transport load topic into its metadata
-// cache now instead of at its next periodic refresh. Call it only for a
-// topic the cluster just said exists: kafka-go refreshes its cache on
-// demand only for a metadata request that allows topic auto-creation.
-func refreshCache(ctx context.Context, cl *kafkago.Client, topics ...string) {
-	if len(topics) == 0 || cl.Transport == nil {
-		return
-	}
-	_, _ = cl.Transport.RoundTrip(ctx, cl.Addr, &metadata.Request{TopicNames: topics, AllowAutoTopicCreation: true})
 }

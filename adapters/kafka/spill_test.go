@@ -233,12 +233,7 @@ func TestSpillMessageAtBrokerLimit(t *testing.T) {
 			t.Fatalf("the broker refuses a message at its limit: %v", err)
 		}
 		// Read it as the source does.
-		rec := fetchAt(t, c.Addrs(), h.source, off)
-		orig, err := sourceMessage(h.Partition(), rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		originals = append(originals, orig)
+		originals = append(originals, sourceFetch(t, c.Addrs(), h.Partition(), off))
 	}
 	over := m
 	over.Value = append(bytes.Clone(m.Value), 'x')
