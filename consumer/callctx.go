@@ -146,7 +146,9 @@ func (x *callCtx) begin(deadline int64) {
 		}
 		x.mu.Unlock()
 	}
-	x.expired.Store(false)
+	if x.expired.Load() {
+		x.expired.Store(false)
+	}
 	x.deadline.Store(deadline)
 	if x.parent.Err() != nil {
 		x.cancel(x.parent.Err())

@@ -30,8 +30,11 @@ type Consumer struct {
 	fallback *policy.Guard // used when the scope's Shape panics
 	log      *slog.Logger
 	src      Source
-	epoch    time.Time
-	now      atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping
+	// settleNoop: src's Settle does nothing (SettleNooper), so the engine
+	// never calls it.
+	settleNoop bool
+	epoch      time.Time
+	now        atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping
 
 	hctx     context.Context // parent of handler contexts; cancelled past DrainTimeout
 	hcancel  context.CancelFunc
@@ -127,6 +130,9 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 		return errors.New("consumer: Run called twice")
 	}
 	c.src = src
+	if n, ok := src.(SettleNooper); ok && n.SettleIsNoop() {
+		c.settleNoop = true
+	}
 	c.now.Store(int64(time.Since(c.epoch)))
 	defer c.hcancel()
 	defer c.bgCancel()

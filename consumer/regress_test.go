@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -506,5 +507,37 @@ func TestRunEndsWhileSpillLogIsDownAtAssign(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return within 20s of cancel while the spill log was down at assignment")
+	}
+}
+
+// noopSettleSource is a genSource whose Settle it says does nothing.
+type noopSettleSource struct{ *genSource }
+
+func (noopSettleSource) SettleIsNoop() bool { return true }
+
+// A source that says its Settle does nothing (consumer.SettleNooper, as
+// Kafka's) gets no Settle call, handled or dead-lettered, and its commit
+// still reaches the end.
+func TestSettleNooperGetsNoSettle(t *testing.T) {
+	const n = 300
+	src := newGenSource(n, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%d", i%3), strconv.Itoa(i)) })
+	var settles atomic.Int64
+	src.settle = func(*consumer.Message) error { settles.Add(1); return nil }
+	sink := consumertest.NewSink()
+	startWith(t, consumer.Config{
+		DLQ: sink,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if i, _ := strconv.Atoi(string(m.Value)); i%50 == 7 {
+				return policy.Permanent(errors.New("bad message"))
+			}
+			return nil
+		}),
+	}, noopSettleSource{src})
+	consumertest.Eventually(t, "everything committed", func() bool { return src.commits.Load() == n })
+	if got := settles.Load(); got != 0 {
+		t.Fatalf("Settle called %d times on a SettleNooper", got)
+	}
+	if got := sink.Total(); got != 6 {
+		t.Fatalf("%d dead letters, want 6 (the test must cover the dead-letter path)", got)
 	}
 }

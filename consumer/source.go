@@ -81,7 +81,8 @@ type Source interface {
 	// whose dead-letter record was durably written, or whose spill-log copy
 	// was acknowledged. The adapter acks it (NATS) or does nothing (Kafka,
 	// which commits by watermark). Calls for different messages may run
-	// concurrently.
+	// concurrently. A source whose Settle does nothing may say so with
+	// [SettleNooper]; the engine then makes no Settle call at all.
 	Settle(ctx context.Context, m *Message) error
 
 	// Commit says that every message of p with offset below next is settled.
@@ -96,6 +97,15 @@ type Source interface {
 	// unpaused when it is assigned again.
 	Pause(p Partition)
 	Resume(p Partition)
+}
+
+// SettleNooper is an optional interface of a Source whose Settle does
+// nothing (Kafka's: a message is settled by the commit of its partition's
+// watermark). When SettleIsNoop reports true at Run, the engine never calls
+// Settle, which saves a call and the bookkeeping that keeps Settle calls
+// from racing a revocation, on every message.
+type SettleNooper interface {
+	SettleIsNoop() bool
 }
 
 // Dispatcher receives messages and partition events from a Source. It is

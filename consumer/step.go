@@ -347,7 +347,7 @@ func (c *Consumer) handled(w *worker, m *Message) {
 // count itself in (a store to its own line); other callers use the
 // partition's shared count.
 func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shard]) {
-	if m.Refed || m.st.gen != sh.gen {
+	if c.settleNoop || m.Refed || m.st.gen != sh.gen {
 		return
 	}
 	if slot != nil {

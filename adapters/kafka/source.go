@@ -307,6 +307,12 @@ func (s *Source) commitGeneration(gen *kafkago.Generation, parts map[int32]*part
 // Settle does nothing: Kafka progress is committed by watermark (Commit).
 func (s *Source) Settle(context.Context, *consumer.Message) error { return nil }
 
+// SettleIsNoop reports that Settle does nothing (see consumer.SettleNooper):
+// a message is settled by the commit of its partition's watermark.
+func (s *Source) SettleIsNoop() bool { return true }
+
+var _ consumer.SettleNooper = (*Source)(nil)
+
 // Commit records that every message of p below next is settled. The
 // generation's committer sends it within CommitInterval. After Run has
 // returned, Commit commits at once (a "simple" commit, accepted while the
