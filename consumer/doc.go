@@ -27,7 +27,10 @@
 // message (its tenant's policy Weight messages) and goes to the back of its
 // partition's queue, and workers move between partitions every few
 // messages. So a tenant's backlog delays another tenant's message by about
-// one handler call. Each tenant has a bulkhead: at most TenantConcurrency
+// one handler call. While no other lane of its partition is ready, a worker
+// runs up to 8 messages of one lane before it takes the partition's lock
+// again to settle them (fewer past the lane's turns as soon as another lane
+// becomes ready). Each tenant has a bulkhead: at most TenantConcurrency
 // of its messages in flight at once (Concurrency/4 by default; its policy's
 // Bulkhead may set it, or let it follow the tenant's latency), so a tenant
 // whose calls are slow or hang holds a bounded share of the workers; a

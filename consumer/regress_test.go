@@ -541,3 +541,52 @@ func TestSettleNooperGetsNoSettle(t *testing.T) {
 		t.Fatalf("%d dead letters, want 6 (the test must cover the dead-letter path)", got)
 	}
 }
+
+// A worker runs several messages of a lane between two visits to the
+// shard's lock (a run). A failure inside a run ends it there: the failed
+// message is retried before anything behind it runs, so the lane's order
+// holds, and a dead-lettered message inside a run is settled in its place.
+func TestRunOfALaneStopsAtAFailure(t *testing.T) {
+	const n = 40
+	src := newGenSource(n, func(i int) *consumer.Message { return tenantMsg("solo", strconv.Itoa(i)) })
+	var mu sync.Mutex
+	var calls []int
+	failed := map[int]bool{}
+	sink := consumertest.NewSink()
+	startWith(t, consumer.Config{
+		Concurrency: 1,
+		DLQ:         sink,
+		Scope: scope.New(policy.Policy{Retry: policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}}},
+			scope.Options[string]{}),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			i, _ := strconv.Atoi(string(m.Value))
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, i)
+			switch {
+			case i%10 == 3 && !failed[i]:
+				failed[i] = true
+				return errors.New("transient")
+			case i%10 == 6:
+				return policy.Permanent(errors.New("bad message"))
+			}
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "everything committed", func() bool { return src.commits.Load() == n })
+	mu.Lock()
+	defer mu.Unlock()
+	var want []int
+	for i := range n {
+		want = append(want, i)
+		if i%10 == 3 {
+			want = append(want, i) // its retry, before anything behind it
+		}
+	}
+	if fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Fatalf("handler calls\n got %v\nwant %v", calls, want)
+	}
+	if got := sink.Total(); got != n/10 {
+		t.Fatalf("%d dead letters, want %d", got, n/10)
+	}
+}

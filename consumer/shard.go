@@ -22,15 +22,19 @@ type shard struct {
 	// window and pause the partition.
 	maxParkedTenant, maxQueuedTenant int
 
-	mu     sync.Mutex
-	dead   bool             // revoked
-	lanes  map[string]*lane // by tenant key
-	none   *lane            // the no-tenant bucket's lane
-	ready  laneQueue        // lanes ready to run, in turn order
-	wm     msgList          // unsettled live messages, in offset order
-	next   int64            // offset after the last delivered message; -1 before any
-	queued int              // messages in this partition's lanes (q and pend)
-	parked int              // of them, those in parked lanes' q (see addParked)
+	mu    sync.Mutex
+	dead  bool             // revoked
+	lanes map[string]*lane // by tenant key
+	none  *lane            // the no-tenant bucket's lane
+	ready laneQueue        // lanes ready to run, in turn order
+	// readyHint is set whenever a lane joins ready and cleared (under mu)
+	// only when ready is empty: a worker's run reads it without the lock
+	// to yield to lanes that became ready meanwhile (see runOn).
+	readyHint atomic.Bool
+	wm        msgList // unsettled live messages, in offset order
+	next      int64   // offset after the last delivered message; -1 before any
+	queued    int     // messages in this partition's lanes (q and pend)
+	parked    int     // of them, those in parked lanes' q (see addParked)
 	// pauseReason is why the engine wants the partition paused (zero: it
 	// does not).
 	pauseReason PauseReason

@@ -22,9 +22,15 @@ import (
 // failed dead-letter write; otherwise a permit from the tenant's guard, then
 // an attempt, or a judge round for a suspect head.
 func (c *Consumer) step(w *worker) {
+	w.res = stepResult{settled: w.res.settled[:0]}
+	c.stepHead(w)
+}
+
+// stepHead is step without clearing w.res: the next message of a run adds
+// to what the run's earlier steps settled.
+func (c *Consumer) stepHead(w *worker) {
 	j := &w.job
 	r := &w.res
-	*r = stepResult{settled: r.settled[:0]}
 	m := j.m
 	t := j.l.t
 	if t.none {

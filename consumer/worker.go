@@ -47,7 +47,20 @@ type job struct {
 	m     *Message
 	judge dlq.Reason
 	span  []*Message
+	// run are the messages behind m that the worker may step next without
+	// taking the shard's lock in between (see runOn); ran counts those it
+	// stepped.
+	run  []*Message
+	next int // the next of run to step
+	ran  int
+	// turns is how many of the run's messages the lane's fair share
+	// allows while other lanes of the shard are ready.
+	turns int
 }
+
+// runMax caps a lane's messages stepped between two visits to the shard's
+// lock (a run): one finish then settles them all.
+const runMax = 8
 
 // stepResult is what a step did, applied to the lane by finish under the
 // shard's lock.
@@ -86,6 +99,9 @@ func (c *Consumer) work(w *worker) {
 		w.flush()
 		for has {
 			c.step(w)
+			for w.runOn() {
+				c.stepHead(w)
+			}
 			sh.mu.Lock()
 			has = c.finish(sh, w)
 			sh.mu.Unlock()
@@ -137,12 +153,46 @@ func (w *worker) load(l *lane) {
 	j := &w.job
 	j.l, j.sh, j.m, j.judge = l, l.sh, l.q.front(), l.judge
 	j.span = j.span[:0]
+	clear(j.run)
+	j.run, j.next, j.ran = j.run[:0], 0, 0
 	if l.judge != "" {
 		n := min(l.judgeSpan, l.q.len()-1)
 		for i := 1; i <= n; i++ {
 			j.span = append(j.span, l.q.at(i))
 		}
+		return
 	}
+	// A run takes at most the worker's turns on the shard, and past the
+	// lane's fair share only while no other lane of the shard is ready.
+	n := min(l.q.len()-1, runMax-1, shardTurn-1-w.turn)
+	j.turns = l.credit - 1
+	if l.sh.ready.len() > 0 {
+		n = min(n, j.turns)
+	} else if l.sh.readyHint.Load() {
+		l.sh.readyHint.Store(false)
+	}
+	for i := 1; i <= n; i++ {
+		j.run = append(j.run, l.q.at(i))
+	}
+}
+
+// runOn moves w.job to the next message of its run, if the step just made
+// settled its message and asked nothing of the lane (no wait, park,
+// suspicion or set-aside), and the engine is not draining nor the
+// partition revoked. The messages stay in their lane's queue (only this
+// worker takes from its front) until finish removes the settled ones.
+func (w *worker) runOn() bool {
+	j, r := &w.job, &w.res
+	if j.next == len(j.run) || len(r.settled) == 0 || r.settled[len(r.settled)-1] != j.m ||
+		r.wait != 0 || r.park || r.suspect != "" || r.cleared || r.aside != nil ||
+		w.c.draining.Load() || j.sh.gate.closed.Load() ||
+		j.ran >= j.turns && j.sh.readyHint.Load() {
+		return false
+	}
+	j.m = j.run[j.next]
+	j.next++
+	j.ran++
+	return true
 }
 
 // finish applies w.res to the lane of w.job and loads the next job: the same
@@ -158,6 +208,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		c.releaseSlot(w, t)
 		return false
 	}
+	w.turn += j.ran
 	for _, m := range r.settled {
 		c.removeSettled(sh, l, m) // a moved commit point goes out at the next tick
 	}
@@ -202,7 +253,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	case r.wait > 0:
 		c.arm(l, r.wait)
 	case l.q.len() > 0:
-		l.credit--
+		l.credit -= 1 + j.ran
 		if (l.credit > 0 || sh.ready.len() == 0) && w.turn < shardTurn && t.inflight.Load() <= c.limitOf(t) {
 			// Keep the lane (and its bulkhead slot).
 			w.load(l)
@@ -301,6 +352,9 @@ func (c *Consumer) makeReady(l *lane) {
 	l.state = laneReady
 	first := sh.ready.len() == 0
 	sh.ready.push(l)
+	if !sh.readyHint.Load() {
+		sh.readyHint.Store(true)
+	}
 	// Wake a worker only for a first ready lane: the worker that takes a
 	// lane while more wait wakes the next (chain), so a burst of ready
 	// lanes costs one wake-up, not one per lane.
