@@ -67,7 +67,7 @@ func benchTopic(b *testing.B) (addrs []string, topic string) {
 // to compare. The rows run back to back in one invocation; for medians and
 // the ratios of issue 18:
 //
-//	go test -run '^$' -bench 'BenchmarkConsume$' -benchtime 1x -count 5 ./adapters/kafka/
+//	go test -run '^$' -bench 'BenchmarkConsume$' -benchtime 1x -count 15 ./adapters/kafka/
 func BenchmarkConsume(b *testing.B) {
 	addrs, topic := benchTopic(b)
 	var groups atomic.Int64
