@@ -21,6 +21,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -45,7 +46,7 @@ type brokerConn struct {
 	expires time.Time
 	broken  bool // an I/O error or a cancelled exchange: close it
 	wbuf    []byte
-	rbuf    []byte // the last response; reused by the next exchange
+	rbuf    []byte // the last response, from respBufs until releaseBuf
 }
 
 // dialBroker connects to addr as d would, asks the broker's API versions
@@ -206,6 +207,9 @@ func (c *brokerConn) exchange(req kmsg.Request, resp kmsg.Response) error {
 	if n < 4 || n > maxResponse {
 		return fmt.Errorf("response size %d out of range", n)
 	}
+	if c.rbuf == nil {
+		c.rbuf = getRespBuf()
+	}
 	var err error
 	if c.rbuf, err = readFull(c.nc, c.rbuf[:0], int(n)); err != nil {
 		return err
@@ -225,6 +229,32 @@ func (c *brokerConn) exchange(req kmsg.Request, resp kmsg.Response) error {
 		return fmt.Errorf("decode response: %w", err)
 	}
 	return nil
+}
+
+// respBufs holds response buffers between fetches. A buffer is taken once
+// a response's size has arrived, not while a fetch waits for data, and
+// given back once the response's records were copied out, so the memory
+// held for responses follows the fetches being read at the moment, not the
+// number of partitions assigned (each would otherwise keep a buffer as large
+// as its largest response, up to MaxBytes, for as long as it is assigned).
+var respBufs sync.Pool
+
+func getRespBuf() []byte {
+	if b, ok := respBufs.Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return nil
+}
+
+// releaseBuf gives c's response buffer back; what the last response decoded
+// into must not be read afterwards.
+func (c *brokerConn) releaseBuf() {
+	if cap(c.rbuf) == 0 {
+		return
+	}
+	b := c.rbuf[:0]
+	c.rbuf = nil
+	respBufs.Put(&b)
 }
 
 // readFull reads n bytes into buf, growing it with what arrives (at most

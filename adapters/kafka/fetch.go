@@ -228,7 +228,9 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 	rp := &f.req.Topics[0].Partitions[0]
 	rp.FetchOffset = offset
 	rp.CurrentLeaderEpoch = f.epoch
-	if err := f.conn.roundTrip(ctx, &f.req, &f.resp, f.s.cfg.maxWait+fetchSlack); err != nil {
+	conn := f.conn
+	defer conn.releaseBuf() // after deliver copied the records out
+	if err := conn.roundTrip(ctx, &f.req, &f.resp, f.s.cfg.maxWait+fetchSlack); err != nil {
 		f.drop()
 		return offset, err
 	}

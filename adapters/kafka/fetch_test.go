@@ -454,3 +454,39 @@ func TestFetchVersion(t *testing.T) {
 		})
 	}
 }
+
+// A fetcher keeps no response buffer between fetches (a wide assignment
+// would otherwise hold one of up to MaxBytes per partition), and what it
+// delivered stays intact after the pooled buffer is reused by other
+// fetches.
+func TestFetchKeepsNoResponseBuffer(t *testing.T) {
+	t.Parallel()
+	topic := uniq("bufs")
+	c := startStrictCluster(t, kfake.SeedTopics(2, topic))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var recs []*kgo.Record
+	for i := range 200 {
+		recs = append(recs, &kgo.Record{Partition: int32(i % 2), Value: []byte(fmt.Sprintf("value-%03d-%s", i, strings.Repeat("x", 200)))})
+	}
+	if err := cl.ProduceSync(testCtx(t, 30*time.Second), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	f0 := testFetcher(t, c.Addrs(), consumer.Partition{Topic: topic, ID: 0})
+	first, _ := fetchUntil(t, f0, 0, func(ms []*consumer.Message) bool { return len(ms) == 100 })
+	if f0.conn == nil || f0.conn.rbuf != nil {
+		t.Fatalf("after a fetch the connection holds a response buffer of %d bytes", cap(f0.conn.rbuf))
+	}
+	f1 := testFetcher(t, c.Addrs(), consumer.Partition{Topic: topic, ID: 1})
+	for range 3 { // other fetches reuse the pooled buffer
+		fetchUntil(t, f1, 0, func(ms []*consumer.Message) bool { return len(ms) == 100 })
+	}
+	for i, m := range first {
+		if want := fmt.Sprintf("value-%03d-", 2*i); !strings.HasPrefix(string(m.Value), want) {
+			t.Fatalf("message %d of partition 0 reads %.12q after the buffer was reused, want %q", i, m.Value, want)
+		}
+	}
+}
