@@ -278,6 +278,13 @@ func (s *msgState) wr() *failState {
 	return s.fail
 }
 
+// clearProbeFails forgets the half-open probes it failed (it succeeded).
+func (s *msgState) clearProbeFails() {
+	if s.fail != nil {
+		s.fail.probeFails = 0
+	}
+}
+
 // clearEvidence forgets that a judge round had evidence against it.
 func (s *msgState) clearEvidence() {
 	if s.fail != nil {

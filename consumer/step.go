@@ -41,8 +41,8 @@ func (c *Consumer) stepHead(w *worker) {
 		c.deadLetter(w, m, reason, m.st.rd().tenantErr)
 		return
 	}
-	if m.st.fail != nil && m.st.fail.dlqReason != "" {
-		c.deadLetter(w, m, m.st.rd().dlqReason, m.st.rd().lastErr)
+	if f := m.st.fail; f != nil && f.dlqReason != "" {
+		c.deadLetter(w, m, f.dlqReason, f.lastErr)
 		return
 	}
 	g := c.guard(t)
@@ -91,9 +91,7 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	permit.Done(err)
 	o := outcome{err: err, panicked: panicked, probe: probe}
 	if err == nil {
-		if m.st.fail != nil {
-			m.st.fail.probeFails = 0
-		}
+		m.st.clearProbeFails()
 		return o
 	}
 	c.noteFailure(w, m, err, panicked)
@@ -340,9 +338,7 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 func (c *Consumer) handled(w *worker, m *Message) {
 	w.n.handled.Add(1)
 	m.st.lane.t.handled.Add(1)
-	if m.st.fail != nil {
-		m.st.fail.probeFails = 0
-	}
+	m.st.clearProbeFails()
 	c.settleSource(m.st.lane.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
 }
@@ -382,9 +378,10 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 	rec := c.record(l, m, reason, cause)
 	err := c.cfg.DLQ.Write(c.hctx, rec)
 	if err != nil {
-		m.st.wr().dlqReason = reason
-		m.st.wr().dlqFails++
-		wait, aside := decideDLQFailed(m.st.rd().dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
+		f := m.st.wr()
+		f.dlqReason = reason
+		f.dlqFails++
+		wait, aside := decideDLQFailed(f.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
 		if aside {
 			w.n.unwritable.Add(1)
 			l.t.unwritable.Add(1)

@@ -432,26 +432,30 @@ func (c *brokerConn) leader(ctx context.Context, topic string, part int32) (stri
 }
 
 // leaderOf finds the leader of the source topic's partition part, asking
-// the bootstrap brokers in turn (from a random one) until one answers.
-func (s *Source) leaderOf(ctx context.Context, part int32) (string, int32, error) {
+// the bootstrap brokers in turn (from a random one) until one answers. When
+// the broker that answered is the leader itself, its connection is returned
+// for the fetches (no second dial); otherwise conn is nil.
+func (s *Source) leaderOf(ctx context.Context, part int32) (addr string, epoch int32, conn *brokerConn, err error) {
 	var errs []error
 	start := rand.IntN(len(s.brokers))
 	for i := range s.brokers {
-		c, err := dialBroker(ctx, s.cfg.dialer, s.brokers[(start+i)%len(s.brokers)])
+		var c *brokerConn
+		c, err = dialBroker(ctx, s.cfg.dialer, s.brokers[(start+i)%len(s.brokers)])
 		if err == nil {
-			var addr string
-			var epoch int32
 			addr, epoch, err = c.leader(ctx, s.topic, part)
+			if err == nil && addr == c.addr {
+				return addr, epoch, c, nil
+			}
 			c.close()
 			if err == nil {
-				return addr, epoch, nil
+				return addr, epoch, nil, nil
 			}
 		}
 		var ke kafkago.Error
 		if errors.As(err, &ke) || ctx.Err() != nil {
-			return "", -1, err // the cluster's answer, or out of time
+			return "", -1, nil, err // the cluster's answer, or out of time
 		}
 		errs = append(errs, err)
 	}
-	return "", -1, fmt.Errorf("kafka: find the leader of %s/%d: %w", s.topic, part, errors.Join(errs...))
+	return "", -1, nil, fmt.Errorf("kafka: find the leader of %s/%d: %w", s.topic, part, errors.Join(errs...))
 }

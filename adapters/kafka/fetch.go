@@ -195,13 +195,14 @@ func (f *fetcher) drop() {
 func (f *fetcher) connect(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, fetchSlack)
 	defer cancel()
-	addr, epoch, err := f.s.leaderOf(cctx, f.ps.id.ID)
+	addr, epoch, c, err := f.s.leaderOf(cctx, f.ps.id.ID)
 	if err != nil {
 		return err
 	}
-	c, err := dialBroker(cctx, f.s.cfg.dialer, addr)
-	if err != nil {
-		return err
+	if c == nil {
+		if c, err = dialBroker(cctx, f.s.cfg.dialer, addr); err != nil {
+			return err
+		}
 	}
 	v := c.version(kmsg.Fetch)
 	if v < 4 {
