@@ -48,11 +48,9 @@ type job struct {
 	judge dlq.Reason
 	span  []*Message
 	// run are the messages behind m that the worker may step next without
-	// taking the shard's lock in between (see runOn); ran counts those it
-	// stepped.
+	// taking the shard's lock in between (see runOn).
 	run  []*Message
-	next int // the next of run to step
-	ran  int
+	next int // how many of run were stepped (the next to step)
 	// turns is how many of the run's messages the lane's fair share
 	// allows while other lanes of the shard are ready.
 	turns int
@@ -154,7 +152,7 @@ func (w *worker) load(l *lane) {
 	j.l, j.sh, j.m, j.judge = l, l.sh, l.q.front(), l.judge
 	j.span = j.span[:0]
 	clear(j.run)
-	j.run, j.next, j.ran = j.run[:0], 0, 0
+	j.run, j.next = j.run[:0], 0
 	if l.judge != "" {
 		n := min(l.judgeSpan, l.q.len()-1)
 		for i := 1; i <= n; i++ {
@@ -186,12 +184,11 @@ func (w *worker) runOn() bool {
 	if j.next == len(j.run) || len(r.settled) == 0 || r.settled[len(r.settled)-1] != j.m ||
 		r.wait != 0 || r.park || r.suspect != "" || r.cleared || r.aside != nil ||
 		w.c.draining.Load() || j.sh.gate.closed.Load() ||
-		j.ran >= j.turns && j.sh.readyHint.Load() {
+		j.next >= j.turns && j.sh.readyHint.Load() {
 		return false
 	}
 	j.m = j.run[j.next]
 	j.next++
-	j.ran++
 	return true
 }
 
@@ -208,7 +205,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		c.releaseSlot(w, t)
 		return false
 	}
-	w.turn += j.ran
+	w.turn += j.next
 	for _, m := range r.settled {
 		c.removeSettled(sh, l, m) // a moved commit point goes out at the next tick
 	}
@@ -253,7 +250,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	case r.wait > 0:
 		c.arm(l, r.wait)
 	case l.q.len() > 0:
-		l.credit -= 1 + j.ran
+		l.credit -= 1 + j.next
 		if (l.credit > 0 || sh.ready.len() == 0) && w.turn < shardTurn && t.inflight.Load() <= c.limitOf(t) {
 			// Keep the lane (and its bulkhead slot).
 			w.load(l)
