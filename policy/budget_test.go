@@ -165,3 +165,52 @@ func TestBudgetDisabledAndPerGuard(t *testing.T) {
 		t.Fatalf("tokens a=%v b=%v, want 0 and 2", a.Stats().Tokens, b.Stats().Tokens)
 	}
 }
+
+// TestSuccessesRepayAfterRacingFailures: a success reads the consecutive
+// count and the spent budget only while the guard owes (a failure or a
+// retry since it last found both at zero). Failures, retries and successes
+// from many goroutines at once must never leave a debt unnoticed: a run of
+// successes afterwards brings the count to zero and the bucket back to full.
+func TestSuccessesRepayAfterRacingFailures(t *testing.T) {
+	t.Parallel()
+	g := mustNew(t, policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1 << 30},
+		Retry:   policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
+		Budget:  &policy.Budget{Ratio: 0.5, MaxTokens: 4, MinPerSecond: -1},
+	})
+	ctx := context.Background()
+	for round := range 50 {
+		done := make(chan struct{})
+		for w := range 4 {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for i := range 200 {
+					p, err := g.Allow(ctx)
+					if err != nil {
+						t.Errorf("Allow: %v", err)
+						return
+					}
+					switch (i + w + round) % 5 {
+					case 0:
+						p.Done(errFail)
+					case 1:
+						p.Done(nil)
+						g.NextRetry(1, errFail, 0)
+					default:
+						p.Done(nil)
+					}
+				}
+			}()
+		}
+		for range 4 {
+			<-done
+		}
+		for range 16 { // 16 successes earn 8 tokens: more than the bucket holds
+			p, _ := g.Allow(ctx)
+			p.Done(nil)
+		}
+		if s := g.Stats(); s.ConsecutiveFailures != 0 || s.Tokens != 4 {
+			t.Fatalf("round %d: after a run of successes ConsecutiveFailures = %d, Tokens = %v; want 0 and 4", round, s.ConsecutiveFailures, s.Tokens)
+		}
+	}
+}
