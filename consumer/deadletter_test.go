@@ -202,3 +202,110 @@ func TestPoisonHeadsFillingTheQueueDoNotStallThePartition(t *testing.T) {
 	})
 	consumertest.Eventually(t, "committed past all twelve", func() bool { return h.B.Committed(h.Group, 0) == 12 })
 }
+
+// closedBreakerPolicy fails messages through their attempts without
+// tripping the breaker, so that a failing head becomes suspect and is
+// judged (rather than parked behind an open breaker).
+func closedBreakerPolicy() policy.Policy {
+	return policy.Policy{
+		Breaker: &policy.Breaker{ConsecutiveFailures: 1000},
+		Retry:   policy.Retry{MaxAttempts: 3, Backoff: policy.Backoff{Kind: policy.Constant, Base: time.Millisecond}},
+	}
+}
+
+// A suspect head whose dependency comes back for the winner's call and is
+// down again for its own last attempt failed for the outage, not for
+// itself: the message behind the winner is tried to confirm, fails too,
+// and the head waits instead of being dead-lettered. (The property test,
+// seed 10023: a handler that works for 100-150 µs before it calls its
+// dependency let an outage return between the winner's call and the
+// head's, and a good message was dead-lettered.)
+func TestSuspectHeadFailingAfterTheWinnerIsConfirmed(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	for i := range 3 {
+		produce(h, "A", 0, i) // 0 the head, 1 the winner, 2 the confirmer
+	}
+	var down atomic.Bool
+	down.Store(true)
+	var winnerCalls, confirmerCalls atomic.Int64
+	rec := consumertest.NewRecorder()
+	run(t, h, closedBreakerPolicy(), consumer.Config{Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+		switch string(m.Value) {
+		case "A/0/000001":
+			if winnerCalls.Add(1) == 1 {
+				// The outage ends for this one call and is back at once.
+				rec.Add("A", string(m.Value))
+				return nil
+			}
+		case "A/0/000002":
+			confirmerCalls.Add(1)
+		}
+		if down.Load() {
+			return errors.New("dependency down")
+		}
+		rec.Add("A", string(m.Value))
+		return nil
+	})})
+	// The confirmer's second call comes from a later round: the first
+	// round's verdict on the head is in by then.
+	consumertest.Eventually(t, "the message behind the winner tried in two rounds", func() bool { return confirmerCalls.Load() >= 2 })
+	if n := h.S.Total(); n != 0 {
+		t.Fatalf("%d dead letters: the head failed its last attempt while the outage was back, and the message behind the winner failed too", n)
+	}
+	down.Store(false)
+	consumertest.Eventually(t, "all three handled", func() bool { return rec.Distinct() == 3 })
+	consumertest.Eventually(t, "committed past all three", func() bool { return h.B.Committed(h.Group, 0) == 3 })
+	if n := h.S.Total(); n != 0 {
+		t.Fatalf("%d dead letters for three messages that can succeed", n)
+	}
+}
+
+// Poison and good messages alternate in one lane. Each poison message
+// needs a success behind it before its last failure and, when a message is
+// behind that one, a success after it too (a confirmer); the successes are
+// used up out of order (a winner or a confirmer is handled ahead of the
+// suspect head), so the last poison messages of the burst may wait for
+// the tenant's next messages, as a run of poison messages does. Those
+// come: every poison message is then dead-lettered, in order, no good one
+// is, and a confirmer that is itself poison never keeps a head waiting
+// once good messages follow.
+func TestAlternatingPoisonAreAllDeadLettered(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	const n = 8
+	for i := range n {
+		produce(h, "A", 0, i) // even: poison
+	}
+	rec := consumertest.NewRecorder()
+	var poisonCalls atomic.Int64
+	run(t, h, closedBreakerPolicy(), consumer.Config{Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+		var seq int
+		if _, err := fmt.Sscanf(string(m.Value), "A/0/%06d", &seq); err != nil {
+			return policy.Permanent(err)
+		}
+		if seq < n && seq%2 == 0 {
+			poisonCalls.Add(1)
+			return errors.New("poison")
+		}
+		rec.Add("A", string(m.Value))
+		return nil
+	})})
+	consumertest.Eventually(t, "the good messages of the burst handled, a poison one dead-lettered", func() bool {
+		return rec.Distinct() == n/2 && h.S.Total() >= 1
+	})
+	calls := poisonCalls.Load()
+	consumertest.Eventually(t, "the poison messages left tried again", func() bool { return poisonCalls.Load() >= calls+6 })
+	for i := n; i < n+4; i++ {
+		produce(h, "A", 0, i) // the tenant's next messages: good
+	}
+	consumertest.Eventually(t, "every poison message dead-lettered, every good one handled", func() bool {
+		return h.S.Total() == n/2 && rec.Distinct() == n/2+4
+	})
+	for i, r := range h.S.Records("A", false) {
+		if want := fmt.Sprintf("A/0/%06d", 2*i); string(r.Value) != want {
+			t.Errorf("dead letter %d is %q, want %q (in order)", i, r.Value, want)
+		}
+	}
+	consumertest.Eventually(t, "committed past all", func() bool { return h.B.Committed(h.Group, 0) == n+4 })
+}

@@ -209,6 +209,17 @@ func decideJudgeEnd(won bool, last outcome, refused bool, f judgeFacts) verdict 
 	return verdict{act: actDeadLetter, reason: f.reason}
 }
 
+// decideConfirm maps the check of a head that failed its last attempt
+// after a winner (see Consumer.confirm): a message behind the winner
+// succeeded after that failure (confirmed): dead-letter; all failed: the
+// dependency is failing again, wait.
+func decideConfirm(confirmed bool, f judgeFacts) verdict {
+	if confirmed {
+		return verdict{act: actDeadLetter, reason: f.reason}
+	}
+	return verdict{act: actWait}
+}
+
 // decideWait: a head that waits for evidence starts a new round after a
 // backoff that grows round to round, or parks if its breaker is not closed.
 func decideWait(closed bool, backoff time.Duration) verdict {

@@ -130,6 +130,15 @@ func TestDecideJudge(t *testing.T) {
 			}
 		}
 	})
+	t.Run("confirm", func(t *testing.T) {
+		f := judgeFacts{reason: dlq.ReasonExhausted, behind: 1}
+		if got := decideConfirm(true, f); got != (verdict{act: actDeadLetter, reason: dlq.ReasonExhausted}) {
+			t.Errorf("a message behind the winner succeeded after the head failed: %+v, want a dead letter", got)
+		}
+		if got := decideConfirm(false, f); got != (verdict{act: actWait}) {
+			t.Errorf("every message behind the winner failed too: %+v, want wait", got)
+		}
+	})
 }
 
 func TestDecideWaitAndDLQ(t *testing.T) {

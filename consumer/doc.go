@@ -65,8 +65,10 @@
 //
 // A message goes to its tenant's DLQ when its error is permanent
 // (policy.Permanent), or when there is evidence that it fails on its own:
-// it failed while a message behind it, tried right after, succeeded, and
-// it failed once more after that. A transient outage of a tenant's
+// it failed while a message behind it, tried right after, succeeded, it
+// failed once more after that, and (when more messages wait behind the one
+// that succeeded) one of those succeeded after that last failure too. A
+// transient outage of a tenant's
 // dependency produces no such evidence (every message fails), so it
 // dead-letters nothing: the failures trip the breaker and the tenant parks.
 // A handler's own errors are the handler's, even when they wrap
@@ -81,14 +83,22 @@
 // all fail (so a run of bad messages cannot stall a lane), stopping at the
 // first success. If they all fail, it is an outage: nothing moves and the
 // head starts over after a growing backoff. If one succeeds, the head gets
-// one last attempt and is dead-lettered if it fails again (reason
-// exhausted, panic or poison); the messages that failed before the winner
+// one last attempt; if it fails again, the messages behind the winner are
+// tried, in order and up to the same span, until one succeeds (a
+// confirmer: the dependency worked after the head failed, which tells the
+// head's fault from an outage that came back between the winner's call and
+// the head's). Then the head is dead-lettered (reason exhausted, panic or
+// poison); if they all fail too, the outage is back and the head starts
+// over like a head whose round found no winner. With no message behind the
+// winner, the head is dead-lettered at once. The messages that failed before the winner
 // carry the same evidence and are judged next: as head, each is tried
 // again, then the messages behind it; if they all fail the evidence is
 // dropped (the outage may be back) and it waits like a lone message. So a
 // run of poison messages needs a success behind each of them: followed by
 // one good message, the first is dead-lettered and the others wait for the
-// tenant's next message. Messages handled this way
+// tenant's next message (winners and confirmers are handled ahead of their
+// heads, so the last poison messages of a burst of alternating poison and
+// good ones may wait so too). Messages handled this way
 // run ahead of the head: the only reordering the engine makes, reported as
 // EventReordered. A lone message with nothing behind it and no evidence is
 // never dead-lettered for failing: it keeps retrying with a growing

@@ -324,7 +324,7 @@ func (c *Consumer) refeedRoom(l *lane) int {
 		// The judge's span may pass the window (it is bounded by
 		// maxJudgeSpan): a run of bad messages longer than the window must
 		// not hide the good one behind them.
-		want = max(want, l.judgeSpan+1)
+		want = max(want, 2*l.judgeSpan+1) // and as many to confirm
 	}
 	return max(want-l.q.len(), 0)
 }

@@ -47,6 +47,11 @@ type job struct {
 	m     *Message
 	judge dlq.Reason
 	span  []*Message
+	// confirm are up to as many messages again behind span: a suspect head
+	// that failed its last attempt after a winner is dead-lettered only once
+	// one of the messages behind the winner succeeds after that failure
+	// (see confirm in step.go).
+	confirm []*Message
 	// run are the messages behind m that the worker may step next without
 	// taking the shard's lock in between (see runOn).
 	run  []*Message
@@ -150,13 +155,18 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 func (w *worker) load(l *lane) {
 	j := &w.job
 	j.l, j.sh, j.m, j.judge = l, l.sh, l.q.front(), l.judge
-	j.span = j.span[:0]
+	clear(j.span)
+	clear(j.confirm)
 	clear(j.run)
+	j.span, j.confirm = j.span[:0], j.confirm[:0]
 	j.run, j.next = j.run[:0], 0
 	if l.judge != "" {
 		n := min(l.judgeSpan, l.q.len()-1)
 		for i := 1; i <= n; i++ {
 			j.span = append(j.span, l.q.at(i))
+		}
+		for i := n + 1; i <= min(2*n, l.q.len()-1); i++ {
+			j.confirm = append(j.confirm, l.q.at(i))
 		}
 		return
 	}
