@@ -266,9 +266,12 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 }
 
 // endPoisonedLanes ends every lane (tenant and partition) that holds
-// poison messages with as many messages that can succeed: the engine needs
-// a tenant success behind each poison message to tell it from an outage
-// (see TestRunOfPoisonNeedsASuccessBehindEach), and a poison message with
+// poison messages with twice as many messages that can succeed: the engine
+// needs a tenant success behind each poison message to tell it from an
+// outage (see TestRunOfPoisonNeedsASuccessBehindEach) and, when another
+// message waits behind that one, a second success after the poison
+// message's last failure (a confirmer: see
+// TestSuspectHeadFailingAfterTheWinnerIsConfirmed); a poison message with
 // none behind it waits (by design) for one.
 func (rp *roundPlan) endPoisonedLanes() {
 	type lk struct{ t, p int }
@@ -284,7 +287,7 @@ func (rp *roundPlan) endPoisonedLanes() {
 		}
 	}
 	for _, k := range poisoned {
-		for range count[k] {
+		for range 2 * count[k] {
 			rp.msgs = append(rp.msgs, planMsg{tenant: k.t, part: k.p, kind: kindGood})
 		}
 	}
