@@ -408,7 +408,7 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 // handled settles m after its handler succeeded.
 func (c *Consumer) handled(w *worker, m *Message) {
 	w.n.handled.Add(1)
-	m.st.lane.t.handled.Add(1)
+	w.res.handled++ // the tenant's count: added in finish
 	m.st.clearProbeFails()
 	c.settleSource(m.st.lane.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)

@@ -75,6 +75,11 @@ type stepResult struct {
 	unpark  bool          // the breaker gave a permit: the lane is not parked any more
 	suspect dlq.Reason    // the head becomes suspect
 	cleared bool          // a judge round found no evidence: clear the judge, widen its span
+	// handled counts the messages of the job's tenant this step (or run)
+	// handled: added to the tenant's counter once, in finish, rather than
+	// per message on a line that every worker of the tenant writes (the
+	// engine's total, per worker, counts each at once).
+	handled uint64
 }
 
 func newWorker(c *Consumer) *worker {
@@ -208,6 +213,9 @@ func (w *worker) runOn() bool {
 func (c *Consumer) finish(sh *shard, w *worker) bool {
 	j, r := &w.job, &w.res
 	l, t := j.l, j.l.t
+	if r.handled > 0 {
+		t.handled.Add(r.handled)
+	}
 	if l.dead {
 		if !t.none {
 			t.zombies.Add(-1)
