@@ -65,10 +65,11 @@ func benchTopic(b *testing.B) (addrs []string, topic string) {
 // autocommit: every 5s, only what earlier polls returned, so a record is
 // committed only once the loop has handled it and polled again). One op is
 // the whole topic, group join and shutdown included; msgs/s is the figure
-// to compare. The rows run back to back in one invocation; for medians and
-// the ratios of issue 18:
+// to compare. The rows run in a random order in one invocation, each row's
+// -count repetitions back to back; for medians and the ratios of issue 18,
+// interleave the rows with a process per round:
 //
-//	go test -run '^$' -bench 'BenchmarkConsume$' -benchtime 1x -count 15 ./adapters/kafka/
+//	for i in 1 2 3 4 5; do go test -run '^$' -bench 'Consume$' -benchtime 1x -count 3 ./adapters/kafka/; done
 func BenchmarkConsume(b *testing.B) {
 	addrs, topic := benchTopic(b)
 	var groups atomic.Int64

@@ -123,9 +123,10 @@ func waitDone(b *testing.B, done <-chan struct{}) {
 // Source driven by a loop that settles at once, and the Source under the
 // ringfence engine. Besides ns/op (wall time), cpu-ns/op is the process's
 // CPU time per message, in-process server included: on a shared machine it
-// moves far less with other processes' load. Run it alone, e.g.
+// moves far less with other processes' load. The rows run in a random
+// order; run it alone, a process per round, e.g.
 //
-//	go test -run '^$' -bench BenchmarkConsume -benchtime 50000x ./adapters/nats
+//	for i in 1 2 3 4 5; do go test -run '^$' -bench 'Consume$' -benchtime 50000x ./adapters/nats/; done
 func BenchmarkConsume(b *testing.B) {
 	// The server outlives the sub-benchmarks: it stops when this one ends.
 	bs := benchStream{f: newFixture(b, natstest.Start(b), 30*time.Second, 1000)}
