@@ -16,6 +16,7 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/internal/kafkatest"
 )
 
@@ -95,10 +96,10 @@ func BenchmarkConsume(b *testing.B) {
 	}
 	var started, first time.Time
 	var firstOnce sync.Once
-	begin := func() { started, cpu0 = time.Now(), cpuTime() }
+	begin := func() { started, cpu0 = time.Now(), cputime.Process() }
 	mark := func() { firstOnce.Do(func() { first = time.Now() }) }
 	lap := func() {
-		cpu += cpuTime() - cpu0
+		cpu += cputime.Process() - cpu0
 		streaming += time.Since(first)
 		sinceStart += time.Since(started)
 		firstOnce = sync.Once{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/internal/natstest"
 )
 
@@ -138,7 +139,7 @@ func BenchmarkConsume(b *testing.B) {
 		cons := freshConsumer(b, f)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0 := cpuTime()
+		cpu0 := cputime.Process()
 		var n atomic.Int64
 		done := make(chan struct{})
 		want := int64(b.N)
@@ -153,7 +154,7 @@ func BenchmarkConsume(b *testing.B) {
 		}
 		waitDone(b, done)
 		b.StopTimer()
-		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cc.Stop()
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 	}})
@@ -167,13 +168,13 @@ func BenchmarkConsume(b *testing.B) {
 		cs := &countingSource{Source: src, want: int64(b.N), done: make(chan struct{})}
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0 := cpuTime()
+		cpu0 := cputime.Process()
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan error, 1)
 		go func() { ran <- src.Run(ctx, settleLoop{src: cs}) }()
 		waitDone(b, cs.done)
 		b.StopTimer()
-		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cancel()
 		<-ran
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
@@ -196,13 +197,13 @@ func BenchmarkConsume(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0 := cpuTime()
+		cpu0 := cputime.Process()
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan error, 1)
 		go func() { ran <- c.Run(ctx, cs) }()
 		waitDone(b, cs.done)
 		b.StopTimer()
-		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cancel()
 		<-ran
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
