@@ -48,8 +48,7 @@ func (c *Consumer) stepHead(w *worker) {
 	g := c.guard(t)
 	permit, err := g.Allow(c.hctx)
 	if err != nil {
-		r.park = true
-		r.wait = decideRefused(c.retryAfter(g, err)).delay
+		c.parkRefused(w, g, err)
 		return
 	}
 	r.unpark = true
@@ -212,8 +211,7 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 			// stays for the next judge.
 			c.handled(w, alt)
 			c.emit(reordered)
-			r.park = true
-			r.wait = decideRefused(c.retryAfter(g, err)).delay
+			c.parkRefused(w, g, err)
 			return
 		}
 		// The head's last attempt follows alt's success at once: settling
@@ -268,12 +266,10 @@ func (c *Consumer) confirm(w *worker, g *policy.Guard, herr error, f judgeFacts,
 	if err != nil {
 		// Refused: the tenant's breaker opened (it is failing again). The
 		// head parks with its evidence, checked again at its next judge.
-		r.park = true
-		r.wait = decideRefused(c.retryAfter(g, err)).delay
+		c.parkRefused(w, g, err)
 		return
 	}
-	limit := max(len(j.span), 1)
-	tried, won := 0, -1
+	won := -1
 	var lastErr error
 	cand := func(k int) *Message {
 		if k < len(rest) {
@@ -281,9 +277,8 @@ func (c *Consumer) confirm(w *worker, g *policy.Guard, herr error, f judgeFacts,
 		}
 		return j.confirm[k-len(rest)]
 	}
-	for k := 0; k < len(rest)+len(j.confirm) && tried < limit; k++ {
+	for k := range min(len(rest)+len(j.confirm), max(len(j.span), 1)) {
 		cm := cand(k)
-		tried++
 		permit.Restart()
 		cerr, panicked := c.call(w, g, cm, true)
 		if cerr != nil {
@@ -312,6 +307,13 @@ func (c *Consumer) confirm(w *worker, g *policy.Guard, herr error, f judgeFacts,
 	c.handled(w, cm)
 	c.emit(Event{Kind: EventReordered, Tenant: j.l.key, Partition: cm.Partition, Offset: cm.Offset, Reason: f.reason})
 	c.carryOut(w, g, m, herr, decideConfirm(true, f))
+}
+
+// parkRefused parks the job's lane after its guard refused a permit, for
+// as long as the refusal says.
+func (c *Consumer) parkRefused(w *worker, g *policy.Guard, refusal error) {
+	w.res.park = true
+	w.res.wait = decideRefused(c.retryAfter(g, refusal)).delay
 }
 
 // retryAfter is how long a refused lane waits before asking again: the
