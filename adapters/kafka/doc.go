@@ -30,12 +30,17 @@
 //
 // Each fetch is handed to the engine with DeliverBatch, in slices of at
 // most 64 messages: a fetch of MaxBytes may hold thousands of small
-// messages, and once the engine pauses the partition the rest of the fetch
-// is dropped (and fetched again on Resume), so the engine's per-partition
-// bounds hold within one slice. A slice's messages are copied out of the
-// fetch response into one allocation for the messages and one for their
-// bytes (values over 4 KiB get their own), so a message the engine keeps
-// for long pins at most its slice's small neighbours, never the response.
+// messages, and once the engine pauses the partition the source stops
+// after the slice, so the engine's per-partition bounds hold within one
+// slice. The rest of the response stays in the partition's fetch buffer
+// (at most MaxBytes a paused partition) and is delivered on Resume before
+// the next fetch, so a pause does not make the broker send again what it
+// sent (unless the connection is dropped meanwhile; with a queue bound
+// smaller than a response, refetching once multiplied the records fetched).
+// A slice's messages are copied out of the fetch response into one
+// allocation for the messages and one for their bytes (values over 4 KiB
+// get their own), so a message the engine keeps for long pins at most its
+// slice's small neighbours, never the response.
 //
 // The source does not know tenants: the engine's consumer.Config.Tenant is
 // the one place a tenant key is read (consumer.FromKey, consumer.FromHeader

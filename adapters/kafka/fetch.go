@@ -164,6 +164,14 @@ type fetcher struct {
 	resp    kmsg.FetchResponse
 	rd      batchReader
 	sb      sliceBuilder
+	// rest is what the last response still held when the engine paused
+	// the partition (the batches from the one being read), kept in conn's
+	// response buffer until it is delivered: a resumed partition goes on
+	// from it instead of fetching it again (with a queue bound smaller than
+	// a response, the engine's pauses made the broker send most records
+	// several times over).
+	rest   []byte
+	restAt int64 // the offset rest goes on from
 }
 
 func (s *Source) newFetcher(ps *partition) *fetcher {
@@ -186,6 +194,8 @@ func (s *Source) newFetcher(ps *partition) *fetcher {
 // drop closes the connection; the next fetch finds the leader again.
 func (f *fetcher) drop() {
 	if f.conn != nil {
+		f.rest = nil
+		f.conn.releaseBuf()
 		f.conn.close()
 		f.conn = nil
 	}
@@ -220,6 +230,26 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 	if f.conn != nil && f.conn.stale() {
 		f.drop()
 	}
+	if f.rest != nil {
+		// Go on with the response a pause cut short (if the fetch goes on
+		// from where the pause left it, as it always does now).
+		rest := f.rest
+		f.rest = nil
+		var next int64
+		var err error
+		if offset == f.restAt {
+			next, err = f.deliver(rest, offset, d)
+		} else {
+			next = offset
+		}
+		if f.rest == nil {
+			f.conn.releaseBuf()
+		}
+		if err != nil || next != offset || f.rest != nil {
+			return next, err
+		}
+		// Nothing past offset in it (a batch the broker cut short): fetch.
+	}
 	if f.conn == nil {
 		if err := f.connect(ctx); err != nil {
 			return offset, err
@@ -230,7 +260,11 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 	rp.FetchOffset = offset
 	rp.CurrentLeaderEpoch = f.epoch
 	conn := f.conn
-	defer conn.releaseBuf() // after deliver copied the records out
+	defer func() {
+		if f.rest == nil {
+			conn.releaseBuf() // after deliver copied the records out
+		}
+	}()
 	if err := conn.roundTrip(ctx, &f.req, &f.resp, f.s.cfg.maxWait+fetchSlack); err != nil {
 		f.drop()
 		return offset, err
@@ -273,7 +307,8 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 
 // deliver decodes batches and delivers their records at offset or later,
 // in slices of deliverSlice, until the end or until the engine pauses the
-// partition. It returns the offset after what it passed.
+// partition; then f.rest keeps what was not delivered. It returns the
+// offset after what it passed.
 func (f *fetcher) deliver(batches []byte, offset int64, d consumer.Dispatcher) (int64, error) {
 	rd, sb := &f.rd, &f.sb
 	rd.reset(batches, offset)
@@ -292,6 +327,9 @@ func (f *fetcher) deliver(batches []byte, offset int64, d consumer.Dispatcher) (
 			d.DeliverBatch(sb.build(f.ps.id))
 			rd.release()
 			if f.ps.paused.Load() {
+				if rest := rd.rest(); len(rest) > 0 {
+					f.rest, f.restAt = rest, rd.nextOffset()
+				}
 				return rd.nextOffset(), nil
 			}
 		}

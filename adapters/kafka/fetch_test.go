@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -488,5 +489,100 @@ func TestFetchKeepsNoResponseBuffer(t *testing.T) {
 		if want := fmt.Sprintf("value-%03d-", 2*i); !strings.HasPrefix(string(m.Value), want) {
 			t.Fatalf("message %d of partition 0 reads %.12q after the buffer was reused, want %q", i, m.Value, want)
 		}
+	}
+}
+
+// pausingCollector pauses its partition after every delivered slice and
+// lets the test resume it: the source must go on from the response it
+// already holds, not fetch the same records again.
+type pausingCollector struct {
+	*collector
+	paused chan consumer.Partition
+}
+
+func (c pausingCollector) DeliverBatch(ms []*consumer.Message) {
+	c.collector.DeliverBatch(ms)
+	c.src.Pause(ms[0].Partition)
+	c.paused <- ms[0].Partition
+}
+
+// A partition the engine pauses mid-response goes on, once resumed, from
+// the rest of that response (its current batch, even a compressed one, and
+// the batches after it): every record once, in order, from one Fetch. It
+// fetched the rest again on every resume before: with a queue bound smaller
+// than a response, the broker sent most records several times over.
+func TestResumeGoesOnFromTheResponse(t *testing.T) {
+	t.Parallel()
+	topic := uniq("rest")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	// Three batches of 300 records, the middle one compressed: slices of
+	// deliverSlice cut each of them mid-batch.
+	const per, batches = 300, 3
+	for b := range batches {
+		w := &kafkago.Writer{Addr: kafkago.TCP(c.Addrs()...), Topic: topic, RequiredAcks: kafkago.RequireAll, BatchTimeout: time.Millisecond, BatchSize: per}
+		if b == 1 {
+			w.Compression = kafkago.Snappy
+		}
+		var ms []kafkago.Message
+		for i := range per {
+			ms = append(ms, kafkago.Message{Value: []byte(fmt.Sprintf("v-%d-%d", b, i))})
+		}
+		if err := w.WriteMessages(testCtx(t, 30*time.Second), ms...); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+	}
+	var fetches atomic.Int64
+	c.Kfake().ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		fetches.Add(1)
+		return nil, nil, false
+	})
+	src, err := NewSource(c.Addrs(), topic, uniq("g"), fastOpts(WithMaxBytes(1<<20))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := pausingCollector{collector: newCollector(true), paused: make(chan consumer.Partition, 64)}
+	col.src = src
+	consumertest.StartSource(t, src, col)
+	ctx := testCtx(t, 60*time.Second)
+	const total = per * batches
+	var slices int
+	for {
+		var p consumer.Partition
+		select {
+		case p = <-col.paused:
+		case <-ctx.Done():
+			t.Fatalf("%d slices delivered, then nothing", slices)
+		}
+		slices++
+		col.mu.Lock()
+		n := len(col.byPart[0])
+		col.mu.Unlock()
+		if n == total {
+			break
+		}
+		src.Resume(p)
+	}
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	for i, off := range col.byPart[0] {
+		if off != int64(i) {
+			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
+		}
+	}
+	for b := range batches {
+		for i := range per {
+			if v := fmt.Sprintf("v-%d-%d", b, i); col.seen[v] != 1 {
+				t.Fatalf("%s delivered %d times", v, col.seen[v])
+			}
+		}
+	}
+	if want := (total + deliverSlice - 1) / deliverSlice; slices < want {
+		t.Fatalf("%d slices, want at least %d (deliverSlice %d): the test's pauses did not happen", slices, want, deliverSlice)
+	}
+	// One Fetch holds all 900 records (about 30 KB of 1 MiB); a source that
+	// fetched again on each resume made one per slice.
+	if n := fetches.Load(); n > 2 {
+		t.Fatalf("%d Fetch requests for %d slices: a resume fetched again what the last response held", n, slices)
 	}
 }

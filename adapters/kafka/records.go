@@ -84,6 +84,7 @@ type batchReader struct {
 	src   bytes.Reader
 
 	// The current batch.
+	cur           []byte // it and the batches after it (see rest)
 	recs          []byte // its records not yet read
 	left          int32  // how many
 	inBatch       bool
@@ -101,7 +102,7 @@ type batchReader struct {
 // decompression buffer grown past 8 MiB.
 func (r *batchReader) reset(b []byte, from int64) {
 	r.buf, r.next = b, from
-	r.recs, r.left, r.inBatch = nil, 0, false
+	r.cur, r.recs, r.left, r.inBatch = nil, nil, 0, false
 	r.reuse = true
 	if b == nil {
 		r.src.Reset(nil)
@@ -120,6 +121,16 @@ func (r *batchReader) release() { r.reuse = true }
 // every batch read to its end (a compacted batch may hold fewer records
 // than its offset range).
 func (r *batchReader) nextOffset() int64 { return r.next }
+
+// rest returns the batches not read to their end: the current one, whole
+// (reset(rest, nextOffset) passes over its records already read), and those
+// after it. It is nil at the end and after an error.
+func (r *batchReader) rest() []byte {
+	if r.inBatch {
+		return r.cur
+	}
+	return r.buf
+}
 
 // read reads the next data record at nextOffset or later into rec,
 // appending its headers to hdrs. ok is false at the end of the batches.
@@ -168,7 +179,7 @@ func (r *batchReader) read(rec *fetchedRecord, hdrs []recordHeader) (_ []recordH
 
 // fail ends the reader with an error about the current batch.
 func (r *batchReader) fail(format string, args ...any) error {
-	r.buf, r.recs, r.left, r.inBatch = nil, nil, 0, false
+	r.buf, r.cur, r.recs, r.left, r.inBatch = nil, nil, nil, 0, false
 	return fmt.Errorf("%w at offset %d: %s", errMalformed, r.base, fmt.Sprintf(format, args...))
 }
 
@@ -202,7 +213,7 @@ func (r *batchReader) startBatch() (bool, error) {
 		return false, r.fail("batch length %d too short for a v2 batch header", length)
 	}
 	batch := b[:batchLengthEnd+length]
-	r.buf = b[batchLengthEnd+length:]
+	r.cur, r.buf = b, b[batchLengthEnd+length:]
 	if want, got := binary.BigEndian.Uint32(batch[crcAt:]), crc32.Checksum(batch[crcFrom:], castagnoli); want != got {
 		return false, r.fail("CRC-32C mismatch: the batch says %08x, its bytes give %08x", want, got)
 	}

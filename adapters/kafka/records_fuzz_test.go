@@ -47,12 +47,26 @@ func FuzzDecodeRecordBatches(f *testing.F) {
 				at = w[len(w)-1].Offset + 1
 			}
 		}
-		got, _, err := decodeAll(enc, start, 0)
+		got, next, err := decodeAll(enc, start, 0)
 		if err != nil {
 			t.Fatalf("well-formed batches: %v", err)
 		}
 		if err := sameMessages(got, want); err != nil {
 			t.Fatalf("round trip: %v", err)
+		}
+		// Paused every few records and resumed from the reader's rest (a
+		// fetcher the engine pauses mid-response): the same messages and
+		// the same next offset.
+		every := 1 + int(from&7)
+		paused, pnext, err := decodePaused(enc, start, 0, every)
+		if err != nil {
+			t.Fatalf("well-formed batches, paused every %d: %v", every, err)
+		}
+		if err := sameMessages(paused, want); err != nil {
+			t.Fatalf("paused every %d: %v", every, err)
+		}
+		if pnext != next {
+			t.Fatalf("paused every %d: next offset %d, want %d", every, pnext, next)
 		}
 	})
 }

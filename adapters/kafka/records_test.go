@@ -122,6 +122,40 @@ func decodeAll(data []byte, from int64, maxInflated int) ([]*consumer.Message, i
 	}
 }
 
+// decodePaused decodes data as a fetcher does when the engine pauses the
+// partition after every every-th record: it stops, and goes on from the
+// reader's rest at its next offset, as a resumed fetcher does.
+func decodePaused(data []byte, from int64, maxInflated, every int) ([]*consumer.Message, int64, error) {
+	r := batchReader{maxInflated: maxInflated}
+	var sb sliceBuilder
+	var out []*consumer.Message
+	for rest, at := data, from; ; {
+		r.reset(rest, at)
+		n := 0
+		for {
+			hdrs, ok, err := r.read(sb.slot(), sb.hdrs)
+			sb.hdrs = hdrs
+			if !ok {
+				if sb.n > 0 {
+					out = append(out, sb.build(testPart)...)
+				}
+				return out, r.nextOffset(), err
+			}
+			sb.add()
+			out = append(out, sb.build(testPart)...)
+			r.release()
+			if n++; n == every {
+				break
+			}
+		}
+		rest, at = r.rest(), r.nextOffset()
+		if len(rest) == 0 {
+			r.reset(nil, 0)
+			return out, at, nil
+		}
+	}
+}
+
 // sameMessages compares keys, values and headers with null apart from
 // empty, offsets and times.
 func sameMessages(got, want []*consumer.Message) error {

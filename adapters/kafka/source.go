@@ -373,7 +373,8 @@ func (s *Source) lookup(p consumer.Partition) *partition {
 	return (*s.parts.Load())[p.ID]
 }
 
-// Pause stops fetching p after the batch being delivered.
+// Pause stops fetching p after the slice being delivered; Resume goes on
+// from the rest of the response that slice came from.
 func (s *Source) Pause(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
 		ps.mu.Lock()
