@@ -102,37 +102,20 @@ var testPart = consumer.Partition{Topic: "t", ID: 3}
 
 // decodeAll decodes batches from offset from as a fetch does, in slices.
 func decodeAll(data []byte, from int64, maxInflated int) ([]*consumer.Message, int64, error) {
-	r := batchReader{maxInflated: maxInflated}
-	r.reset(data, from)
-	var sb sliceBuilder
-	var out []*consumer.Message
-	for {
-		hdrs, ok, err := r.read(sb.slot(), sb.hdrs)
-		sb.hdrs = hdrs
-		if !ok {
-			if sb.n > 0 {
-				out = append(out, sb.build(testPart)...)
-			}
-			return out, r.nextOffset(), err
-		}
-		if sb.add() {
-			out = append(out, sb.build(testPart)...)
-			r.release()
-		}
-	}
+	return decodePaused(data, from, maxInflated, 0)
 }
 
-// decodePaused decodes data as a fetcher does when the engine pauses the
-// partition after every every-th record: it stops, and goes on from the
-// reader's rest at its next offset, as a resumed fetcher does.
+// decodePaused decodes data as a fetcher does, in slices of deliverSlice;
+// with every > 0 it also stops after every every-th record, as when the
+// engine pauses the partition, and goes on from the reader's rest at its
+// next offset, as a resumed fetcher does.
 func decodePaused(data []byte, from int64, maxInflated, every int) ([]*consumer.Message, int64, error) {
 	r := batchReader{maxInflated: maxInflated}
 	var sb sliceBuilder
 	var out []*consumer.Message
 	for rest, at := data, from; ; {
 		r.reset(rest, at)
-		n := 0
-		for {
+		for n := 1; ; n++ {
 			hdrs, ok, err := r.read(sb.slot(), sb.hdrs)
 			sb.hdrs = hdrs
 			if !ok {
@@ -141,10 +124,12 @@ func decodePaused(data []byte, from int64, maxInflated, every int) ([]*consumer.
 				}
 				return out, r.nextOffset(), err
 			}
-			sb.add()
-			out = append(out, sb.build(testPart)...)
-			r.release()
-			if n++; n == every {
+			full, pause := sb.add(), every > 0 && n%every == 0
+			if full || pause {
+				out = append(out, sb.build(testPart)...)
+				r.release()
+			}
+			if pause {
 				break
 			}
 		}
