@@ -35,9 +35,9 @@ import (
 
 // deliverSlice is the most messages of one fetch handed to the engine in
 // one DeliverBatch. A fetch of MaxBytes may hold thousands of small
-// messages; delivering it in slices, and dropping the rest of it once the
-// engine paused the partition (the rest is fetched again on Resume), keeps
-// the engine's per-partition bounds within deliverSlice messages.
+// messages; delivering it in slices, and stopping once the engine paused
+// the partition (the rest waits in fetcher.rest for Resume), keeps the
+// engine's per-partition bounds within deliverSlice messages.
 const deliverSlice = 64
 
 // fetchSlack is how much longer than MaxWait one fetch may take before it
@@ -230,17 +230,14 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 	if f.conn != nil && f.conn.stale() {
 		f.drop()
 	}
-	if f.rest != nil {
-		// Go on with the response a pause cut short (if the fetch goes on
-		// from where the pause left it, as it always does now).
-		rest := f.rest
+	if rest := f.rest; rest != nil {
+		// Go on with the response a pause cut short. offset is always
+		// where the pause left it; were it not, the rest is dropped, never
+		// delivered from the wrong place.
 		f.rest = nil
-		var next int64
-		var err error
+		next, err := offset, error(nil)
 		if offset == f.restAt {
-			next, err = f.deliver(rest, offset, d)
-		} else {
-			next = offset
+			next, err = f.deliver(rest, offset, d) // may keep a rest again
 		}
 		if f.rest == nil {
 			f.conn.releaseBuf()

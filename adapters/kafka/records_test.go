@@ -134,10 +134,6 @@ func decodePaused(data []byte, from int64, maxInflated, every int) ([]*consumer.
 			}
 		}
 		rest, at = r.rest(), r.nextOffset()
-		if len(rest) == 0 {
-			r.reset(nil, 0)
-			return out, at, nil
-		}
 	}
 }
 
