@@ -11,6 +11,7 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/cputime"
 )
 
 // handlerWork is the work of the realistic handler of BenchmarkHandler.
@@ -118,6 +119,7 @@ func BenchmarkHandler(b *testing.B) {
 			close(d.ch)
 			workers.Wait()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		})
 
 		b.Run(work.name+"/engine", func(b *testing.B) {
@@ -155,6 +157,7 @@ func BenchmarkHandler(b *testing.B) {
 				b.Fatalf("a no-fail handler failed: %+v", s)
 			}
 			b.ReportMetric(float64(parks.Load()), "parks")
+			b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		})
 	}
 }

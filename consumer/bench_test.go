@@ -179,6 +179,7 @@ func BenchmarkEngine(b *testing.B) {
 			if err := <-errc; err != nil {
 				b.Fatal(err)
 			}
+			b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		})
 	}
 }

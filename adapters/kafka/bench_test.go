@@ -92,6 +92,7 @@ func BenchmarkConsume(b *testing.B) {
 		b.ReportMetric(float64(streaming.Nanoseconds())/float64(benchMsgs*b.N), "ns/msg")
 		b.ReportMetric(float64(benchMsgs*b.N)/sinceStart.Seconds(), "incl-join-msgs/s")
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(benchMsgs*b.N), "cpu-ns/msg")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		streaming, sinceStart, cpu = 0, 0, 0
 	}
 	var started, first time.Time

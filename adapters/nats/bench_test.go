@@ -157,6 +157,7 @@ func BenchmarkConsume(b *testing.B) {
 		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cc.Stop()
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 	}})
 
 	rows = append(rows, benchRow{"ringfence-Source-loop", func(b *testing.B) {
@@ -178,6 +179,7 @@ func BenchmarkConsume(b *testing.B) {
 		cancel()
 		<-ran
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 	}})
 
 	rows = append(rows, benchRow{"ringfence-Source-engine", func(b *testing.B) {
@@ -207,6 +209,7 @@ func BenchmarkConsume(b *testing.B) {
 		cancel()
 		<-ran
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		b.ReportMetric(float64(c.Stats().Spilled), "spilled")
 	}})
 	// The rows run in a random order: no row always runs first after the
@@ -257,6 +260,7 @@ func BenchmarkSpillLog(b *testing.B) {
 			appendAll(b, s, f, lane)
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		})
 	}
 	b.Run("refeed-64", func(b *testing.B) {
@@ -284,6 +288,7 @@ func BenchmarkSpillLog(b *testing.B) {
 		}
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 	})
 }
 
