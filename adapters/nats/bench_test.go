@@ -260,7 +260,7 @@ func BenchmarkSpillLog(b *testing.B) {
 			appendAll(b, s, f, lane)
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
+			b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		})
 	}
 	b.Run("refeed-64", func(b *testing.B) {
