@@ -7,21 +7,24 @@ import (
 )
 
 // RoundTrip is the time two goroutines on their own threads take to hand a
-// cache line to each other and back, the median of rounds of n round
-// trips each. On a virtual machine it says how far apart the host placed
-// the vCPUs right now: on the project's 2-vCPU machine it reads ~80-130 ns
-// when they share a cache and ~350 ns when they do not, and the host moves
-// them between the two while a benchmark runs. Every figure in which work
-// crosses between cores (the engine's) moves with it, so benchmarks report
-// it beside their own. It is 0 with GOMAXPROCS=1, where it cannot be
-// measured.
+// cache line to each other and back: the median of rounds of up to n
+// round trips each (a round stops early after 50ms). On a virtual machine
+// it says how far apart the host placed the vCPUs right now: on the
+// project's 2-vCPU machine it reads ~80-130 ns when they share a cache and
+// ~350 ns when they do not, and the host moves them between the two while
+// a benchmark runs. Every figure in which work crosses between cores (the
+// engine's) moves with it, so benchmarks report it beside their own. With
+// other processes busy on the cores it reads far higher still (a spinning
+// thread waits for its turn on a core): then the row beside it is not to be
+// trusted either. It is 0 where it cannot be measured: fewer than 2 CPUs or
+// GOMAXPROCS below 2.
 func RoundTrip(rounds, n int) time.Duration {
-	if runtime.GOMAXPROCS(0) < 2 || rounds < 1 || n < 1 {
+	if runtime.NumCPU() < 2 || runtime.GOMAXPROCS(0) < 2 || rounds < 1 || n < 1 {
 		return 0
 	}
 	d := make([]time.Duration, rounds)
 	for r := range d {
-		d[r] = roundTrip(n)
+		d[r] = roundTrip(n, 50*time.Millisecond)
 	}
 	for i := 1; i < len(d); i++ { // insertion sort: a handful of rounds
 		for j := i; j > 0 && d[j] < d[j-1]; j-- {
@@ -31,7 +34,10 @@ func RoundTrip(rounds, n int) time.Duration {
 	return d[len(d)/2]
 }
 
-func roundTrip(n int) time.Duration {
+// roundTrip plays up to n round trips, or as many as fit in limit: the
+// leader writes even values, the follower answers each with the next odd
+// one, and -1 tells the follower to return.
+func roundTrip(n int, limit time.Duration) time.Duration {
 	var line struct {
 		_ [64]byte
 		x atomic.Int64
@@ -42,20 +48,35 @@ func roundTrip(n int) time.Duration {
 		defer close(done)
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		for i := int64(1); i < 2*int64(n); i += 2 {
-			for line.x.Load() != i {
+		for want := int64(0); ; want += 2 {
+			v := line.x.Load()
+			for v != want && v >= 0 {
+				v = line.x.Load()
 			}
-			line.x.Store(i + 1)
+			if v < 0 {
+				return
+			}
+			line.x.Store(want + 1)
 		}
 	}()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	t0 := time.Now()
-	for i := int64(0); i < 2*int64(n); i += 2 {
-		for line.x.Load() != i {
+	trips := 0
+	for trips < n {
+		want := int64(2*trips + 1)
+		for line.x.Load() != want {
 		}
-		line.x.Store(i + 1)
+		trips++
+		if trips&63 == 0 && time.Since(t0) > limit {
+			break
+		}
+		if trips < n {
+			line.x.Store(want + 1)
+		}
 	}
+	el := time.Since(t0)
+	line.x.Store(-1)
 	<-done
-	return time.Since(t0) / time.Duration(n)
+	return el / time.Duration(trips)
 }

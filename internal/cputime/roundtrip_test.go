@@ -1,0 +1,32 @@
+package cputime
+
+import (
+	"runtime"
+	"testing"
+	"time"
+)
+
+// The round trip returns, its follower goroutine ends, and it reads zero
+// where it cannot be measured.
+func TestRoundTrip(t *testing.T) {
+	before := runtime.NumGoroutine()
+	d := RoundTrip(3, 2000)
+	if runtime.NumCPU() >= 2 && runtime.GOMAXPROCS(0) >= 2 {
+		if d <= 0 {
+			t.Fatalf("round trip %v, want a positive figure", d)
+		}
+	} else if d != 0 {
+		t.Fatalf("round trip %v with one CPU, want 0", d)
+	}
+	// The follower may still be between closing done and exiting.
+	for i := 0; runtime.NumGoroutine() > before; i++ {
+		if i == 200 {
+			t.Fatalf("%d goroutines after, %d before: the follower did not return", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	if d := RoundTrip(3, 2000); d != 0 {
+		t.Fatalf("round trip %v with GOMAXPROCS=1, want 0", d)
+	}
+}
