@@ -172,3 +172,45 @@ func TestAdaptiveTenantLimitFollowsLatency(t *testing.T) {
 	consumertest.Eventually(t, "the limit up again once the tenant is fast", func() bool { return limit() > low })
 	t.Logf("limit (cap %d): %d with 2ms calls, %d with 40ms calls, %d after recovery", parts, fast, low, limit())
 }
+
+// Waking workers (issue 18): the engine wakes an idle worker for a ready
+// lane only while no other woken worker is still looking for one, and a
+// worker that takes a lane wakes the next while lanes are ready. Every
+// ready lane still gets a worker when the ones taken before it hang: with
+// Concurrency 8, seven tenants on seven partitions block in their handlers
+// and an eighth, on its own partition, is handled while they all hang.
+// Each round starts the engine with all eight messages already in the
+// broker, so the partitions deliver at once in varying orders.
+func TestEveryReadyLaneGetsAWorkerWhileOthersHang(t *testing.T) {
+	const parts = 8
+	for round := range 20 {
+		h := consumertest.NewMemHarness(parts)
+		for p := range parts - 1 {
+			h.Produce(t, consumertest.Msg{Tenant: fmt.Sprintf("hang-%d", p), Partition: p, Value: []byte("hang")})
+		}
+		h.Produce(t, consumertest.Msg{Tenant: "quick", Partition: parts - 1, Value: []byte("quick")})
+		release := make(chan struct{})
+		var hanging atomic.Int64
+		var quick atomic.Bool
+		c := startWith(t, consumer.Config{
+			Scope:             scope.New(policy.Policy{}, scope.Options[string]{}),
+			Tenant:            h.Tenant(),
+			DLQ:               h.S,
+			Concurrency:       parts,
+			TenantConcurrency: 1,
+			Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+				if string(m.Value) == "quick" {
+					quick.Store(true)
+					return nil
+				}
+				hanging.Add(1)
+				<-release
+				return nil
+			}),
+		}, h.NewSource(t))
+		consumertest.Eventually(t, fmt.Sprintf("round %d: the quick tenant handled while the others hang", round), quick.Load)
+		consumertest.Eventually(t, fmt.Sprintf("round %d: every hanging tenant in its handler", round), func() bool { return hanging.Load() == parts-1 })
+		close(release)
+		consumertest.Eventually(t, fmt.Sprintf("round %d: all handled", round), func() bool { return c.Stats().Handled == parts })
+	}
+}

@@ -97,16 +97,34 @@ type laneQueue = fifo[*lane]
 // workers wait on cond; a shard entering the ring wakes one, and a worker
 // that takes a lane while more are ready wakes the next (a chain), so a
 // burst wakes workers without a signal per message.
+//
+// A woken worker is searching until it takes a lane or waits again. A lane
+// made ready wakes a worker only if none is searching, and a worker that
+// takes a lane while n more of its partition are ready wakes another only
+// if n is more than the workers searching (they will take those): the
+// searchers take the work that would have woken more. A searcher that
+// takes a lane wakes the next if any lane is still ready and no other
+// worker searches (stopSearching). So a ready lane always has a worker
+// awake and not in a handler to take it while any sleeps; a backlog wakes
+// workers as fast as they take lanes; and a stream of messages that one
+// worker keeps up with, arriving one at a time, does not wake a second per
+// message (Go's scheduler keeps its spinning threads the same way).
 type sched struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	ring   []*shard
 	cursor int
-	idle   int  // workers waiting on cond
-	stop   bool // draining: workers return
+	idle   int // workers waiting on cond
+	// signalled of them were signalled and have not yet returned from
+	// the wait: a Signal wakes a worker only while idle > signalled.
+	signalled int
+	stop      bool // draining: workers return
 	// idleN mirrors idle for a lock-free look: a lane made ready while
 	// workers sleep must wake one even if its shard is in the ring.
 	idleN atomic.Int32
+	// searching counts woken workers that have not taken a lane yet.
+	// Raised by the waker, under mu; lowered by the worker.
+	searching atomic.Int32
 }
 
 // enter adds sh to the ring (if it is not in it) and wakes an idle worker
@@ -117,8 +135,42 @@ func (s *sched) enter(sh *shard) {
 		sh.inRing = true
 		s.ring = append(s.ring, sh)
 	}
-	if s.idle > 0 {
-		s.cond.Signal()
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+// wakeLocked wakes an idle worker unless one is already searching. Called
+// with s.mu held; it reports whether it woke one.
+func (s *sched) wakeLocked() bool {
+	return s.wakeFor(1)
+}
+
+// wakeFor wakes an idle worker if more than the searching workers are
+// needed for n ready lanes. Called with s.mu held.
+func (s *sched) wakeFor(n int) bool {
+	if s.idle <= s.signalled || int(s.searching.Load()) >= n {
+		return false
+	}
+	s.signalled++
+	s.searching.Add(1)
+	s.cond.Signal()
+	return true
+}
+
+// stopSearching ends w's search (it took a lane, or found none and is
+// about to wait) and wakes the next worker if lanes are still ready.
+func (s *sched) stopSearching(w *worker) {
+	if !w.searching {
+		return
+	}
+	w.searching = false
+	s.searching.Add(-1)
+	if s.idleN.Load() == 0 || s.searching.Load() > 0 {
+		return
+	}
+	s.mu.Lock()
+	if len(s.ring) > 0 {
+		s.wakeLocked()
 	}
 	s.mu.Unlock()
 }
@@ -141,32 +193,41 @@ func (s *sched) leave(sh *shard) {
 	s.mu.Unlock()
 }
 
-// chain wakes one more idle worker if any waits: called by a worker that
-// took a lane while more were ready. It reports whether it woke one.
-func (s *sched) chain() bool {
-	if s.idleN.Load() == 0 {
+// chain wakes one more idle worker if any waits and the n lanes still
+// ready need more than the workers searching: called by a worker that took
+// a lane while n more of its partition were ready. It reports whether it
+// woke one.
+func (s *sched) chain(n int) bool {
+	if s.idleN.Load() == 0 || int(s.searching.Load()) >= n {
 		return false
 	}
 	s.mu.Lock()
-	woke := s.idle > 0 && len(s.ring) > 0
-	if woke {
-		s.cond.Signal()
-	}
+	woke := len(s.ring) > 0 && s.wakeFor(n)
 	s.mu.Unlock()
 	return woke
 }
 
 // next returns a shard with ready lanes, in turn, waiting while there is
-// none; nil once the engine drains.
-func (s *sched) next() *shard {
+// none; nil once the engine drains. A worker woken from the wait is
+// searching (see sched) until it takes a lane or waits again.
+func (s *sched) next(w *worker) *shard {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for len(s.ring) == 0 && !s.stop {
+		if w.searching { // found nothing: no longer searching
+			w.searching = false
+			s.searching.Add(-1)
+		}
 		s.idle++
 		s.idleN.Add(1)
 		s.cond.Wait()
 		s.idle--
 		s.idleN.Add(-1)
+		if s.stop {
+			break // woken by shutdown
+		}
+		s.signalled--
+		w.searching = true // woken by wakeFor, which counted it
 	}
 	if s.stop {
 		return nil

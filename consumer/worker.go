@@ -36,7 +36,10 @@ type worker struct {
 	recheck []*tenant // tenants whose blocked lanes may run now
 	resume  *shard    // shard whose pause may end
 	spills  []*lane   // lanes whose spill job must be queued
-	chain   bool      // more lanes were ready when this worker took one
+	chain   int       // lanes still ready when this worker took one
+	// searching: woken from the scheduler's wait and not yet holding a
+	// lane (see sched). Only this worker reads or writes it.
+	searching bool
 }
 
 // job is one step of one lane: its head message and, for a judge round, the
@@ -96,7 +99,7 @@ func (c *Consumer) work(w *worker) {
 	var sh *shard
 	for {
 		if sh == nil {
-			if sh = c.sched.next(); sh == nil {
+			if sh = c.sched.next(w); sh == nil {
 				return
 			}
 			w.turn = 0
@@ -104,6 +107,9 @@ func (c *Consumer) work(w *worker) {
 		sh.mu.Lock()
 		has := !c.draining.Load() && c.take(sh, w)
 		sh.mu.Unlock()
+		if has {
+			c.sched.stopSearching(w) // and wakes the next if lanes are ready
+		}
 		w.flush()
 		for has {
 			c.step(w)
@@ -144,9 +150,7 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 			l.credit = c.weightOf(l.t)
 		}
 		w.load(l)
-		if sh.ready.len() > 0 {
-			w.chain = true
-		}
+		w.chain = sh.ready.len() // lanes still ready behind it
 		w.turn++
 		return true
 	}
@@ -319,9 +323,9 @@ func (c *Consumer) weightOf(t *tenant) int {
 // chained wake-up. Called with no lock held.
 func (w *worker) flush() {
 	c := w.c
-	if w.chain {
-		w.chain = false
-		c.sched.chain()
+	if w.chain > 0 {
+		c.sched.chain(w.chain)
+		w.chain = 0
 	}
 	for _, t := range w.recheck {
 		c.unblock(t)
