@@ -87,28 +87,22 @@ func TestBulkheadKeepsWorkersForOthers(t *testing.T) {
 	release := make(chan struct{})
 	var slowIn, slowMost atomic.Int64
 	var quick atomic.Bool
-	c := startWith(t, consumer.Config{
-		Scope:       scope.New(policy.Policy{}, scope.Options[string]{}),
-		Tenant:      h.Tenant(),
-		DLQ:         h.S,
-		Concurrency: parts,
-		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-			if v, _ := m.Header(consumertest.TenantHeader); string(v) == "slow" {
-				n := slowIn.Add(1)
-				for {
-					most := slowMost.Load()
-					if n <= most || slowMost.CompareAndSwap(most, n) {
-						break
-					}
+	c := startWith(t, harnessConfig(h, parts, func(ctx context.Context, m *consumer.Message) error {
+		if v, _ := m.Header(consumertest.TenantHeader); string(v) == "slow" {
+			n := slowIn.Add(1)
+			for {
+				most := slowMost.Load()
+				if n <= most || slowMost.CompareAndSwap(most, n) {
+					break
 				}
-				<-release
-				slowIn.Add(-1)
-				return nil
 			}
-			quick.Store(true)
+			<-release
+			slowIn.Add(-1)
 			return nil
-		}),
-	}, h.NewSource(t))
+		}
+		quick.Store(true)
+		return nil
+	}), h.NewSource(t))
 	consumertest.Eventually(t, "the slow tenant at its bulkhead", func() bool { return slowIn.Load() == 2 })
 	h.Produce(t, consumertest.Msg{Tenant: "quick", Partition: 3, Value: []byte("quick")})
 	consumertest.Eventually(t, "the quick tenant handled while the slow one hangs", quick.Load)
@@ -192,25 +186,32 @@ func TestEveryReadyLaneGetsAWorkerWhileOthersHang(t *testing.T) {
 		release := make(chan struct{})
 		var hanging atomic.Int64
 		var quick atomic.Bool
-		c := startWith(t, consumer.Config{
-			Scope:             scope.New(policy.Policy{}, scope.Options[string]{}),
-			Tenant:            h.Tenant(),
-			DLQ:               h.S,
-			Concurrency:       parts,
-			TenantConcurrency: 1,
-			Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-				if string(m.Value) == "quick" {
-					quick.Store(true)
-					return nil
-				}
-				hanging.Add(1)
-				<-release
+		cfg := harnessConfig(h, parts, func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "quick" {
+				quick.Store(true)
 				return nil
-			}),
-		}, h.NewSource(t))
+			}
+			hanging.Add(1)
+			<-release
+			return nil
+		})
+		cfg.TenantConcurrency = 1
+		c := startWith(t, cfg, h.NewSource(t))
 		consumertest.Eventually(t, fmt.Sprintf("round %d: the quick tenant handled while the others hang", round), quick.Load)
 		consumertest.Eventually(t, fmt.Sprintf("round %d: every hanging tenant in its handler", round), func() bool { return hanging.Load() == parts-1 })
 		close(release)
 		consumertest.Eventually(t, fmt.Sprintf("round %d: all handled", round), func() bool { return c.Stats().Handled == parts })
+	}
+}
+
+// harnessConfig is an engine over a MemHarness: its tenants, its DLQ, a
+// default policy per tenant and concurrency workers.
+func harnessConfig(h *consumertest.MemHarness, concurrency int, handler consumer.HandlerFunc) consumer.Config {
+	return consumer.Config{
+		Scope:       scope.New(policy.Policy{}, scope.Options[string]{}),
+		Tenant:      h.Tenant(),
+		DLQ:         h.S,
+		Concurrency: concurrency,
+		Handler:     handler,
 	}
 }
