@@ -135,18 +135,13 @@ func (s *sched) enter(sh *shard) {
 		sh.inRing = true
 		s.ring = append(s.ring, sh)
 	}
-	s.wakeLocked()
+	s.wakeFor(1)
 	s.mu.Unlock()
 }
 
-// wakeLocked wakes an idle worker unless one is already searching. Called
-// with s.mu held; it reports whether it woke one.
-func (s *sched) wakeLocked() bool {
-	return s.wakeFor(1)
-}
-
 // wakeFor wakes an idle worker if more than the searching workers are
-// needed for n ready lanes. Called with s.mu held.
+// needed for n ready lanes. Called with s.mu held; it reports whether it
+// woke one.
 func (s *sched) wakeFor(n int) bool {
 	if s.idle <= s.signalled || int(s.searching.Load()) >= n {
 		return false
@@ -165,14 +160,7 @@ func (s *sched) stopSearching(w *worker) {
 	}
 	w.searching = false
 	s.searching.Add(-1)
-	if s.idleN.Load() == 0 || s.searching.Load() > 0 {
-		return
-	}
-	s.mu.Lock()
-	if len(s.ring) > 0 {
-		s.wakeLocked()
-	}
-	s.mu.Unlock()
+	s.chain(1)
 }
 
 // leave removes sh from the ring. Called with sh.mu held.
@@ -195,8 +183,9 @@ func (s *sched) leave(sh *shard) {
 
 // chain wakes one more idle worker if any waits and the n lanes still
 // ready need more than the workers searching: called by a worker that took
-// a lane while n more of its partition were ready. It reports whether it
-// woke one.
+// a lane while n more of its partition were ready, and with n = 1 by a
+// searcher that took one (any lane still ready then needs a worker). It
+// reports whether it woke one.
 func (s *sched) chain(n int) bool {
 	if s.idleN.Load() == 0 || int(s.searching.Load()) >= n {
 		return false

@@ -2,6 +2,7 @@ package cputime
 
 import (
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -26,11 +27,7 @@ func RoundTrip(rounds, n int) time.Duration {
 	for r := range d {
 		d[r] = roundTrip(n, 50*time.Millisecond)
 	}
-	for i := 1; i < len(d); i++ { // insertion sort: a handful of rounds
-		for j := i; j > 0 && d[j] < d[j-1]; j-- {
-			d[j], d[j-1] = d[j-1], d[j]
-		}
-	}
+	slices.Sort(d)
 	return d[len(d)/2]
 }
 
