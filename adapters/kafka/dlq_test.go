@@ -363,3 +363,34 @@ func TestInspectorDeleteDrained(t *testing.T) {
 		t.Fatalf("after recreate peek = %v, %v", values(got), err)
 	}
 }
+
+// An Inspector that has already talked to the cluster sees a tenant's
+// dead-letter topic made afterwards by another client (kafka-go's Transport
+// answers Metadata from a cache refreshed every 6s; a topic made since is
+// unknown to it).
+func TestInspectorSeesATopicMadeAfterIt(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	source := uniq("orders")
+	in, err := NewInspector(c.Addrs(), source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if got, err := in.Peek(ctx, "acme", 0); err != nil || len(got) != 0 {
+		t.Fatalf("before any dead letter: peek = %v, %v", values(got), err)
+	}
+	sink, err := NewSink(c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if err := sink.Write(ctx, record(source, "acme", dlq.ReasonPermanent, "x1", "e")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := in.Peek(ctx, "acme", 0)
+	if err != nil || len(got) != 1 || string(got[0].Value) != "x1" {
+		t.Fatalf("after the sink made the topic: peek = %v, %v", values(got), err)
+	}
+}

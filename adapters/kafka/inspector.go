@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -44,7 +46,7 @@ const (
 type Inspector struct {
 	source string
 	cfg    sinkConfig
-	tr     *kafkago.Transport
+	tr     *renewingTransport
 	client *kafkago.Client
 	limits flight.Group[int] // source topic -> max.message.bytes, for replays
 }
@@ -60,7 +62,7 @@ func NewInspector(brokers []string, source string, opts ...SinkOption) (*Inspect
 	if err := validTopic(source); err != nil {
 		return nil, err
 	}
-	tr := transportFor(cfg.dialer)
+	tr := newRenewingTransport(cfg.dialer)
 	return &Inspector{
 		source: source,
 		cfg:    cfg,
@@ -71,8 +73,47 @@ func NewInspector(brokers []string, source string, opts ...SinkOption) (*Inspect
 
 // Close closes the inspector's idle connections.
 func (in *Inspector) Close() error {
-	in.tr.CloseIdleConnections()
+	in.tr.cur.Load().CloseIdleConnections()
 	return nil
+}
+
+// bounds is the package's bounds of topic through the inspector's client.
+// kafka-go's Transport answers Metadata from a cache it refreshes every
+// 6s, so a topic another client made since (a Sink writing a tenant's
+// first dead letter, or writing it again after DeleteDrained) is unknown
+// to it until then: on UnknownTopicOrPartition the inspector renews its
+// transport, whose first Metadata comes from the broker, and asks once
+// more. An inspector that lives long (the ops console's) would otherwise
+// show no dead letters for a tenant that has some.
+func (in *Inspector) bounds(ctx context.Context, topic string) (starts, ends map[int]int64, err error) {
+	starts, ends, err = bounds(ctx, in.client, topic)
+	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
+		in.tr.renew()
+		starts, ends, err = bounds(ctx, in.client, topic)
+	}
+	return starts, ends, err
+}
+
+// renewingTransport is a kafka-go Transport that renew replaces with a
+// new one (and an empty metadata cache). Requests in flight on the old
+// one finish: its connections close as they go idle.
+type renewingTransport struct {
+	dialer *kafkago.Dialer
+	cur    atomic.Pointer[kafkago.Transport]
+}
+
+func newRenewingTransport(d *kafkago.Dialer) *renewingTransport {
+	t := &renewingTransport{dialer: d}
+	t.cur.Store(transportFor(d))
+	return t
+}
+
+func (t *renewingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafkago.Request) (kafkago.Response, error) {
+	return t.cur.Load().RoundTrip(ctx, addr, req)
+}
+
+func (t *renewingTransport) renew() {
+	t.cur.Swap(transportFor(t.dialer)).CloseIdleConnections()
 }
 
 // Topics returns the source's DLQ topics that exist: the per-tenant topics
@@ -82,7 +123,7 @@ func (in *Inspector) Topics(ctx context.Context) ([]string, error) {
 	if in.cfg.shared == "" {
 		return in.tenantTopics(ctx)
 	}
-	_, ends, err := bounds(ctx, in.client, in.cfg.shared)
+	_, ends, err := in.bounds(ctx, in.cfg.shared)
 	if errors.Is(err, kafkago.UnknownTopicOrPartition) || err == nil && len(ends) == 0 {
 		return nil, nil
 	}

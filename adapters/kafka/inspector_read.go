@@ -99,7 +99,7 @@ func (in *Inspector) tenantTopics(ctx context.Context) ([]string, error) {
 // partition, carries no ringfence- header.
 func (in *Inspector) read(ctx context.Context, topic, group string, keep func(*dlq.Record) bool) (view, error) {
 	v := view{topic: topic, group: group}
-	starts, ends, err := bounds(ctx, in.client, topic)
+	starts, ends, err := in.bounds(ctx, topic)
 	if err != nil {
 		return v, err
 	}
