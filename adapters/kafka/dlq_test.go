@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -392,5 +393,21 @@ func TestInspectorSeesATopicMadeAfterIt(t *testing.T) {
 	got, err := in.Peek(ctx, "acme", 0)
 	if err != nil || len(got) != 1 || string(got[0].Value) != "x1" {
 		t.Fatalf("after the sink made the topic: peek = %v, %v", values(got), err)
+	}
+	// The listing reads all topics' metadata, which kafka-go's transport
+	// also caches: a second tenant's topic, made just now, must be listed.
+	if err := sink.Write(ctx, record(source, "globex", dlq.ReasonPermanent, "y1", "e")); err != nil {
+		t.Fatal(err)
+	}
+	sums, err := in.Tenants(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range sums {
+		names = append(names, s.Tenant)
+	}
+	if !slices.Equal(names, []string{"acme", "globex"}) {
+		t.Fatalf("tenants listed = %q, want acme and globex", names)
 	}
 }

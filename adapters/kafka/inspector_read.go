@@ -71,8 +71,14 @@ func (in *Inspector) readShared(ctx context.Context) (map[string][]entry, error)
 	return out, nil
 }
 
-// tenantTopics lists the source's per-tenant DLQ topics.
+// tenantTopics lists the source's per-tenant DLQ topics. kafka-go's
+// transport would answer from its metadata cache, up to 6s behind a topic
+// a Sink made since (a tenant's first dead letter), so the listing renews
+// the transport first: its first Metadata comes from the broker. A
+// listing is an operator's request (the CLI's list, a console page), not a
+// loop, so one new connection each is cheap.
 func (in *Inspector) tenantTopics(ctx context.Context) ([]string, error) {
+	in.tr.renew()
 	resp, err := in.client.Metadata(ctx, &kafkago.MetadataRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("kafka: list topics: %w", err)
