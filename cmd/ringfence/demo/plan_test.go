@@ -7,6 +7,8 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/ringfence/ringfence/policy"
 )
 
 func TestValueRoundTrip(t *testing.T) {
@@ -96,6 +98,22 @@ func TestScenarioDefaults(t *testing.T) {
 	}
 	if sc := (Scenario{Kind: KindOutage}).withDefaults(); sc.Policy.Deadline != time.Second {
 		t.Errorf("outage runs with DemoPolicy, got %+v", sc.Policy)
+	}
+	// The drain waits out the breaker's longest open period after a probe
+	// that ran its attempt's whole timeout, before it calls a run stalled.
+	for _, tc := range []struct {
+		in    Scenario
+		stall time.Duration
+	}{
+		{Scenario{Kind: KindHang}, 75 * s},           // policy.Default(): open up to 1m, attempts 10s
+		{Scenario{Kind: KindOutage}, 15 * s},         // DemoPolicy: open up to 2s, deadline 1s
+		{Scenario{Kind: KindHang, Stall: s}, s},      // set: kept
+		{Scenario{Policy: &policy.Policy{}}, 15 * s}, // no breaker
+		{Scenario{Policy: &policy.Policy{Breaker: &policy.Breaker{OpenTimeout: 2 * time.Minute}, Deadline: 3 * s}}, 128 * s},
+	} {
+		if got := tc.in.withDefaults().Stall; got != tc.stall {
+			t.Errorf("%s %+v: stall %v, want %v", tc.in.Kind, tc.in, got, tc.stall)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -123,7 +124,8 @@ type Scenario struct {
 	// while it still makes progress. Zero means 5m.
 	Drain time.Duration
 	// Stall ends the drain early when nothing was settled for this long.
-	// Zero means 15s.
+	// Zero means 15s, or longer when the policy's breaker may stay open
+	// longer (its longest open period plus an attempt's timeout, and 5s).
 	Stall time.Duration
 	// ReadBack bounds the restart read-back: a fresh consumer of the same
 	// group looking for what the run left unfinished. It is never shorter
@@ -212,9 +214,6 @@ func (s Scenario) withDefaults() Scenario {
 	if s.Drain == 0 {
 		s.Drain = 5 * time.Minute
 	}
-	if s.Stall == 0 {
-		s.Stall = 15 * time.Second
-	}
 	if s.ReadBack == 0 {
 		s.ReadBack = 45 * time.Second
 	}
@@ -232,7 +231,32 @@ func (s Scenario) withDefaults() Scenario {
 	} else if s.PolicyName == "" {
 		s.PolicyName = "custom"
 	}
+	if s.Stall == 0 {
+		s.Stall = max(15*time.Second, quietBound(*s.Policy)+5*time.Second)
+	}
 	return s
+}
+
+// quietBound is the longest a guard of p may legitimately handle nothing
+// for a tenant once its dependency is back: a probe admitted just before
+// the fault ended can hang for its attempt's whole timeout, and the
+// breaker it trips again stays open for its longest period (the open
+// period doubles on each failed probe, up to MaxOpenTimeout). A 5-minute
+// hang under policy.Default() ends with the breaker open for up to 1
+// minute after a 10s probe; a drain that gave up after 15s without
+// progress called that tenant's messages unfinished. Zero when p has no
+// breaker.
+func quietBound(p policy.Policy) time.Duration {
+	if p.Breaker == nil {
+		return 0
+	}
+	open := cmp.Or(p.Breaker.OpenTimeout, 5*time.Second)
+	open = max(open, cmp.Or(p.Breaker.MaxOpenTimeout, time.Minute))
+	attempt := p.AttemptTimeout
+	if p.Deadline > 0 && (attempt <= 0 || p.Deadline < attempt) {
+		attempt = p.Deadline
+	}
+	return open + max(attempt, 0)
 }
 
 // maxDuration bounds a run's traffic time: a long outage of up to an hour
