@@ -128,7 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	pol := fs.String("policy", "", "guard template: demo (fast breaker, 1s deadline) or default (policy.Default()); default: demo for outage and long-outage, default for slow, hang and hot")
 	shared := fs.Bool("shared", false, "also run the shared-breaker comparison (default: only for outage)")
 	settle := fs.Duration("settle", 30*time.Second, "the run's deadline after production ends; what is not done then is 'unfinished at deadline'")
-	drain := fs.Duration("drain", 5*time.Minute, "how long to keep consuming after the deadline while progress is made")
+	drain := fs.Duration("drain", 0, "how long to keep consuming after the deadline while progress is made (default 5m; hot: longer when its fault traffic needs it, 3x the latency a message)")
 	lagBound := fs.Int64("lag-bound", LongOutageMaxLag, "long-outage --check: the largest commit lag (messages) accepted during the outage (0: the busiest partition's messages in the engine's StuckAfter + 1s)")
 	heapBudget := fs.String("heap-budget", "", "--check fails if the consumer's heap grows by more than this during the ringfence run (e.g. 64MiB; default: reported only)")
 	kafkaAddr := fs.String("kafka", "", "HOST:PORT of a real Kafka broker (default: start kfake in a child process)")

@@ -115,6 +115,22 @@ func TestScenarioDefaults(t *testing.T) {
 			t.Errorf("%s %+v: stall %v, want %v", tc.in.Kind, tc.in, got, tc.stall)
 		}
 	}
+	// The drain has room for the hot tenant's fault traffic, handled one
+	// at a time in order.
+	for _, tc := range []struct {
+		in    Scenario
+		drain time.Duration
+	}{
+		{Scenario{Kind: KindHot}, 6 * time.Minute},                          // 25/s x 4 x 20 x 60s = 120,000 x 3ms
+		{Scenario{Kind: KindHot, Fault: 5 * time.Minute}, 30 * time.Minute}, // 600,000 x 3ms
+		{Scenario{Kind: KindHot, Fault: 10 * s}, 5 * time.Minute},           // the floor
+		{Scenario{Kind: KindHot, Fault: 5 * time.Minute, Drain: time.Minute}, time.Minute},
+		{Scenario{Kind: KindHang, Fault: 5 * time.Minute}, 5 * time.Minute},
+	} {
+		if got := tc.in.withDefaults().Drain; got != tc.drain {
+			t.Errorf("%s %+v: drain %v, want %v", tc.in.Kind, tc.in, got, tc.drain)
+		}
+	}
 }
 
 func TestScenarioValidate(t *testing.T) {

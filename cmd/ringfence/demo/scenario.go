@@ -121,7 +121,9 @@ type Scenario struct {
 	// means 30s.
 	Settle time.Duration
 	// Drain bounds how long the run keeps consuming after its deadline
-	// while it still makes progress. Zero means 5m.
+	// while it still makes progress. Zero means 5m, or for hot the time
+	// the hot tenant's fault traffic may take to handle in order (3
+	// Latency a message) when longer.
 	Drain time.Duration
 	// Stall ends the drain early when nothing was settled for this long.
 	// Zero means 15s, or longer when the policy's breaker may stay open
@@ -211,9 +213,6 @@ func (s Scenario) withDefaults() Scenario {
 	if s.Settle == 0 {
 		s.Settle = 30 * time.Second
 	}
-	if s.Drain == 0 {
-		s.Drain = 5 * time.Minute
-	}
 	if s.ReadBack == 0 {
 		s.ReadBack = 45 * time.Second
 	}
@@ -234,7 +233,27 @@ func (s Scenario) withDefaults() Scenario {
 	if s.Stall == 0 {
 		s.Stall = max(15*time.Second, quietBound(*s.Policy)+5*time.Second)
 	}
+	if s.Drain == 0 {
+		s.Drain = max(5*time.Minute, s.hotWork())
+	}
 	return s
+}
+
+// hotWork is a generous bound on the time the hot tenant's fault traffic
+// takes to handle after the fault: its lane (one partition, in order)
+// handles one call at a time, each of Latency to twice it, so the
+// messages it sends during the fault take up to 2 Latency each, and timers
+// and a busy machine add about as much again. A 5-minute hot fault makes
+// 600,000 such messages: ~16 minutes of work in order, which the default
+// 5-minute drain cut short and called unfinished. The drain ends as soon
+// as everything is done or nothing progresses for Stall, so a long bound
+// costs nothing when the run goes well. Zero for the other kinds.
+func (s Scenario) hotWork() time.Duration {
+	if s.Kind != KindHot {
+		return 0
+	}
+	n := s.Rate * s.BadWeight * s.HotFactor * int(s.Fault/time.Second)
+	return time.Duration(n) * 3 * s.Latency
 }
 
 // quietBound is the longest a guard of p may legitimately handle nothing
