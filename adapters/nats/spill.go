@@ -86,14 +86,17 @@ type SpillLog struct {
 	maxMsg int64  // the stream's max message size; <= 0: none
 	direct bool   // AllowDirect: batched direct gets
 	atomic bool   // AllowAtomicPublish: atomic batch appends
-	bodies *bodyStore
+	// atomicMin is the smallest batch appended atomically (see
+	// atomicMinMsgs); smaller ones go one record at a time.
+	atomicMin int
+	bodies    *bodyStore
 
 	mu sync.Mutex
 	// refs holds, per subject, the bodies of out-of-line records read and
 	// not yet committed, by sequence: Commit deletes them after the purge.
 	refs map[string]map[uint64]string
 
-	appended, duplicates, outOfLine, read, migrated atomic.Uint64
+	appended, duplicates, outOfLine, read, migrated, batches atomic.Uint64
 }
 
 var _ consumer.SpillLog = (*SpillLog)(nil)
@@ -110,16 +113,19 @@ type SpillStats struct {
 	Read uint64
 	// Migrated counts records moved from an older park stream.
 	Migrated uint64
-	// Atomic says whether appends are atomic batches (else one record at a
-	// time).
+	// Atomic says whether the stream takes atomic batches: appends of at
+	// least 64 records are then one atomic batch each; smaller ones, and
+	// all on a stream without them, go one record at a time.
 	Atomic bool
+	// AtomicBatches counts the atomic batches published.
+	AtomicBatches uint64
 }
 
 // Stats returns the SpillLog's counters.
 func (s *SpillLog) Stats() SpillStats {
 	return SpillStats{
 		Appended: s.appended.Load(), Duplicates: s.duplicates.Load(), OutOfLine: s.outOfLine.Load(),
-		Read: s.read.Load(), Migrated: s.migrated.Load(), Atomic: s.atomic,
+		Read: s.read.Load(), Migrated: s.migrated.Load(), Atomic: s.atomic, AtomicBatches: s.batches.Load(),
 	}
 }
 
@@ -181,7 +187,7 @@ func NewSpillLog(ctx context.Context, js jetstream.JetStream, stream, durable st
 	s := &SpillLog{
 		js: js, stream: st, name: cfg.Name, prefix: o.prefix, home: homePartition(stream, durable),
 		opt: o, log: o.logger.With("spill_stream", cfg.Name), api: apiPrefix(js), maxMsg: int64(cfg.MaxMsgSize),
-		direct: cfg.AllowDirect, atomic: cfg.AllowAtomicPublish,
+		direct: cfg.AllowDirect, atomic: cfg.AllowAtomicPublish, atomicMin: atomicMinMsgs,
 		refs: make(map[string]map[uint64]string),
 	}
 	s.bodies = &bodyStore{

@@ -245,7 +245,7 @@ func TestSpillDuplicateAppend(t *testing.T) {
 			if !s.Stats().Atomic {
 				t.Fatal("the in-process server makes no atomic spill stream")
 			}
-			s.atomic = atomicMode
+			s.atomic, s.atomicMin = atomicMode, 2 // these batches are small
 			p := homePartition(f.stream, f.durable)
 			lane := consumer.SpillLane{Tenant: "acme", Partition: p}
 			var batch []*consumer.Message
@@ -269,6 +269,47 @@ func TestSpillDuplicateAppend(t *testing.T) {
 				t.Fatalf("stats %+v", st)
 			}
 		})
+	}
+}
+
+// TestSpillAtomicOnlyLarge: on a stream that takes atomic batches, an
+// append of fewer than atomicMinMsgs records goes one record at a time
+// (an atomic batch costs the server a store of its own) and a larger one
+// as one atomic batch; both land in order.
+func TestSpillAtomicOnlyLarge(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil, 5*time.Second, 100)
+	s := f.spillLog(t)
+	if !s.Stats().Atomic {
+		t.Fatal("the in-process server makes no atomic spill stream")
+	}
+	p := homePartition(f.stream, f.durable)
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	var batch []*consumer.Message
+	for i := range 2 * atomicMinMsgs {
+		batch = append(batch, spillMsgOf(p, int64(i), []byte(fmt.Sprint(i))))
+	}
+	small := batch[:atomicMinMsgs-1]
+	if err := s.Append(testCtx(t), lane, small); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.AtomicBatches != 0 || st.Appended != uint64(len(small)) {
+		t.Fatalf("after %d records: stats %+v, want them one at a time", len(small), st)
+	}
+	if err := s.Append(testCtx(t), lane, batch[len(small):len(small)+atomicMinMsgs]); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.AtomicBatches != 1 || st.Appended != uint64(len(small)+atomicMinMsgs) {
+		t.Fatalf("after %d more records: stats %+v, want one atomic batch", atomicMinMsgs, st)
+	}
+	got := readLane(t, s, lane)
+	if len(got) != len(small)+atomicMinMsgs {
+		t.Fatalf("lane holds %d records, want %d", len(got), len(small)+atomicMinMsgs)
+	}
+	for i, m := range got {
+		if string(m.Value) != fmt.Sprint(i) {
+			t.Fatalf("record %d holds %q, want %q", i, m.Value, fmt.Sprint(i))
+		}
 	}
 }
 
