@@ -70,9 +70,9 @@
 // them (2.12 and later; the server stages each in a store of its own, which
 // costs a small batch more than it saves), else one record after the
 // other, so what lands is always in order; reads are batched direct gets;
-// the engine's commit purges the tenant's subject below the oldest record not yet settled. The engine asks
-// the log which tenants have records left when the consumer starts, so
-// spilled messages survive restarts and are re-fed before the tenant's
+// the engine's commit purges the tenant's subject below the oldest record
+// not yet settled. The engine asks the log which tenants have records left
+// when the consumer starts, so spilled messages survive restarts and are re-fed before the tenant's
 // live ones. See SpillLog for the details and SpillStats for its counters;
 // what was spilled and re-fed per tenant is in the engine's Stats.
 //
