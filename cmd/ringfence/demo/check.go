@@ -76,11 +76,21 @@ func ratio(a, b int) float64 {
 // p99Ratio is the run's p99 over the baseline's: +Inf when the run's 99th
 // percentile message was never handled, NaN when either has no messages.
 func p99Ratio(run, base RunResult, mates bool) float64 {
-	r, b := run.HealthyP99, base.HealthyP99
-	rn, bn := run.HealthyN, base.HealthyN
 	if mates {
-		r, b, rn, bn = run.MatesP99, base.MatesP99, run.MatesN, base.MatesN
+		return latencyRatio(run.MatesP99, base.MatesP99, run.MatesN, base.MatesN)
 	}
+	return latencyRatio(run.HealthyP99, base.HealthyP99, run.HealthyN, base.HealthyN)
+}
+
+// fromBrokerRatio is p99Ratio of the partition-mates' latency from the
+// broker's timestamp.
+func fromBrokerRatio(run, base RunResult) float64 {
+	return latencyRatio(run.MatesFromBrokerP99, base.MatesFromBrokerP99, run.MatesN, base.MatesN)
+}
+
+// latencyRatio is r over b, latencies of rn and bn messages: +Inf when r
+// never ended, NaN when either has no messages or b is not a latency.
+func latencyRatio(r, b time.Duration, rn, bn int) float64 {
 	switch {
 	case rn == 0 || bn == 0 || b == 0 || b == never:
 		return math.NaN()

@@ -31,6 +31,10 @@ type timeline struct {
 	handled []time.Duration
 	// latency is handled minus the produce stamp carried in the message.
 	latency []time.Duration
+	// fromBroker is handled minus the message's broker timestamp (NATS:
+	// when the server stored it; Kafka: the record's timestamp, which the
+	// producer sets): the part of latency that is the consumer's.
+	fromBroker []time.Duration
 	// order is the rank of the message's first handling (1, 2, ...); 0 if
 	// never handled.
 	order []uint64
@@ -86,6 +90,11 @@ type figures struct {
 	// the messages.
 	HealthyP99, MatesP99 time.Duration
 	HealthyN, MatesN     int
+	// MatesFromBrokerP99 is the mates' p99 from the broker's timestamp to
+	// first handled, same messages: on NATS it leaves out the time the
+	// server took to store a message, which a hot tenant's traffic on the
+	// same broker lengthens for everyone (see timeline.fromBroker).
+	MatesFromBrokerP99 time.Duration
 	// MaxLagFault is the largest commit lag of one partition sampled during
 	// the fault window; MaxLagRun through the whole run and drain.
 	MaxLagFault, MaxLagRun int64
@@ -111,7 +120,7 @@ type figures struct {
 // compute derives every figure of tl.
 func (tl *timeline) compute() figures {
 	var f figures
-	var healthyLat, matesLat []time.Duration
+	var healthyLat, matesLat, matesFromBrk []time.Duration
 	for id := range tl.owner {
 		if tl.produced[id] == never {
 			continue
@@ -133,6 +142,11 @@ func (tl *timeline) compute() figures {
 				healthyLat = append(healthyLat, lat)
 				if tl.mates[t] {
 					matesLat = append(matesLat, lat)
+					fb := lat
+					if lat != never && tl.fromBroker != nil {
+						fb = tl.fromBroker[id]
+					}
+					matesFromBrk = append(matesFromBrk, fb)
 				}
 			}
 		}
@@ -162,6 +176,7 @@ func (tl *timeline) compute() figures {
 	}
 	f.HealthyN, f.MatesN = len(healthyLat), len(matesLat)
 	f.HealthyP99, f.MatesP99 = p99(healthyLat), p99(matesLat)
+	f.MatesFromBrokerP99 = p99(matesFromBrk)
 	f.MaxLagFault, _ = maxLag(tl.lag, tl.faultStart, tl.faultEnd)
 	f.MaxLagRun, f.LagSamples = maxLag(tl.lag, 0, never)
 	for _, s := range tl.heap {

@@ -13,6 +13,7 @@ type msg struct {
 	produced, handled  time.Duration
 	dead               time.Duration
 	lat                time.Duration
+	fromBrk            time.Duration // handled minus the broker's timestamp; zero: lat
 	order              uint64
 	inDLQ, recovered   bool
 	reordered, neverPr bool
@@ -31,7 +32,8 @@ func synth(msgs ...msg) *timeline {
 		deadline: 5 * time.Second, drainEnd: 8 * time.Second,
 		owner: make([]int32, n), kinds: make([]byte, n),
 		produced: make([]time.Duration, n), handled: make([]time.Duration, n), latency: make([]time.Duration, n),
-		order: make([]uint64, n), dead: make([]time.Duration, n),
+		fromBroker: make([]time.Duration, n),
+		order:      make([]uint64, n), dead: make([]time.Duration, n),
 		inDLQ: make([]bool, n), recovered: make([]bool, n), reordered: make([]bool, n),
 	}
 	or := func(d time.Duration) time.Duration {
@@ -48,6 +50,10 @@ func synth(msgs ...msg) *timeline {
 		}
 		tl.handled[i], tl.dead[i] = or(m.handled), or(m.dead)
 		tl.latency[i], tl.order[i] = m.lat, m.order
+		tl.fromBroker[i] = m.lat
+		if m.fromBrk != 0 {
+			tl.fromBroker[i] = m.fromBrk
+		}
 		tl.inDLQ[i], tl.recovered[i], tl.reordered[i] = m.inDLQ, m.recovered, m.reordered
 	}
 	return tl
@@ -125,6 +131,35 @@ func TestFiguresLatency(t *testing.T) {
 	}
 	if f.HealthyP99 != never || f.HealthyN != 150 {
 		t.Errorf("healthy p99 %v over %d, want never over 150", f.HealthyP99, f.HealthyN)
+	}
+}
+
+// TestFiguresFromBroker checks the mates' p99 from the broker's timestamp:
+// the same messages as their end-to-end p99, each less the time the broker
+// took to store it, and never for one never handled.
+func TestFiguresFromBroker(t *testing.T) {
+	t.Parallel()
+	var msgs []msg
+	for i := range 100 {
+		lat := time.Duration(i+1) * ms
+		// The broker took 5ms to store each, except the slowest ten, which
+		// waited 50ms to be stored: their consumer part is under 50ms.
+		stored := 5 * ms
+		if i >= 90 {
+			stored = 50 * ms
+		}
+		msgs = append(msgs, msg{t: 3, produced: 1100 * ms, handled: 1200 * ms, lat: lat + stored, fromBrk: lat})
+	}
+	// A non-mate does not count.
+	msgs = append(msgs, msg{t: 4, produced: 1100 * ms, handled: 1200 * ms, lat: time.Second, fromBrk: time.Second})
+	f := synth(msgs...).compute()
+	if f.MatesP99 != 149*ms || f.MatesFromBrokerP99 != 99*ms {
+		t.Errorf("mates p99 %v end to end, %v from the broker; want 149ms and 99ms", f.MatesP99, f.MatesFromBrokerP99)
+	}
+	// Two mates never handled: the p99 from the broker never ended either.
+	msgs = append(msgs, msg{t: 2, produced: 1500 * ms, lat: never}, msg{t: 2, produced: 1500 * ms, lat: never})
+	if f := synth(msgs...).compute(); f.MatesFromBrokerP99 != never {
+		t.Errorf("mates p99 from the broker %v with 2 of 102 never handled, want never", f.MatesFromBrokerP99)
 	}
 }
 

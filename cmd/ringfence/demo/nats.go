@@ -39,7 +39,13 @@ type natsBroker struct {
 	where string
 	nc    *natsgo.Conn
 	js    jetstream.JetStream
-	log   *slog.Logger
+	// pnc and pjs are the producers' connection: the demo's traffic stands
+	// for other services, whose publishes do not queue on the consumer's
+	// connection behind its acks, spill appends and spill reads (the
+	// server reads one connection's messages in order).
+	pnc *natsgo.Conn
+	pjs jetstream.JetStream
+	log *slog.Logger
 }
 
 func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, error) {
@@ -65,6 +71,16 @@ func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, e
 		return nil, err
 	}
 	b.js = js
+	pnc, err := natsgo.Connect(url, natsgo.Name("ringfence-demo-producers"), natsgo.Timeout(5*time.Second))
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("connect %s: %w", url, err)
+	}
+	b.pnc = pnc
+	if b.pjs, err = jetstream.New(pnc); err != nil {
+		b.Close()
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -106,6 +122,9 @@ func (b *natsBroker) Where() string { return b.where }
 func (b *natsBroker) Close() error {
 	if b.nc != nil {
 		b.nc.Close()
+	}
+	if b.pnc != nil {
+		b.pnc.Close()
 	}
 	if b.child != nil {
 		return b.child.Close()
@@ -170,7 +189,7 @@ func (t *natsTopic) Produce(ctx context.Context, msgs []Msg) error {
 	futs := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, m := range msgs {
 		// Tenant ids of the demo are valid subject tokens.
-		f, err := t.b.js.PublishAsync(t.subj+".orders."+m.Tenant, m.Value)
+		f, err := t.b.pjs.PublishAsync(t.subj+".orders."+m.Tenant, m.Value)
 		if err != nil {
 			return err
 		}

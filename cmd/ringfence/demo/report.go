@@ -122,6 +122,8 @@ type RunJSON struct {
 	MatesP99Ms             *float64 `json:"mates_p99_ms"`
 	MatesP99Ratio          *float64 `json:"mates_p99_ratio"`
 	MatesLatencyMessages   int      `json:"mates_latency_messages"`
+	MatesFromBrokerP99Ms   *float64 `json:"mates_p99_from_broker_timestamp_ms"`
+	MatesFromBrokerRatio   *float64 `json:"mates_p99_from_broker_timestamp_ratio"`
 	MaxCommitLagFault      int64    `json:"max_commit_lag_fault"`
 	MaxCommitLagRun        int64    `json:"max_commit_lag_run"`
 	LagSamples             int      `json:"commit_lag_samples"`
@@ -162,6 +164,8 @@ func (b *BrokerResult) runJSON(m Mode) RunJSON {
 		MatesP99Ms:             jsonMs(r.MatesP99),
 		MatesP99Ratio:          jsonFloat(p99Ratio(r, bl, true)),
 		MatesLatencyMessages:   r.MatesN,
+		MatesFromBrokerP99Ms:   jsonMs(r.MatesFromBrokerP99),
+		MatesFromBrokerRatio:   jsonFloat(fromBrokerRatio(r, bl)),
 		MaxCommitLagFault:      r.MaxLagFault,
 		MaxCommitLagRun:        r.MaxLagRun,
 		LagSamples:             r.LagSamples,
@@ -206,6 +210,17 @@ func (b *BrokerResult) lagMeasure() string {
 		return "NumPending + NumAckPending of the durable consumer (ConsumerInfo)"
 	}
 	return "log end offset - committed offset, largest partition"
+}
+
+// timestampMeaning says what a message's broker timestamp is on b.
+func (b *BrokerResult) timestampMeaning() string {
+	switch b.Broker {
+	case "nats":
+		return "when the server stored the message"
+	case "kafka":
+		return "the record's timestamp (set by the producer, so nearly end to end)"
+	}
+	return "the message's timestamp, if any (else end to end)"
 }
 
 // JSON returns the --json object of b.
@@ -390,6 +405,8 @@ func (b *BrokerResult) WriteSummary(w io.Writer) {
 	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(p99Ratio(r, bl, false)) })
 	row("partition-mates p99 end to end", func(r RunResult) string { return fmtLatency(r.MatesP99) })
 	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(p99Ratio(r, bl, true)) })
+	row("  p99 from the broker's timestamp", func(r RunResult) string { return fmtLatency(r.MatesFromBrokerP99) })
+	row("  ratio to baseline", func(r RunResult) string { return fmtRatio(fromBrokerRatio(r, bl)) })
 	row("largest commit lag during the fault", func(r RunResult) string { return fmt.Sprint(r.MaxLagFault) })
 	row("largest commit lag, whole run", func(r RunResult) string { return fmt.Sprint(r.MaxLagRun) })
 	row("peak consumer heap (growth in run)", func(r RunResult) string { return fmtBytes(r.ConsumerHeap) })
@@ -415,6 +432,7 @@ func (b *BrokerResult) WriteSummary(w io.Writer) {
 	})
 	fmt.Fprintf(w, "\ncommit lag: %s, sampled every %v.", b.lagMeasure(), lagEvery)
 	fmt.Fprintf(w, " p99: messages produced during the fault, produce stamp to first handled; never = not handled by the end of the drain.")
+	fmt.Fprintf(w, " from the broker's timestamp: the same messages' p99 from %s to first handled, the consumer's part.", b.timestampMeaning())
 	fmt.Fprintf(w, " unfinished: neither handled nor dead-lettered (at the deadline, %v after production; after the drain); lost: not even a restart of the group found it.", sc.Settle)
 	if b.Runs[Shared].Ran {
 		fmt.Fprint(w, " shared breaker: one key for every message, so one guard and one ordered lane per partition.")

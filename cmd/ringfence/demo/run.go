@@ -390,7 +390,7 @@ func (st *runState) timeline(deadline, drainEnd time.Duration, lag []lagSample, 
 		healthy: make([]bool, len(p.tenants)), mates: st.g.mates,
 		faultStart: p.sc.FaultStart, faultEnd: p.sc.FaultEnd,
 		produced: make([]time.Duration, p.total), handled: make([]time.Duration, p.total),
-		latency: make([]time.Duration, p.total), order: make([]uint64, p.total),
+		latency: make([]time.Duration, p.total), fromBroker: make([]time.Duration, p.total), order: make([]uint64, p.total),
 		dead: make([]time.Duration, p.total), inDLQ: make([]bool, p.total),
 		recovered: make([]bool, p.total), reordered: make([]bool, p.total),
 		deadline: deadline, drainEnd: drainEnd, lag: lag, heapBefore: heapBefore, heap: heap,
@@ -403,6 +403,7 @@ func (st *runState) timeline(deadline, drainEnd time.Duration, lag []lagSample, 
 		tl.produced[id] = at(st.produced[id].Load())
 		tl.handled[id] = at(st.handled[id].Load())
 		tl.latency[id] = time.Duration(st.latency[id].Load())
+		tl.fromBroker[id] = time.Duration(st.fromBrk[id].Load())
 		tl.order[id] = st.order[id].Load()
 		tl.dead[id] = at(st.dead[id].Load())
 	}

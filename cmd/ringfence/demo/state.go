@@ -106,6 +106,7 @@ type runState struct {
 	produced []atomic.Int64
 	handled  []atomic.Int64
 	latency  []atomic.Int64
+	fromBrk  []atomic.Int64 // handled minus the message's broker timestamp
 	order    []atomic.Uint64
 	dead     []atomic.Int64
 	part     []atomic.Uint32 // partition (partRef) of the first handling
@@ -143,6 +144,7 @@ func newRunState(p *plan, g groups, mode Mode, source string) *runState {
 		produced:  make([]atomic.Int64, p.total),
 		handled:   make([]atomic.Int64, p.total),
 		latency:   make([]atomic.Int64, p.total),
+		fromBrk:   make([]atomic.Int64, p.total),
 		order:     make([]atomic.Uint64, p.total),
 		dead:      make([]atomic.Int64, p.total),
 		part:      make([]atomic.Uint32, p.total),
@@ -225,7 +227,13 @@ func (st *runState) done(m *consumer.Message, v decodedValue) {
 		return
 	}
 	st.order[v.id].Store(st.rank.Add(1))
-	st.latency[v.id].Store(time.Now().UnixNano() - v.stamp)
+	now := time.Now().UnixNano()
+	st.latency[v.id].Store(now - v.stamp)
+	from := now - v.stamp // without a broker timestamp, end to end
+	if !m.Time.IsZero() {
+		from = max(now-m.Time.UnixNano(), 0)
+	}
+	st.fromBrk[v.id].Store(from)
 	st.part[v.id].Store(partRef(m.Partition))
 	st.offset[v.id].Store(m.Offset)
 	t := int(st.p.owner[v.id])
