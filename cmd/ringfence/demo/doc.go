@@ -44,9 +44,10 @@
 //     fault, from the produce stamp carried in the message value to their
 //     first handling, for both groups; and, for the partition-mates, from
 //     the message's broker timestamp instead (NATS: when the server stored
-//     it; Kafka: the record's timestamp, which the producer sets), the
-//     consumer's part, which leaves out how long a broker loaded by a hot
-//     tenant's traffic took to store the message (reported, not checked);
+//     it; Kafka: the record's timestamp, which the producer's client sets
+//     as it encodes the batch), the consumer's part, which leaves out how
+//     long a broker loaded by a hot tenant's traffic took to store the
+//     message (reported, not checked);
 //   - the commit lag, sampled from the broker every 500ms: Kafka, log end
 //     offset minus the group's committed offset, per partition; NATS, the
 //     durable consumer's NumPending + NumAckPending;

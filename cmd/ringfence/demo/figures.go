@@ -33,7 +33,8 @@ type timeline struct {
 	latency []time.Duration
 	// fromBroker is handled minus the message's broker timestamp (NATS:
 	// when the server stored it; Kafka: the record's timestamp, which the
-	// producer sets): the part of latency that is the consumer's.
+	// producer's client sets as it encodes the batch): the part of latency
+	// that is the consumer's.
 	fromBroker []time.Duration
 	// order is the rank of the message's first handling (1, 2, ...); 0 if
 	// never handled.

@@ -218,7 +218,7 @@ func (b *BrokerResult) timestampMeaning() string {
 	case "nats":
 		return "when the server stored the message"
 	case "kafka":
-		return "the record's timestamp (set by the producer, so nearly end to end)"
+		return "the record's timestamp (which the producer's client sets as it encodes the batch)"
 	}
 	return "the message's timestamp, if any (else end to end)"
 }
