@@ -167,7 +167,7 @@ func BenchmarkHandler(b *testing.B) {
 func waitSettled(b *testing.B, src *batchSource) {
 	b.Helper()
 	select {
-	case <-src.done:
+	case <-src.done():
 	case <-time.After(10 * time.Minute):
 		b.Fatalf("%d of %d messages settled in 10 minutes", src.settledCount(), len(src.msgs))
 	}

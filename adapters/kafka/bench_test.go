@@ -18,6 +18,7 @@ import (
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/internal/kafkatest"
+	"github.com/ringfence/ringfence/internal/stripecount"
 )
 
 const (
@@ -186,7 +187,7 @@ func BenchmarkConsume(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
 			go func() { errc <- c.Run(ctx, src) }()
-			<-handled.done
+			<-handled.Done()
 			lap()
 			cancel()
 			if err := <-errc; err != nil {
@@ -239,34 +240,25 @@ func BenchmarkConsume(b *testing.B) {
 	}
 }
 
-// tenantCounts counts the engine row's handled messages per tenant, each
-// count on a cache line of its own, and closes done when every tenant's
-// messages were handled. One counter that every worker increments is a
-// line bouncing between the cores on every message, a cost of the
-// benchmark's bookkeeping (the other rows count on one goroutine) that
-// would be charged to the engine.
-type tenantCounts struct {
-	n [benchTenants]struct {
-		atomic.Int64
-		_ [56]byte
-	}
-	left atomic.Int64 // tenants not yet wholly handled
-	done chan struct{}
-}
+// tenantCounts counts the engine row's handled messages per tenant
+// (stripecount: one counter that every worker increments would charge the
+// engine a line bouncing between the cores, where the other rows count on
+// one goroutine); Done is closed when each tenant's benchMsgs/benchTenants
+// were handled.
+type tenantCounts struct{ *stripecount.Counts }
 
-func newTenantCounts() *tenantCounts {
-	t := &tenantCounts{done: make(chan struct{})}
-	t.left.Store(benchTenants)
-	return t
+func newTenantCounts() tenantCounts {
+	want := make([]int64, benchTenants)
+	for i := range want {
+		want[i] = benchMsgs / benchTenants
+	}
+	return tenantCounts{stripecount.New(want)}
 }
 
 // add counts a message of the tenant whose key benchTopic wrote
 // ("tenant-NN").
-func (t *tenantCounts) add(key []byte) {
-	i := int(key[len(key)-2]-'0')*10 + int(key[len(key)-1]-'0')
-	if t.n[i].Add(1) == benchMsgs/benchTenants && t.left.Add(-1) == 0 {
-		close(t.done)
-	}
+func (t tenantCounts) add(key []byte) {
+	t.Add(int(key[len(key)-2]-'0')*10 + int(key[len(key)-1]-'0'))
 }
 
 // loopDispatcher is the smallest possible engine: every delivered message

@@ -14,6 +14,7 @@ import (
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/internal/natstest"
+	"github.com/ringfence/ringfence/internal/stripecount"
 )
 
 // benchStream is one stream of messages for 16 tenants, shared by every
@@ -78,50 +79,31 @@ func freshConsumer(b *testing.B, f *fixture) jetstream.Consumer {
 	return c
 }
 
-// countingSource counts settled messages per tenant and closes done once
-// each tenant's share of the first want messages (written round robin by
-// benchStream) was settled. Each count sits on a cache line of its own:
-// one counter that the engine's workers on both cores increment is a line
-// bouncing between them on every message, a cost of the benchmark's
-// bookkeeping (the other rows settle on one goroutine) that would be
-// charged to the engine.
+// countingSource counts settled messages per tenant (stripecount: one
+// counter that the engine's workers on both cores increment would charge
+// the engine a line bouncing between them, where the other rows settle on
+// one goroutine); Done is closed once each tenant's share of the first
+// want messages (written round robin by benchStream) was settled.
 type countingSource struct {
 	*Source
-	n [benchTenants]struct {
-		atomic.Int64
-		_ [56]byte
-	}
-	want [benchTenants]int64
-	left atomic.Int64 // tenants not yet wholly settled
-	done chan struct{}
+	*stripecount.Counts
 }
 
 func newCountingSource(src *Source, want int) *countingSource {
-	c := &countingSource{Source: src, done: make(chan struct{})}
-	left := 0
-	for i := range c.want {
-		c.want[i] = int64(want / benchTenants)
+	shares := make([]int64, benchTenants)
+	for i := range shares {
+		shares[i] = int64(want / benchTenants)
 		if i < want%benchTenants {
-			c.want[i]++
-		}
-		if c.want[i] > 0 {
-			left++
+			shares[i]++
 		}
 	}
-	c.left.Store(int64(left))
-	if left == 0 {
-		close(c.done)
-	}
-	return c
+	return &countingSource{Source: src, Counts: stripecount.New(shares)}
 }
 
 func (c *countingSource) Settle(ctx context.Context, m *consumer.Message) error {
 	err := c.Source.Settle(ctx, m)
 	s := m.Topic // "<subject>.tNN"
-	i := int(s[len(s)-2]-'0')*10 + int(s[len(s)-1]-'0')
-	if c.n[i].Add(1) == c.want[i] && c.left.Add(-1) == 0 {
-		close(c.done)
-	}
+	c.Add(int(s[len(s)-2]-'0')*10 + int(s[len(s)-1]-'0'))
 	return err
 }
 
@@ -204,7 +186,7 @@ func BenchmarkConsume(b *testing.B) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan error, 1)
 		go func() { ran <- src.Run(ctx, settleLoop{src: cs}) }()
-		waitDone(b, cs.done)
+		waitDone(b, cs.Done())
 		b.StopTimer()
 		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cancel()
@@ -234,7 +216,7 @@ func BenchmarkConsume(b *testing.B) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan error, 1)
 		go func() { ran <- c.Run(ctx, cs) }()
-		waitDone(b, cs.done)
+		waitDone(b, cs.Done())
 		b.StopTimer()
 		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cancel()

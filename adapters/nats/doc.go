@@ -73,8 +73,9 @@
 // the engine's commit purges the tenant's subject below the oldest record
 // not yet settled. The engine asks the log which tenants have records left
 // when the consumer starts, so spilled messages survive restarts and are
-// re-fed before the tenant's live ones. See SpillLog for the details and SpillStats for its counters;
-// what was spilled and re-fed per tenant is in the engine's Stats.
+// re-fed before the tenant's live ones. See SpillLog for the details and
+// SpillStats for its counters; what was spilled and re-fed per tenant is in
+// the engine's Stats.
 //
 // Versions before the spill log spilled in the Source, to a "park stream"
 // ("RINGFENCE_PARK_<stream>_<durable>", subjects

@@ -143,8 +143,8 @@ func (tl *timeline) compute() figures {
 				healthyLat = append(healthyLat, lat)
 				if tl.mates[t] {
 					matesLat = append(matesLat, lat)
-					fb := lat
-					if lat != never && tl.fromBroker != nil {
+					fb := lat // never stays never
+					if lat != never {
 						fb = tl.fromBroker[id]
 					}
 					matesFromBrk = append(matesFromBrk, fb)
