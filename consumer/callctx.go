@@ -19,10 +19,13 @@ type callCtx struct {
 	parent context.Context // the engine's handler context
 	c      *Consumer
 
-	deadline atomic.Int64  // engine clock ns; 0: none
-	gen      atomic.Uint64 // counts calls: a late expiry of an earlier call must not end this one
-	expiring atomic.Bool   // housekeeping is expiring a call (begin then waits for it on mu)
-	expired  atomic.Bool   // the attempt ran out its deadline (housekeeping ended it)
+	deadline atomic.Int64 // engine clock ns; 0: none. Meaningful while gen is odd
+	// gen counts begins and ends: odd while a call runs (Stats counts the
+	// workers in a call from it), and a late expiry of an earlier call must
+	// not end this one.
+	gen      atomic.Uint64
+	expiring atomic.Bool // housekeeping is expiring a call (begin then waits for it on mu)
+	expired  atomic.Bool // the attempt ran out its deadline (housekeeping ended it)
 	// dirty: Done, AfterFunc or cancel was called since the last reset; a
 	// clean context ends its call without taking mu.
 	dirty atomic.Bool
@@ -134,6 +137,13 @@ func runAfters(afters map[*afterFunc]struct{}) {
 // begin arms the context for a call that must end by deadline (engine
 // clock ns; 0: none).
 func (x *callCtx) begin(deadline int64) {
+	// The deadline is written before gen turns odd and stays while it is:
+	// an expiry that reads gen, then the deadline, then the same gen again
+	// read this call's deadline. Most calls keep the last one's (none, in a
+	// policy without timeouts): a load spares a locked store.
+	if x.deadline.Load() != deadline {
+		x.deadline.Store(deadline)
+	}
 	x.gen.Add(1)
 	// Sequentially consistent: either a running expiry saw the new gen and
 	// gives up, or this sees expiring and waits for it below.
@@ -149,16 +159,18 @@ func (x *callCtx) begin(deadline int64) {
 	if x.expired.Load() {
 		x.expired.Store(false)
 	}
-	x.deadline.Store(deadline)
 	if x.parent.Err() != nil {
 		x.cancel(x.parent.Err())
 	}
 }
 
+// inCall reports whether a call is running on x.
+func (x *callCtx) inCall() bool { return x.gen.Load()&1 == 1 }
+
 // end finishes a call. It reports whether the context can be reused: it was
 // not observed, so nobody can still be waiting on it.
 func (x *callCtx) end() (reusable bool) {
-	x.deadline.Store(0)
+	x.gen.Add(1) // even: no call; an expiry of this one now gives up
 	if !x.dirty.Load() {
 		return true // nobody asked for Done, nothing cancelled it
 	}
@@ -178,13 +190,16 @@ func (x *callCtx) end() (reusable bool) {
 // expireIfDue cancels the call if its deadline passed (engine clock now).
 func (x *callCtx) expireIfDue(now int64) {
 	g := x.gen.Load()
-	if d := x.deadline.Load(); d == 0 || now < d {
+	if g&1 == 0 {
+		return // no call
+	}
+	if d := x.deadline.Load(); d == 0 || now < d || x.gen.Load() != g {
 		return
 	}
 	x.expiring.Store(true)
 	defer x.expiring.Store(false)
 	x.mu.Lock()
-	if x.gen.Load() != g || x.deadline.Load() == 0 {
+	if x.gen.Load() != g {
 		x.mu.Unlock()
 		return // that call ended meanwhile
 	}

@@ -70,7 +70,6 @@ type counters struct {
 	handled, failed, dead, retried, panics atomic.Uint64
 	spilled, refed, spillFails, duplicates atomic.Uint64
 	unwritable                             atomic.Uint64
-	inflight                               atomic.Int64
 	_                                      [64]byte
 }
 

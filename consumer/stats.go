@@ -102,7 +102,13 @@ func (c *Consumer) Stats() Stats {
 		n[3] += x.retried.Load()
 		n[4] += x.panics.Load()
 		n[5] += x.unwritable.Load()
-		inflight += x.inflight.Load()
+	}
+	if ws := c.workerList.Load(); ws != nil {
+		for _, w := range *ws {
+			if w.ctx().inCall() {
+				inflight++
+			}
+		}
 	}
 	s := Stats{
 		Handled:       n[0],

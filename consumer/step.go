@@ -357,9 +357,7 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 	}
 	ctx := w.ctx()
 	ctx.begin(deadline)
-	w.n.inflight.Add(1)
 	defer func() {
-		w.n.inflight.Add(-1)
 		if !ctx.end() {
 			w.cur.Store(newCallCtx(c))
 		}
