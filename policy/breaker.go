@@ -191,6 +191,19 @@ func (g *guard) recordSuccess(p *Permit, now int64) {
 	g.emitState(Event{Kind: EventBreakerClosed, State: Closed})
 }
 
+// addConsec adds w to the consecutive failures, saturating (the count is
+// 32 bits so that it shares a line with the fields every attempt reads, and
+// a ratio-only breaker never resets it by tripping), and returns the sum.
+func (g *guard) addConsec(w int64) int64 {
+	for {
+		o := g.consec.Load()
+		n := min(int64(o)+w, math.MaxInt32)
+		if g.consec.CompareAndSwap(o, int32(n)) {
+			return n
+		}
+	}
+}
+
 // recordFailure counts a failure of p toward the breaker (err is the
 // attempt's error, or ErrSlowCall), and trips it if a rule says so.
 func (g *guard) recordFailure(p *Permit, now int64, err error) {
@@ -207,7 +220,7 @@ func (g *guard) recordFailure(p *Permit, now int64, err error) {
 		if errors.Is(err, ErrAttemptTimeout) {
 			w = g.r.timeoutW
 		}
-		n := g.consec.Add(w)
+		n := g.addConsec(w)
 		if g.r.consecutive > 0 && n >= int64(g.r.consecutive) {
 			trip = true
 		}
