@@ -46,7 +46,7 @@ func (c *Consumer) stepHead(w *worker) {
 		return
 	}
 	g := c.guard(t)
-	permit, err := g.Allow(c.hctx)
+	permit, err := w.allow(c.hctx, g)
 	if err != nil {
 		c.parkRefused(w, g, err)
 		return

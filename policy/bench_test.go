@@ -309,4 +309,72 @@ func BenchmarkAllowDone(b *testing.B) {
 			}
 		})
 	})
+	// A guard from a scope, as the consumer's worker uses it: Allow per
+	// attempt, or a Batch over a run of 8 attempts (policy.Batch).
+	b.Run("ringfence-recycled/serial", func(b *testing.B) {
+		g := benchGuardRecycled(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := g.Allow(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Done(nil)
+		}
+	})
+	b.Run("ringfence-recycled-batch8/serial", func(b *testing.B) {
+		g := benchGuardRecycled(b)
+		b.ReportAllocs()
+		var batch policy.Batch
+		i := 0
+		for b.Loop() {
+			if i%8 == 0 {
+				batch.End()
+				batch = g.Batch()
+			}
+			i++
+			p, err := batch.Allow(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Done(nil)
+		}
+		batch.End()
+	})
+	b.Run("ringfence-recycled/parallel", func(b *testing.B) {
+		g := benchGuardRecycled(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p, err := g.Allow(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Done(nil)
+			}
+		})
+	})
+	b.Run("ringfence-recycled-batch8/parallel", func(b *testing.B) {
+		g := benchGuardRecycled(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			var batch policy.Batch
+			i := 0
+			for pb.Next() {
+				if i%8 == 0 {
+					batch.End()
+					batch = g.Batch()
+				}
+				i++
+				p, err := batch.Allow(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Done(nil)
+			}
+			batch.End()
+		})
+	})
 }

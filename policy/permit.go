@@ -28,6 +28,8 @@ type Permit struct {
 	// counted: the permit came from Guard.Allow on a recycled state, and
 	// Done or Release ends the call counted in by Guard.enter.
 	counted bool
+	// batch: the permit came from Batch.Allow, which counts its successes.
+	batch *Batch
 }
 
 // How a Permit's start was read.
@@ -62,6 +64,64 @@ func (h *Guard) Allow(ctx context.Context) (Permit, error) {
 	// The permit's shard is r's, the same as sh on a recycled state.
 	p.counted = g.pool != nil
 	return p, nil
+}
+
+// Batch is a run of attempts on one guard by one goroutine, for an engine
+// that makes many in a row (the consumer steps a tenant's queued messages
+// one after another): [Guard.Batch] counts the caller in on the guard's
+// state once, where [Guard.Allow] counts in and out per attempt on a guard
+// from a [Recycler], and the batch adds up its successes and writes them to
+// the guard's counters once, at [Batch.End]. That is three locked writes
+// fewer per attempt on a guard from a Recycler, one on another guard; what
+// an attempt decides and records (the breaker, the
+// budget, the latency estimate, failures and rejections) is unchanged and
+// seen at once.
+//
+// Until End, [Guard.Stats] does not count the batch's successes, and a
+// guard retired during the batch (a scope evicting its key) keeps serving
+// the batch's attempts from its old state, which is not reused before End;
+// the guard's next call after End moves to a fresh state as usual. End the
+// permits of a batch before the batch; a Batch must not be copied or
+// shared between goroutines. The zero Batch is ended.
+type Batch struct {
+	g         *guard
+	shard     uint8
+	counted   bool
+	successes uint64
+}
+
+// Batch starts a batch of attempts on h; see [Batch].
+func (h *Guard) Batch() Batch {
+	r := rand.Uint32()
+	g, _ := h.enter(r) // counted in on shard r's, as Guard.Allow
+	return Batch{g: g, shard: uint8(r & (counterShards - 1)), counted: g.pool != nil}
+}
+
+// Allow is [Guard.Allow] for an attempt of the batch. It must not be called
+// on an ended batch.
+func (b *Batch) Allow(ctx context.Context) (Permit, error) {
+	var p Permit
+	if err := b.g.allow(ctx, &p, rand.Uint32()); err != nil {
+		return Permit{}, err
+	}
+	p.batch = b
+	return p, nil
+}
+
+// End writes the batch's successes to the guard's counters and counts the
+// caller out. A second End does nothing.
+func (b *Batch) End() {
+	g := b.g
+	if g == nil {
+		return
+	}
+	if b.successes > 0 {
+		g.counts[b.shard].successes.Add(b.successes)
+	}
+	if b.counted {
+		g.exit(b.shard)
+	}
+	*b = Batch{}
 }
 
 // allow asks Admit and the breaker for a permit, filling the zero *p.
@@ -165,7 +225,11 @@ func (p *Permit) record(g *guard, err error) {
 			g.slowCall(p, d, end)
 			return
 		}
-		g.counts[p.shard&(counterShards-1)].successes.Add(1)
+		if p.batch != nil {
+			p.batch.successes++
+		} else {
+			g.counts[p.shard&(counterShards-1)].successes.Add(1)
+		}
 		g.earn()
 		if g.r.breaker {
 			g.recordSuccess(p, end)
