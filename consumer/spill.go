@@ -245,6 +245,9 @@ func (c *Consumer) spillWork(l *lane) {
 					moved = true
 				}
 			}
+			if moved {
+				moved = sh.commit.raise(sh.commitPoint())
+			}
 			t.spilled.Add(uint64(len(batch)))
 			c.stats.spilled.Add(uint64(len(batch)))
 			resume := sh.pauseReason != 0 && sh.pauseReason != PauseDraining && sh.queued <= sh.maxQueued/2

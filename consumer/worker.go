@@ -257,8 +257,12 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		return false
 	}
 	w.turn += j.next
+	moved := false
 	for _, m := range r.settled {
-		c.removeSettled(sh, l, m) // a moved commit point goes out at the next tick
+		moved = c.removeSettled(sh, l, m) || moved
+	}
+	if moved {
+		sh.commit.raise(sh.commitPoint()) // goes out at the next tick
 	}
 	if r.aside != nil {
 		c.setAside(sh, l, r.aside)
@@ -451,7 +455,7 @@ func (c *Consumer) wake(l *lane, seq uint64) {
 
 // removeSettled takes a settled message out of its lane, its partition's
 // watermark or its lane's spill cursor, and the counts. Called with sh.mu
-// held; it reports whether the partition's commit point moved.
+// held; it reports whether the partition's watermark moved (see unlist).
 func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 	for i, n := 0, l.q.len(); i < n; i++ {
 		if l.q.at(i) == m {
@@ -471,9 +475,11 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 
 // unlist takes a settled message out of the list that tracks its commit:
 // the partition's watermark (live) or the lane's spill cursor (re-fed).
-// Called with sh.mu held; it reports whether the partition's commit point
-// moved (the caller then calls syncCommit once unlocked). A moved spill
-// cursor is handed to the lane's spill job.
+// Called with sh.mu held; it reports whether the partition's watermark
+// moved: the caller then raises the commit point to sh.commitPoint() once
+// for all the messages it takes out (a locked write per message otherwise),
+// and calls syncCommit once unlocked. A moved spill cursor is handed to the
+// lane's spill job.
 func (c *Consumer) unlist(sh *shard, l *lane, m *Message) bool {
 	if m.Refed {
 		l.t.spillDone.Add(1)
@@ -482,7 +488,7 @@ func (c *Consumer) unlist(sh *shard, l *lane, m *Message) bool {
 		}
 		return false
 	}
-	return sh.wm.remove(m) && sh.commit.raise(sh.commitPoint())
+	return sh.wm.remove(m)
 }
 
 // parkLane starts counting l's messages as parked. Called with sh.mu held.
