@@ -410,7 +410,7 @@ func (c *Consumer) makeReady(l *lane) {
 	// Wake a worker only for a first ready lane: the worker that takes a
 	// lane while more wait wakes the next (chain), so a burst of ready
 	// lanes costs one wake-up, not one per lane.
-	if !sh.inRing || first && c.sched.idleN.Load() > 0 {
+	if !sh.inRing || first && c.sched.wakeable.Load() > 0 {
 		c.sched.enter(sh)
 	}
 }
