@@ -220,7 +220,7 @@ func (s *sched) next(w *worker) *shard {
 			s.wakeable.Store(int32(s.idle - s.signalled))
 			break // woken by shutdown
 		}
-		s.signalled-- // and wakeable went down when it was signalled
+		s.signalled--      // and wakeable went down when it was signalled
 		w.searching = true // woken by wakeFor, which counted it
 	}
 	if s.stop {
