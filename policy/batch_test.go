@@ -98,8 +98,21 @@ func TestBatchHoldsRecycledState(t *testing.T) {
 	}
 }
 
-// The zero Batch is ended: End does nothing.
-func TestBatchZeroEnd(t *testing.T) {
+// The zero Batch is ended: End does nothing, and Allow says so rather than
+// admitting an attempt on no guard.
+func TestBatchEnded(t *testing.T) {
 	var b policy.Batch
 	b.End()
+	if _, err := b.Allow(context.Background()); !errors.Is(err, policy.ErrBatchEnded) {
+		t.Fatalf("Allow on the zero Batch: %v, want ErrBatchEnded", err)
+	}
+	g, err := policy.New(batchPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = g.Batch()
+	b.End()
+	if _, err := b.Allow(context.Background()); !errors.Is(err, policy.ErrBatchEnded) {
+		t.Fatalf("Allow after End: %v, want ErrBatchEnded", err)
+	}
 }

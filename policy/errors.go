@@ -35,6 +35,10 @@ var (
 	// [EventBreakerOpened] a slow call caused. No call returns it: a slow
 	// call succeeded.
 	ErrSlowCall = errors.New("policy: slow call")
+
+	// ErrBatchEnded: Batch.Allow was called on a batch that was ended (or
+	// never started). A caller bug: start a new one with Guard.Batch.
+	ErrBatchEnded = errors.New("policy: batch ended")
 )
 
 // OpenError is returned when the breaker refuses an attempt. One OpenError

@@ -73,16 +73,16 @@ func (h *Guard) Allow(ctx context.Context) (Permit, error) {
 // from a [Recycler], and the batch adds up its successes and writes them to
 // the guard's counters once, at [Batch.End]. That is three locked writes
 // fewer per attempt on a guard from a Recycler, one on another guard; what
-// an attempt decides and records (the breaker, the
-// budget, the latency estimate, failures and rejections) is unchanged and
-// seen at once.
+// an attempt decides and records (the breaker, the budget, the latency
+// estimate, failures and rejections) is unchanged and seen at once.
 //
 // Until End, [Guard.Stats] does not count the batch's successes, and a
 // guard retired during the batch (a scope evicting its key) keeps serving
 // the batch's attempts from its old state, which is not reused before End;
 // the guard's next call after End moves to a fresh state as usual. End the
-// permits of a batch before the batch; a Batch must not be copied or
-// shared between goroutines. The zero Batch is ended.
+// permits of a batch before the batch. A Batch in use must not be copied
+// (its permits point to it) or shared between goroutines. The zero Batch
+// is ended.
 type Batch struct {
 	g         *guard
 	shard     uint8
@@ -97,9 +97,12 @@ func (h *Guard) Batch() Batch {
 	return Batch{g: g, shard: uint8(r & (counterShards - 1)), counted: g.pool != nil}
 }
 
-// Allow is [Guard.Allow] for an attempt of the batch. It must not be called
-// on an ended batch.
+// Allow is [Guard.Allow] for an attempt of the batch. On an ended batch
+// it returns [ErrBatchEnded].
 func (b *Batch) Allow(ctx context.Context) (Permit, error) {
+	if b.g == nil {
+		return Permit{}, ErrBatchEnded
+	}
 	var p Permit
 	if err := b.g.allow(ctx, &p, rand.Uint32()); err != nil {
 		return Permit{}, err
