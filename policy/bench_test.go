@@ -283,98 +283,62 @@ func BenchmarkRejected(b *testing.B) {
 }
 
 func BenchmarkAllowDone(b *testing.B) {
-	ctx := context.Background()
-	b.Run("ringfence/serial", func(b *testing.B) {
-		g := benchGuard(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			p, err := g.Allow(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Done(nil)
-		}
-	})
-	b.Run("ringfence/parallel", func(b *testing.B) {
-		g := benchGuard(b)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				p, err := g.Allow(ctx)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				p.Done(nil)
-			}
-		})
-	})
 	// A guard from a scope, as the consumer's worker uses it: Allow per
 	// attempt, or a Batch over a run of 8 attempts (policy.Batch).
-	b.Run("ringfence-recycled/serial", func(b *testing.B) {
-		g := benchGuardRecycled(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			p, err := g.Allow(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Done(nil)
-		}
-	})
-	b.Run("ringfence-recycled-batch8/serial", func(b *testing.B) {
-		g := benchGuardRecycled(b)
-		b.ReportAllocs()
-		var batch policy.Batch
-		i := 0
-		for b.Loop() {
-			if i%8 == 0 {
-				batch.End()
-				batch = g.Batch()
-			}
-			i++
-			p, err := batch.Allow(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Done(nil)
-		}
-		batch.End()
-	})
-	b.Run("ringfence-recycled/parallel", func(b *testing.B) {
-		g := benchGuardRecycled(b)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				p, err := g.Allow(ctx)
-				if err != nil {
-					b.Error(err)
+	for _, bc := range []struct {
+		name  string
+		guard func(*testing.B) *policy.Guard
+		batch int // attempts per policy.Batch; 0: Guard.Allow
+	}{
+		{"ringfence", benchGuard, 0},
+		{"ringfence-recycled", benchGuardRecycled, 0},
+		{"ringfence-recycled-batch8", benchGuardRecycled, 8},
+	} {
+		b.Run(bc.name+"/serial", func(b *testing.B) {
+			g := bc.guard(b)
+			b.ReportAllocs()
+			var run policy.Batch
+			for i := 0; b.Loop(); i++ {
+				if !allowDone(b, g, &run, bc.batch, i) {
 					return
 				}
-				p.Done(nil)
 			}
+			run.End()
 		})
-	})
-	b.Run("ringfence-recycled-batch8/parallel", func(b *testing.B) {
-		g := benchGuardRecycled(b)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			var batch policy.Batch
-			i := 0
-			for pb.Next() {
-				if i%8 == 0 {
-					batch.End()
-					batch = g.Batch()
+		b.Run(bc.name+"/parallel", func(b *testing.B) {
+			g := bc.guard(b)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				var run policy.Batch
+				for i := 0; pb.Next(); i++ {
+					if !allowDone(b, g, &run, bc.batch, i) {
+						return
+					}
 				}
-				i++
-				p, err := batch.Allow(ctx)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				p.Done(nil)
-			}
-			batch.End()
+				run.End()
+			})
 		})
-	})
+	}
+}
+
+// allowDone makes attempt i: Allow then Done(nil) on g, through run, a
+// policy.Batch renewed every batch attempts, if batch > 0.
+func allowDone(b *testing.B, g *policy.Guard, run *policy.Batch, batch, i int) bool {
+	var p policy.Permit
+	var err error
+	if batch > 0 {
+		if i%batch == 0 {
+			run.End()
+			*run = g.Batch()
+		}
+		p, err = run.Allow(context.Background())
+	} else {
+		p, err = g.Allow(context.Background())
+	}
+	if err != nil {
+		b.Error(err)
+		return false
+	}
+	p.Done(nil)
+	return true
 }

@@ -85,16 +85,15 @@ func (h *Guard) Allow(ctx context.Context) (Permit, error) {
 // is ended.
 type Batch struct {
 	g         *guard
-	shard     uint8
-	counted   bool
+	shard     uint8 // the counter shard Batch counted in on (a recycled state)
 	successes uint64
 }
 
 // Batch starts a batch of attempts on h; see [Batch].
 func (h *Guard) Batch() Batch {
 	r := rand.Uint32()
-	g, _ := h.enter(r) // counted in on shard r's, as Guard.Allow
-	return Batch{g: g, shard: uint8(r & (counterShards - 1)), counted: g.pool != nil}
+	g, sh := h.enter(r) // counted in on a recycled state, as Guard.Allow
+	return Batch{g: g, shard: sh}
 }
 
 // Allow is [Guard.Allow] for an attempt of the batch. On an ended batch
@@ -121,9 +120,7 @@ func (b *Batch) End() {
 	if b.successes > 0 {
 		g.counts[b.shard].successes.Add(b.successes)
 	}
-	if b.counted {
-		g.exit(b.shard)
-	}
+	g.exit(b.shard) // counts out of a recycled state; nothing on another
 	*b = Batch{}
 }
 
