@@ -62,10 +62,13 @@ func benchTopic(b *testing.B) (addrs []string, topic string) {
 // tenants, 100-byte values) with a no-op handler: kafka-go's own group
 // Reader (FetchMessage + CommitMessages, commits batched by
 // CommitInterval), this package's Source driven by a minimal loop that
-// commits every message, the Source under the full engine, and franz-go's
-// kgo client in a group (a PollFetches loop, committed by kgo's default
-// autocommit: every 5s, only what earlier polls returned, so a record is
-// committed only once the loop has handled it and polled again). One op is
+// commits every message, the Source with each delivered slice handed whole
+// to one goroutine that commits past its messages (handoff-floor: what
+// running handlers off the fetch goroutine costs at the least), the Source
+// under the full engine, and franz-go's kgo client in a group (a
+// PollFetches loop, committed by kgo's default autocommit: every 5s, only
+// what earlier polls returned, so a record is committed only once the loop
+// has handled it and polled again). One op is
 // the whole topic, group join and shutdown included; msgs/s is the figure
 // to compare. The rows run in a random order in one invocation, each row's
 // -count repetitions back to back; for medians and the ratios of issue 18,
@@ -159,6 +162,35 @@ func BenchmarkConsume(b *testing.B) {
 			if err := <-errc; err != nil {
 				b.Fatal(err)
 			}
+		}
+		report(b)
+	}})
+
+	// handoff-floor is the least an engine that runs handlers off the
+	// fetch goroutine can cost: each delivered slice goes whole to one
+	// goroutine over a channel, which commits past each message. No
+	// tenants, order per tenant, guard or bound: the price of the hand-off
+	// alone, against which the engine's ratio to the source is read.
+	rows = append(rows, benchRow{"handoff-floor", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			begin()
+			src, err := NewSource(addrs, topic, group())
+			if err != nil {
+				b.Fatal(err)
+			}
+			d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark}
+			go d.work()
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- src.Run(ctx, d) }()
+			<-d.done
+			lap()
+			cancel()
+			if err := <-errc; err != nil {
+				b.Fatal(err)
+			}
+			close(d.ch) // Run returned: no DeliverBatch after it
 		}
 		report(b)
 	}})
@@ -285,6 +317,37 @@ func (d *loopDispatcher) Deliver(m *consumer.Message) {
 	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
 	if d.n.Add(1) == d.want {
 		d.once.Do(func() { close(d.done) })
+	}
+}
+
+// handoffDispatcher hands each delivered slice to one goroutine (work),
+// which commits past each message: see the handoff-floor row.
+type handoffDispatcher struct {
+	src  *Source
+	ch   chan []*consumer.Message
+	want int
+	done chan struct{}
+	mark func()
+}
+
+func (d *handoffDispatcher) Assigned(consumer.Partition) {}
+func (d *handoffDispatcher) Revoked(consumer.Partition)  {}
+
+// DeliverBatch keeps ms: the source builds a new slice for every call.
+func (d *handoffDispatcher) DeliverBatch(ms []*consumer.Message) { d.ch <- ms }
+
+func (d *handoffDispatcher) Deliver(m *consumer.Message) { d.ch <- []*consumer.Message{m} }
+
+func (d *handoffDispatcher) work() {
+	n := 0
+	for ms := range d.ch {
+		for _, m := range ms {
+			d.mark()
+			_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
+			if n++; n == d.want {
+				close(d.done)
+			}
+		}
 	}
 }
 
