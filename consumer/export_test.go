@@ -41,3 +41,6 @@ func DumpReady(c *Consumer) []string {
 	}
 	return out
 }
+
+// RunMax is the most messages of a lane one run steps (see runMax).
+const RunMax = runMax

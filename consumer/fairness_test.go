@@ -215,3 +215,102 @@ func harnessConfig(h *consumertest.MemHarness, concurrency int, handler consumer
 		Handler:     handler,
 	}
 }
+
+// Turns of quick tenants (issue 18): two tenants with backlogs on one
+// partition and one worker. A tenant whose calls are slower than the
+// engine's quick-turn budget by its latency estimate (here 50µs sleeps)
+// takes one message a turn, its weight: the two alternate. A tenant whose
+// calls take well under a microsecond takes several in a turn (up to
+// RunMax), so that one take and one finish serve them, and never more
+// than RunMax while the other waits. The tenants' estimates warm up first;
+// once those messages are handled, a third tenant's call holds the one
+// worker until both backlogs are in the engine.
+func TestQuickTenantsTakeLongerTurns(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		warm, behind int // warm: a multiple of genSource's batch of 64
+		sleep        time.Duration
+	}{
+		{"quick", 94 * 64, 2000, 0},
+		{"slow", 2 * 64, 400, 50 * time.Microsecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := tc.warm + 1 + tc.behind
+			var warmed atomic.Int64
+			src := newGenSource(n, func(i int) *consumer.Message {
+				switch {
+				case i < tc.warm:
+					return tenantMsg([]string{"a", "b"}[i%2], "warm")
+				case i == tc.warm:
+					// The first of a batch: every warm-up message was
+					// delivered. Wait (bounded) until they are handled.
+					for end := time.Now().Add(10 * time.Second); warmed.Load() < int64(tc.warm) && time.Now().Before(end); {
+						time.Sleep(time.Millisecond)
+					}
+					return tenantMsg("gate", "gate")
+				}
+				return tenantMsg([]string{"a", "b"}[i%2], "behind")
+			})
+			gate := make(chan struct{})
+			var mu sync.Mutex
+			var order []byte // tenants of the backlog's messages, as handled
+			c := startWith(t, consumer.Config{
+				Concurrency:           1,
+				MaxQueuedPerPartition: 2 * n,
+				MaxQueuedPerTenant:    2 * n,
+				Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+					switch string(m.Value) {
+					case "gate":
+						<-gate
+						return nil
+					case "warm":
+						warmed.Add(1)
+					case "behind":
+						mu.Lock()
+						order = append(order, m.Key[0])
+						mu.Unlock()
+					}
+					if tc.sleep > 0 {
+						time.Sleep(tc.sleep)
+					}
+					return nil
+				}),
+			}, src)
+			consumertest.Eventually(t, "the backlog in the engine behind the gate", func() bool {
+				return warmed.Load() == int64(tc.warm) && c.Stats().Queued == tc.behind+1
+			})
+			close(gate)
+			consumertest.Eventually(t, "the backlog handled", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(order) == tc.behind
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			// The longest run of one tenant while the other still had
+			// messages (the last run is left out).
+			last := len(order)
+			for last > 0 && order[last-1] == order[len(order)-1] {
+				last--
+			}
+			longest, run := 0, 0
+			for i := range last {
+				if i > 0 && order[i] == order[i-1] {
+					run++
+				} else {
+					run = 1
+				}
+				longest = max(longest, run)
+			}
+			t.Logf("longest turn: %d messages", longest)
+			switch {
+			case tc.sleep > 0 && longest != 1:
+				t.Fatalf("a tenant of %v calls took %d messages in a turn while the other waited; want 1 (its weight)", tc.sleep, longest)
+			case tc.sleep == 0 && longest < 2:
+				t.Fatalf("quick tenants alternated message by message; want turns of several")
+			case longest > consumer.RunMax:
+				t.Fatalf("a turn of %d messages while the other tenant waited; want at most %d", longest, consumer.RunMax)
+			}
+		})
+	}
+}
