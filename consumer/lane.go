@@ -27,6 +27,10 @@ type lane struct {
 	dead   bool // dropped (partition revoked or lane swept)
 	seen   bool // touched since the last idle sweep
 	credit int  // fair-share turns left before the lane yields its worker
+	// quick: the credit was multiplied for a tenant of quick calls (see
+	// creditOf); a run of the lane then counts as one job of its worker's
+	// turn on the shard, not one per message.
+	quick bool
 
 	// judge, when set, means the head is suspect and says why (exhausted,
 	// panic or poison); see the package doc's "Dead letters". judgeSpan is

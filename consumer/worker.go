@@ -11,7 +11,10 @@ import (
 
 // shardTurn is how many jobs a worker takes from one shard before it lets
 // the scheduler pick the next shard: fairness across partitions without a
-// trip through the scheduler's lock per message.
+// trip through the scheduler's lock per message. A job is one message, or
+// a whole run of a quick tenant's lane (at most quickTurn by its estimate),
+// so a worker's turn on a shard lasts about shardTurn handler calls or
+// shardTurn quick turns.
 const shardTurn = 16
 
 // maxJudgeSpan caps how many following messages one judge round tries.
@@ -176,7 +179,7 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 		}
 		l.state = laneRunning
 		if l.credit <= 0 {
-			l.credit = c.creditOf(l.t)
+			l.credit, l.quick = c.creditOf(l.t)
 		}
 		w.load(l)
 		w.chain = sh.ready.len() // lanes still ready behind it
@@ -210,7 +213,10 @@ func (w *worker) load(l *lane) {
 	}
 	// A run takes at most the worker's turns on the shard, and past the
 	// lane's fair share only while no other lane of the shard is ready.
-	n := min(l.q.len()-1, runMax-1, shardTurn-1-w.turn)
+	n := min(l.q.len()-1, runMax-1)
+	if !l.quick {
+		n = min(n, shardTurn-1-w.turn)
+	}
 	j.turns = l.credit - 1
 	if l.sh.ready.len() > 0 {
 		n = min(n, j.turns)
@@ -256,7 +262,9 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		c.releaseSlot(w, t)
 		return false
 	}
-	w.turn += j.next
+	if !l.quick {
+		w.turn += j.next // a quick lane's run is one job (see shardTurn)
+	}
 	moved := false
 	for _, m := range r.settled {
 		moved = c.removeSettled(sh, l, m) || moved
@@ -355,17 +363,18 @@ const quickTurn = 10 * time.Microsecond
 // quickTurn of a quick one, while a quick tenant's turn of up to runMax
 // messages pays the work of a turn (take, finish, the partition's lock)
 // once instead of per message. Tenants of equal latency keep the ratio of
-// their weights. Without an estimate yet, the weight alone.
-func (c *Consumer) creditOf(t *tenant) int {
+// their weights. Without an estimate yet, the weight alone. quick reports
+// a multiplied credit.
+func (c *Consumer) creditOf(t *tenant) (credit int, quick bool) {
 	g := t.peekGuard()
 	if g == nil {
-		return 1
+		return 1, false
 	}
 	w := max(g.Weight(), 1)
 	if est := g.Latency(); est > 0 && est < quickTurn/2 {
-		w *= int(min(quickTurn/est, runMax))
+		return w * int(min(quickTurn/est, runMax)), true
 	}
-	return w
+	return w, false
 }
 
 // flush does what the last locked section deferred: events, blocked lanes
