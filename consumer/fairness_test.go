@@ -216,25 +216,40 @@ func harnessConfig(h *consumertest.MemHarness, concurrency int, handler consumer
 	}
 }
 
+// stepClock is a policy.Clock that moves only when told to: the guards'
+// latency estimates then read exactly the durations a test gives its calls.
+type stepClock struct{ ns atomic.Int64 }
+
+func (c *stepClock) Now() time.Time {
+	return time.Unix(1_800_000_000, 0).Add(time.Duration(c.ns.Load()))
+}
+
+func (c *stepClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
 // Turns of quick tenants (issue 18): two tenants with backlogs on one
 // partition and one worker. A tenant whose calls are slower than the
-// engine's quick-turn budget by its latency estimate (here 50µs sleeps)
-// takes one message a turn, its weight: the two alternate. A tenant whose
-// calls take well under a microsecond takes several in a turn (up to
-// RunMax), so that one take and one finish serve them, and never more
-// than RunMax while the other waits. The tenants' estimates warm up first;
-// once those messages are handled, a third tenant's call holds the one
-// worker until both backlogs are in the engine.
+// engine's quick-turn budget by its latency estimate (here each call
+// takes 50µs by the policy's clock) takes one message a turn, its weight:
+// the two alternate. A tenant whose calls take no time takes several in a
+// turn (up to RunMax), so that one take and one finish serve them, and
+// never more than RunMax while the other waits. The policy's clock is the
+// test's, so that the estimates do not depend on the machine's load. The
+// tenants' estimates warm up first; once those messages are handled, a
+// third tenant's call holds the one worker until both backlogs are in the
+// engine.
 func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		warm, behind int // warm: a multiple of genSource's batch of 64
-		sleep        time.Duration
+		call         time.Duration
 	}{
-		{"quick", 94 * 64, 2000, 0},
+		{"quick", 2 * 64, 2000, 0},
 		{"slow", 2 * 64, 400, 50 * time.Microsecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			clk := &stepClock{}
+			p := policy.Default()
+			p.Clock = clk
 			n := tc.warm + 1 + tc.behind
 			var warmed atomic.Int64
 			src := newGenSource(n, func(i int) *consumer.Message {
@@ -255,6 +270,7 @@ func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 			var mu sync.Mutex
 			var order []byte // tenants of the backlog's messages, as handled
 			c := startWith(t, consumer.Config{
+				Scope:                 scope.New(p, scope.Options[string]{}),
 				Concurrency:           1,
 				MaxQueuedPerPartition: 2 * n,
 				MaxQueuedPerTenant:    2 * n,
@@ -270,9 +286,7 @@ func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 						order = append(order, m.Key[0])
 						mu.Unlock()
 					}
-					if tc.sleep > 0 {
-						time.Sleep(tc.sleep)
-					}
+					clk.advance(tc.call)
 					return nil
 				}),
 			}, src)
@@ -304,9 +318,9 @@ func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 			}
 			t.Logf("longest turn: %d messages", longest)
 			switch {
-			case tc.sleep > 0 && longest != 1:
-				t.Fatalf("a tenant of %v calls took %d messages in a turn while the other waited; want 1 (its weight)", tc.sleep, longest)
-			case tc.sleep == 0 && longest < 2:
+			case tc.call > 0 && longest != 1:
+				t.Fatalf("a tenant of %v calls took %d messages in a turn while the other waited; want 1 (its weight)", tc.call, longest)
+			case tc.call == 0 && longest < 2:
 				t.Fatalf("quick tenants alternated message by message; want turns of several")
 			case longest > consumer.RunMax:
 				t.Fatalf("a turn of %d messages while the other tenant waited; want at most %d", longest, consumer.RunMax)
