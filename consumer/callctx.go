@@ -159,7 +159,7 @@ func (x *callCtx) begin(deadline int64) {
 	if x.expired.Load() {
 		x.expired.Store(false)
 	}
-	if x.parent.Err() != nil {
+	if x.c.hdone.Load() {
 		x.cancel(x.parent.Err())
 	}
 }

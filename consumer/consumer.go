@@ -36,8 +36,12 @@ type Consumer struct {
 	epoch      time.Time
 	now        atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping
 
-	hctx     context.Context // parent of handler contexts; cancelled past DrainTimeout
-	hcancel  context.CancelFunc
+	hctx    context.Context // parent of handler contexts; cancelled past DrainTimeout
+	hcancel context.CancelFunc
+	// hdone is set once hctx is cancelled: a call's begin loads it rather
+	// than asking hctx.Err() (an atomic.Value load and a type check, ~10 ns
+	// a message at one tenant).
+	hdone    atomic.Bool
 	bg       context.Context // for Source, spill and DLQ calls; cancelled when Run returns
 	bgCancel context.CancelFunc
 
@@ -100,7 +104,12 @@ func New(cfg Config) (*Consumer, error) {
 	c.parts.Store(&empty)
 	c.sched.cond = sync.NewCond(&c.sched.mu)
 	c.spillQ.cond = sync.NewCond(&c.spillQ.mu)
-	c.hctx, c.hcancel = context.WithCancel(context.Background())
+	hctx, hcancel := context.WithCancel(context.Background())
+	c.hctx = hctx
+	c.hcancel = func() {
+		hcancel()
+		c.hdone.Store(true) // after: a begin that sees it finds hctx.Err() set
+	}
 	c.bg, c.bgCancel = context.WithCancel(context.Background())
 	return c, nil
 }
