@@ -109,6 +109,19 @@ func BenchmarkConsume(b *testing.B) {
 		firstOnce = sync.Once{}
 	}
 
+	// runTo runs src into d until done, times the op (lap) and stops src.
+	runTo := func(b *testing.B, src *Source, d consumer.Dispatcher, done <-chan struct{}) {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- src.Run(ctx, d) }()
+		<-done
+		lap()
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}
+
 	var rows []benchRow
 	rows = append(rows, benchRow{"kafka-go-reader", func(b *testing.B) {
 		b.ReportAllocs()
@@ -143,91 +156,65 @@ func BenchmarkConsume(b *testing.B) {
 		report(b)
 	}})
 
-	rows = append(rows, benchRow{"ringfence-source", func(b *testing.B) {
-		b.ReportAllocs()
-		for range b.N {
-			begin()
-			src, err := NewSource(addrs, topic, group())
-			if err != nil {
-				b.Fatal(err)
+	// sourceRow is a row that reads the topic with this package's Source
+	// once per op: op runs it to the end.
+	sourceRow := func(name string, op func(b *testing.B, src *Source)) benchRow {
+		return benchRow{name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				begin()
+				src, err := NewSource(addrs, topic, group())
+				if err != nil {
+					b.Fatal(err)
+				}
+				op(b, src)
 			}
-			d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			go func() { errc <- src.Run(ctx, d) }()
-			<-d.done
-			lap()
-			cancel()
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
-		}
-		report(b)
-	}})
+			report(b)
+		}}
+	}
+
+	rows = append(rows, sourceRow("ringfence-source", func(b *testing.B, src *Source) {
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
+		runTo(b, src, d, d.done)
+	}))
 
 	// handoff-floor is the least an engine that runs handlers off the
 	// fetch goroutine can cost: each delivered slice goes whole to one
 	// goroutine over a channel, which commits past each message. No
 	// tenants, order per tenant, guard or bound: the price of the hand-off
 	// alone, against which the engine's ratio to the source is read.
-	rows = append(rows, benchRow{"handoff-floor", func(b *testing.B) {
-		b.ReportAllocs()
-		for range b.N {
-			begin()
-			src, err := NewSource(addrs, topic, group())
-			if err != nil {
-				b.Fatal(err)
-			}
-			d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark}
-			go d.work()
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			go func() { errc <- src.Run(ctx, d) }()
-			<-d.done
-			lap()
-			cancel()
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
-			close(d.ch) // Run returned: no DeliverBatch after it
-		}
-		report(b)
-	}})
+	rows = append(rows, sourceRow("handoff-floor", func(b *testing.B, src *Source) {
+		d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark}
+		go d.work()
+		runTo(b, src, d, d.done)
+		close(d.ch) // Run returned: no DeliverBatch after it
+	}))
 
-	rows = append(rows, benchRow{"ringfence-engine", func(b *testing.B) {
-		b.ReportAllocs()
-		for range b.N {
-			begin()
-			src, err := NewSource(addrs, topic, group())
-			if err != nil {
-				b.Fatal(err)
-			}
-			c, err := consumer.New(consumer.Config{
-				Tenant: consumer.FromKey(),
-				DLQ:    dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
-				// A no-op, as in the other rows: the end is read from the
-				// engine's own count (see waitHandled).
-				Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error {
-					mark()
-					return nil
-				}),
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			go func() { errc <- c.Run(ctx, src) }()
-			waitHandled(b, c)
-			lap()
-			checkTenants(b, c)
-			cancel()
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
+	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *Source) {
+		c, err := consumer.New(consumer.Config{
+			Tenant: consumer.FromKey(),
+			DLQ:    dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
+			// A no-op, as in the other rows: the end is read from the
+			// engine's own count (see waitHandled).
+			Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error {
+				mark()
+				return nil
+			}),
+		})
+		if err != nil {
+			b.Fatal(err)
 		}
-		report(b)
-	}})
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- c.Run(ctx, src) }()
+		waitHandled(b, c)
+		lap()
+		checkTenants(b, c)
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}))
 
 	rows = append(rows, benchRow{"franz-go-kgo", func(b *testing.B) {
 		b.ReportAllocs()
