@@ -88,9 +88,9 @@ type Batch struct {
 	shard     uint8 // the counter shard Batch counted in on (a recycled state)
 	successes uint64
 	// rnd draws each attempt's random number (its counter shard and
-	// whether it is a latency sample) by xorshift from a seed the batch
-	// took at its start: a draw from the runtime's generator per attempt
-	// was ~5% of a batch's attempt.
+	// whether it is a latency sample) by xorshift, seeded with the draw
+	// the batch started with: a draw from the runtime's generator per
+	// attempt was ~5% of a batch's attempt.
 	rnd uint32
 }
 
@@ -98,7 +98,7 @@ type Batch struct {
 func (h *Guard) Batch() Batch {
 	r := rand.Uint32()
 	g, sh := h.enter(r) // counted in on a recycled state, as Guard.Allow
-	return Batch{g: g, shard: sh, rnd: rand.Uint32() | 1}
+	return Batch{g: g, shard: sh, rnd: r | 1}
 }
 
 // Allow is [Guard.Allow] for an attempt of the batch. On an ended batch

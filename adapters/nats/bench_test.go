@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/internal/natstest"
@@ -105,27 +106,6 @@ func (c *countingSource) Settle(ctx context.Context, m *consumer.Message) error 
 	s := m.Topic // "<subject>.tNN"
 	c.Add(int(s[len(s)-2]-'0')*10 + int(s[len(s)-1]-'0'))
 	return err
-}
-
-// waitHandled returns once c handled want messages (or more: the stream
-// may hold more than this run reads), reading the engine's own count (kept
-// per worker) every millisecond: the row's end is thus up to about a
-// millisecond late, against the engine. The other rows count on their one
-// consume goroutine; counting per tenant in the engine row's Settle wrote
-// lines shared by the workers on both cores on every message (in an A/B of
-// 8 alternating processes the change was within the row's noise: 0.95 and
-// 0.97 of nats.go, medians of 0.90-1.31 per process).
-func waitHandled(b *testing.B, c *consumer.Consumer, want int) {
-	b.Helper()
-	t := time.NewTicker(time.Millisecond)
-	defer t.Stop()
-	deadline := time.Now().Add(5 * time.Minute)
-	for c.Stats().Handled < uint64(want) {
-		if time.Now().After(deadline) {
-			b.Fatalf("handled %d of %d messages in 5 minutes", c.Stats().Handled, want)
-		}
-		<-t.C
-	}
 }
 
 // settleLoop is the thinnest possible engine: it settles each message as
@@ -236,7 +216,12 @@ func BenchmarkConsume(b *testing.B) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ran := make(chan error, 1)
 		go func() { ran <- c.Run(ctx, src) }()
-		waitHandled(b, c, b.N)
+		// The end is read from the engine's own count, kept per worker
+		// (up to a millisecond late, against the engine): counting per
+		// tenant in Settle wrote lines the workers of both cores share on
+		// every message, where the other rows count on their one consume
+		// goroutine.
+		consumertest.WaitHandled(b, c, uint64(b.N))
 		b.StopTimer()
 		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 		cancel()

@@ -127,6 +127,22 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// WaitHandled returns once c has handled at least want messages, reading
+// its count every millisecond (Eventually's 5ms would blur a benchmark's
+// end); it fails t after five minutes.
+func WaitHandled(t testing.TB, c *consumer.Consumer, want uint64) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(5 * time.Minute)
+	for c.Stats().Handled < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("handled %d of %d messages in 5 minutes", c.Stats().Handled, want)
+		}
+		<-tick.C
+	}
+}
+
 // running is one engine run in the background.
 type running struct {
 	c      *consumer.Consumer
