@@ -324,7 +324,7 @@ func TestHostCheck(t *testing.T) {
 // Many viewers share one snapshot per Refresh.
 func TestSnapshotShared(t *testing.T) {
 	clk := newFakeClock()
-	eng := &countingEngine{stats: consumer.Stats{Handled: 7, Tenants: []consumer.TenantStats{{Tenant: hostile, State: policy.Open, Parked: 3}}}}
+	eng := &countingEngine{stats: consumer.Stats{Totals: consumer.Totals{Handled: 7}, Tenants: []consumer.TenantStats{{Tenant: hostile, State: policy.Open, Parked: 3}}}}
 	_, srv := serve(t, console.Options{Engine: eng, Now: clk.Now, Refresh: time.Second})
 	hc := client(t)
 	for range 20 {

@@ -70,15 +70,20 @@ type PartitionStats struct {
 	Lanes int
 }
 
-// Stats is a snapshot of the engine.
-type Stats struct {
+// Totals are the engine's counters since it was made.
+type Totals struct {
 	Handled, Failed, DeadLettered, Retried, Panics uint64
 	// Spilled, Refed: messages appended to and read back from spill logs;
 	// SpillFailures: failed spill log calls; Duplicates: copies dropped on
 	// re-feed.
 	Spilled, Refed, SpillFailures, Duplicates uint64
 	// Unwritable counts dead letters the DLQ refused for good.
-	Unwritable               uint64
+	Unwritable uint64
+}
+
+// Stats is a snapshot of the engine.
+type Stats struct {
+	Totals
 	Parked, Queued, InFlight int
 	PausedPartitions         int
 	SpillingTenants          int
@@ -90,11 +95,11 @@ type Stats struct {
 	Tenants []TenantStats
 }
 
-// Stats returns a snapshot of the engine and its tenants. It takes each
-// partition's lock briefly, one at a time, and calls no user code.
-func (c *Consumer) Stats() Stats {
+// Totals returns the engine's counters. It reads atomics only: no lock is
+// taken, so it may be polled as often as a caller likes (Stats takes each
+// partition's lock and walks its oldest messages).
+func (c *Consumer) Totals() Totals {
 	var n [6]uint64
-	var inflight int64
 	for _, x := range append([]*counters{&c.stats}, c.counterSets()...) {
 		n[0] += x.handled.Load()
 		n[1] += x.failed.Load()
@@ -103,14 +108,7 @@ func (c *Consumer) Stats() Stats {
 		n[4] += x.panics.Load()
 		n[5] += x.unwritable.Load()
 	}
-	if ws := c.workerList.Load(); ws != nil {
-		for _, w := range *ws {
-			if w.ctx().inCall() {
-				inflight++
-			}
-		}
-	}
-	s := Stats{
+	return Totals{
 		Handled:       n[0],
 		Failed:        n[1],
 		DeadLettered:  n[2],
@@ -121,8 +119,24 @@ func (c *Consumer) Stats() Stats {
 		Refed:         c.stats.refed.Load(),
 		SpillFailures: c.stats.spillFails.Load(),
 		Duplicates:    c.stats.duplicates.Load(),
-		InFlight:      int(inflight),
-		Parked:        int(c.parkedTotal.Load()),
+	}
+}
+
+// Stats returns a snapshot of the engine and its tenants. It takes each
+// partition's lock briefly, one at a time, and calls no user code.
+func (c *Consumer) Stats() Stats {
+	var inflight int64
+	if ws := c.workerList.Load(); ws != nil {
+		for _, w := range *ws {
+			if w.ctx().inCall() {
+				inflight++
+			}
+		}
+	}
+	s := Stats{
+		Totals:   c.Totals(),
+		InFlight: int(inflight),
+		Parked:   int(c.parkedTotal.Load()),
 	}
 	lag := map[*tenant]int64{}
 	queued := map[*tenant]int{}

@@ -135,9 +135,9 @@ func WaitHandled(t testing.TB, c *consumer.Consumer, want uint64) {
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	deadline := time.Now().Add(5 * time.Minute)
-	for c.Stats().Handled < want {
+	for c.Totals().Handled < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("handled %d of %d messages in 5 minutes", c.Stats().Handled, want)
+			t.Fatalf("handled %d of %d messages in 5 minutes", c.Totals().Handled, want)
 		}
 		<-tick.C
 	}
