@@ -405,13 +405,47 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 	}
 }
 
-// handled settles m after its handler succeeded.
+// handled settles m after its handler succeeded. A quick lane's run (see
+// creditOf: at most runMax messages, about quickTurn by its estimate)
+// counts its handled messages and settles them with the source together
+// when the run ends (settleRun), as its watermark commit already does:
+// one count-in for Revoked's wait and one locked add instead of one each
+// per message.
 func (c *Consumer) handled(w *worker, m *Message) {
-	w.n.handled.Add(1)
 	w.res.handled++ // the tenant's count: added in finish
 	m.st.clearProbeFails()
-	c.settleSource(m.st.lane.sh, m, &w.settling)
+	if w.job.l.quick {
+		w.runHandled++
+		if !c.settleNoop {
+			w.unsettled = append(w.unsettled, m)
+		}
+	} else {
+		w.n.handled.Add(1)
+		c.settleSource(m.st.lane.sh, m, &w.settling)
+	}
 	w.res.settled = append(w.res.settled, m)
+}
+
+// settleRun counts the messages a quick run handled and tells the source
+// they are settled (see handled), with no lock held.
+func (c *Consumer) settleRun(w *worker) {
+	if w.runHandled > 0 {
+		w.n.handled.Add(w.runHandled)
+		w.runHandled = 0
+	}
+	if len(w.unsettled) == 0 {
+		return
+	}
+	sh := w.job.sh
+	w.settling.Store(sh)
+	if !sh.gate.closed.Load() {
+		for _, m := range w.unsettled {
+			c.settleOne(sh, m)
+		}
+	}
+	w.settling.Store(nil)
+	clear(w.unsettled)
+	w.unsettled = w.unsettled[:0]
 }
 
 // settleSource tells the source that m is settled (a re-fed message's
@@ -434,6 +468,15 @@ func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shar
 			return
 		}
 		defer sh.gate.exit()
+	}
+	c.settleOne(sh, m)
+}
+
+// settleOne calls Source.Settle for m, of a partition the caller counted
+// itself in on (see settleSource).
+func (c *Consumer) settleOne(sh *shard, m *Message) {
+	if m.Refed || m.st.gen != sh.gen {
+		return
 	}
 	if err := c.src.Settle(c.bg, m); err != nil {
 		c.log.Warn("consumer: settle failed; the message may be redelivered", "partition", m.Partition, "offset", m.Offset, "err", err)

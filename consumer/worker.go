@@ -39,6 +39,11 @@ type worker struct {
 	// run's finish (see allow).
 	batch  policy.Batch
 	batchG *policy.Guard
+	// A quick run's handled messages are counted (runHandled) and those
+	// of a source whose Settle does something (unsettled) settled when the
+	// run ends (see handled).
+	runHandled uint64
+	unsettled  []*Message
 
 	// Deferred until the shard lock is released.
 	events  []Event
@@ -90,7 +95,8 @@ type stepResult struct {
 	// handled counts the messages of the job's tenant this step (or run)
 	// handled: added to the tenant's counter once, in finish, rather than
 	// per message on a line that every worker of the tenant writes (the
-	// engine's total, per worker, counts each at once).
+	// engine's total, per worker, counts each at once, or a quick run's
+	// when the run ends: see handled).
 	handled uint64
 }
 
@@ -148,6 +154,7 @@ func (c *Consumer) work(w *worker) {
 				c.stepHead(w)
 			}
 			w.endBatch()
+			c.settleRun(w)
 			sh.mu.Lock()
 			has = c.finish(sh, w)
 			sh.mu.Unlock()

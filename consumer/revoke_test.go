@@ -1,0 +1,102 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+)
+
+// revokeSource assigns its one partition, delivers a batch and revokes the
+// partition as soon as the first of its messages is settled, round after
+// round, while the workers are in the middle of the batch. Each message carries its round in Handle; a Settle
+// of a round whose Revoked has returned (begun before or after it) breaks
+// the Source contract: no Settle for a partition after Revoked returns.
+type revokeSource struct {
+	rounds, batch int
+	revoked       atomic.Int64   // the last round whose Revoked returned; -1 none
+	settled       []atomic.Int64 // settles per round
+	late          atomic.Int64   // settles of a revoked round
+	lateRound     atomic.Int64
+	done          chan struct{}
+}
+
+func (s *revokeSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	p := consumer.Partition{Topic: "rv", ID: 0}
+	ms := make([]*consumer.Message, s.batch)
+	for r := range s.rounds {
+		d.Assigned(p)
+		for i := range ms {
+			ms[i] = &consumer.Message{Key: []byte(fmt.Sprintf("t%d", i%2)), Topic: p.Topic, Partition: p, Offset: int64(i), Handle: r}
+		}
+		d.DeliverBatch(ms)
+		for deadline := time.Now().Add(time.Second); s.settled[r].Load() == 0 && time.Now().Before(deadline); {
+			runtime.Gosched()
+		}
+		d.Revoked(p)
+		s.revoked.Store(int64(r))
+	}
+	close(s.done)
+	<-ctx.Done()
+	return nil
+}
+
+func (s *revokeSource) Settle(_ context.Context, m *consumer.Message) error {
+	r := int64(m.Handle.(int))
+	s.settled[r].Add(1)
+	if r <= s.revoked.Load() {
+		s.late.Add(1)
+		s.lateRound.Store(r)
+	}
+	return nil
+}
+
+func (s *revokeSource) Commit(context.Context, consumer.Partition, int64) error { return nil }
+func (s *revokeSource) Pause(consumer.Partition)                                {}
+func (s *revokeSource) Resume(consumer.Partition)                               {}
+
+// Revoked waits for the Settle calls of its partition in progress and
+// stops later ones, also those of a quick tenant's run, which settles its
+// handled messages together when the run ends (see Consumer.handled).
+func TestNoSettleAfterRevoked(t *testing.T) {
+	src := &revokeSource{rounds: 400, batch: 64, settled: make([]atomic.Int64, 400), done: make(chan struct{})}
+	src.revoked.Store(-1)
+	var quick atomic.Int64
+	c := startWith(t, consumer.Config{
+		Concurrency:       2,
+		TenantConcurrency: 2,
+		Handler:           consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
+		OnEvent:           func(consumer.Event) {},
+	}, src)
+	select {
+	case <-src.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the rounds did not end")
+	}
+	if n := src.late.Load(); n > 0 {
+		t.Fatalf("%d Settle calls for a partition after its Revoked returned (round %d)", n, src.lateRound.Load())
+	}
+	// The revocations cut into the batches: some rounds had messages
+	// settled and others not.
+	cut := 0
+	for r := range src.settled {
+		if n := src.settled[r].Load(); n > 0 && n < int64(src.batch) {
+			cut++
+		}
+	}
+	if cut == 0 {
+		t.Fatal("no revocation came while a batch was being handled: the test raced nothing")
+	}
+	for _, ts := range c.Stats().Tenants {
+		if ts.Latency > 0 && ts.Latency < 5*time.Microsecond {
+			quick.Add(1)
+		}
+	}
+	if quick.Load() == 0 {
+		t.Fatal("no tenant's estimate is quick (under 5µs): the run path was not exercised")
+	}
+}
