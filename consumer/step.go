@@ -355,13 +355,26 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 	if timeout > 0 {
 		deadline = now + int64(timeout)
 	}
+	// A quick run's calls share one begin and one end of the worker's
+	// context (two locked writes a call otherwise) while nothing observed
+	// or cancelled it and the deadline a call would get is the same
+	// (the engine clock moves once a tick): see worker.callOpen.
+	keep := w.job.l.quick && len(w.job.run) > 0 && !judged
 	ctx := w.ctx()
-	ctx.begin(deadline)
+	if !w.callOpen || ctx.deadline.Load() != deadline || ctx.dirty.Load() || c.hdone.Load() {
+		w.endCall()
+		ctx = w.ctx()
+		ctx.begin(deadline)
+	}
+	w.callOpen = false
 	defer func() {
-		if !ctx.end() {
+		r := recover()
+		if r == nil && keep && !ctx.dirty.Load() {
+			w.callOpen = true // ended by the run's next call or its end
+		} else if !ctx.end() {
 			w.cur.Store(newCallCtx(c))
 		}
-		if r := recover(); r != nil {
+		if r != nil {
 			buf := make([]byte, 2048)
 			buf = buf[:runtime.Stack(buf, false)]
 			err = &PanicError{Value: r, Stack: string(buf)}

@@ -44,6 +44,13 @@ type worker struct {
 	// run ends (see handled).
 	runHandled uint64
 	unsettled  []*Message
+	// callOpen: the worker's context is still in the call begun for a
+	// message of the job's quick run, kept open for the run's next call
+	// (see call) and ended by endCall when the run ends. Between the
+	// run's calls the worker counts as in a call (Stats.InFlight), and an
+	// expiry then (the run stalled for a whole AttemptTimeout) marks the
+	// context dirty, so the next call begins a fresh one.
+	callOpen bool
 
 	// Deferred until the shard lock is released.
 	events  []Event
@@ -122,6 +129,17 @@ func (w *worker) allow(ctx context.Context, g *policy.Guard) (policy.Permit, err
 	return w.batch.Allow(ctx)
 }
 
+// endCall ends the call a quick run kept open, if any (see callOpen).
+func (w *worker) endCall() {
+	if !w.callOpen {
+		return
+	}
+	w.callOpen = false
+	if !w.ctx().end() {
+		w.cur.Store(newCallCtx(w.c))
+	}
+}
+
 // endBatch ends the worker's batch, if any: before the run's finish, so
 // that the guard's counters and its state's reuse never wait for an idle
 // worker.
@@ -153,6 +171,7 @@ func (c *Consumer) work(w *worker) {
 			for w.runOn() {
 				c.stepHead(w)
 			}
+			w.endCall()
 			w.endBatch()
 			c.settleRun(w)
 			sh.mu.Lock()

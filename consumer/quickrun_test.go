@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
 )
 
 // revokeSource assigns its one partition, delivers a batch and revokes the
@@ -66,7 +71,10 @@ func TestNoSettleAfterRevoked(t *testing.T) {
 	src := &revokeSource{rounds: 400, batch: 64, settled: make([]atomic.Int64, 400), done: make(chan struct{})}
 	src.revoked.Store(-1)
 	var quick atomic.Int64
+	p := policy.Default()
+	p.Clock = &stepClock{} // every call takes no time by the guards' clock: quick, whatever the load
 	c := startWith(t, consumer.Config{
+		Scope:             scope.New(p, scope.Options[string]{}),
 		Concurrency:       2,
 		TenantConcurrency: 2,
 		Handler:           consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
@@ -99,4 +107,68 @@ func TestNoSettleAfterRevoked(t *testing.T) {
 	if quick.Load() == 0 {
 		t.Fatal("no tenant's estimate is quick (under 5µs): the run path was not exercised")
 	}
+}
+
+// A quick tenant's run keeps one call of the worker's context open from
+// message to message (see call). Each call must still get a context that
+// is not cancelled when it starts, with a deadline ahead of it; a context
+// a handler observed (Done) is cancelled once that call returns and is
+// never handed to a later call; and once the runs end no worker counts as
+// in a call.
+func TestQuickRunContexts(t *testing.T) {
+	const n = 4000
+	var (
+		calls, stale, noDeadline, reused atomic.Int64
+		observed                         = make(chan context.Context, n)
+		seen                             sync.Map // contexts observed, by identity
+	)
+	src := newGenSource(n, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%d", i%2), strconv.Itoa(i)) })
+	p := policy.Default()
+	p.AttemptTimeout = time.Minute
+	p.Clock = &stepClock{} // every call takes no time by the guards' clock: quick, whatever the load
+	c := startWith(t, consumer.Config{
+		Scope:             scope.New(p, scope.Options[string]{}),
+		Concurrency:       2,
+		TenantConcurrency: 2,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			i := calls.Add(1)
+			if ctx.Err() != nil {
+				stale.Add(1)
+			}
+			if d, ok := ctx.Deadline(); !ok || !d.After(time.Now()) {
+				noDeadline.Add(1)
+			}
+			if _, ok := seen.Load(ctx); ok {
+				reused.Add(1)
+			}
+			if i%7 == 0 { // observe it: Done must close once this call returns
+				_ = ctx.Done()
+				seen.Store(ctx, true)
+				observed <- ctx
+			}
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "every message handled", func() bool { return c.Totals().Handled == n })
+	if stale.Load() != 0 || noDeadline.Load() != 0 || reused.Load() != 0 {
+		t.Fatalf("of %d calls: %d began cancelled, %d had no deadline ahead, %d got a context an earlier call observed", calls.Load(), stale.Load(), noDeadline.Load(), reused.Load())
+	}
+	close(observed)
+	for ctx := range observed {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("a context the handler observed was not cancelled after its call returned")
+		}
+	}
+	quick := 0
+	for _, ts := range c.Stats().Tenants {
+		if ts.Latency > 0 && ts.Latency < 5*time.Microsecond {
+			quick++
+		}
+	}
+	if quick == 0 {
+		t.Fatal("no tenant's estimate is quick (under 5µs): the run path was not exercised")
+	}
+	consumertest.Eventually(t, "no worker in a call once the runs ended", func() bool { return c.Stats().InFlight == 0 })
 }
