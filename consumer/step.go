@@ -371,8 +371,8 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 		r := recover()
 		if r == nil && keep && !ctx.dirty.Load() {
 			w.callOpen = true // ended by the run's next call or its end
-		} else if !ctx.end() {
-			w.cur.Store(newCallCtx(c))
+		} else {
+			w.closeCall(ctx)
 		}
 		if r != nil {
 			buf := make([]byte, 2048)
@@ -449,14 +449,7 @@ func (c *Consumer) settleRun(w *worker) {
 	if len(w.unsettled) == 0 {
 		return
 	}
-	sh := w.job.sh
-	w.settling.Store(sh)
-	if !sh.gate.closed.Load() {
-		for _, m := range w.unsettled {
-			c.settleOne(sh, m)
-		}
-	}
-	w.settling.Store(nil)
+	c.settleCounted(w.job.sh, w.unsettled, &w.settling)
 	clear(w.unsettled)
 	w.unsettled = w.unsettled[:0]
 }
@@ -471,18 +464,28 @@ func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shar
 		return
 	}
 	if slot != nil {
-		slot.Store(sh)
-		defer slot.Store(nil)
-		if sh.gate.closed.Load() {
-			return
-		}
-	} else {
-		if !sh.gate.enter() {
-			return
-		}
-		defer sh.gate.exit()
+		one := [1]*Message{m}
+		c.settleCounted(sh, one[:], slot)
+		return
 	}
+	if !sh.gate.enter() {
+		return
+	}
+	defer sh.gate.exit()
 	c.settleOne(sh, m)
+}
+
+// settleCounted settles ms, of sh, with a worker counted in by its slot:
+// Revoked waits while the slot holds sh, and the worker settles nothing
+// once the gate is closed (see settleGate).
+func (c *Consumer) settleCounted(sh *shard, ms []*Message, slot *atomic.Pointer[shard]) {
+	slot.Store(sh)
+	if !sh.gate.closed.Load() {
+		for _, m := range ms {
+			c.settleOne(sh, m)
+		}
+	}
+	slot.Store(nil)
 }
 
 // settleOne calls Source.Settle for m, of a partition the caller counted

@@ -135,7 +135,13 @@ func (w *worker) endCall() {
 		return
 	}
 	w.callOpen = false
-	if !w.ctx().end() {
+	w.closeCall(w.ctx())
+}
+
+// closeCall ends the call on ctx, the worker's context, and replaces it if
+// a handler observed it (see callCtx).
+func (w *worker) closeCall(ctx *callCtx) {
+	if !ctx.end() {
 		w.cur.Store(newCallCtx(w.c))
 	}
 }
