@@ -2,7 +2,6 @@ package nats
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -245,12 +244,8 @@ func checkNoBodies(t *testing.T, js jetstream.JetStream) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		objs, err := os.List(ctx)
-		if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
-			t.Fatal(err)
-		}
-		if len(objs) != 0 {
-			t.Fatalf("bucket %s still holds %d bodies", name, len(objs))
+		if objs := listBodies(t, os, name); len(objs) != 0 {
+			t.Fatalf("bucket %s still holds %d bodies: %v", name, len(objs), objs)
 		}
 	}
 }

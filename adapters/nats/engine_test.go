@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
@@ -313,8 +312,13 @@ func TestEngineSpillsMaxPayloadHostileTenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	seen := ""
 	eventually(t, "bodies deleted", func() bool {
-		_, err := store.List(testCtx(t))
-		return errors.Is(err, jetstream.ErrNoObjectsFound)
+		left := listBodies(t, store, spill.Bucket())
+		if now := fmt.Sprintf("%v; spill log %+v", left, spill.Stats()); len(left) > 0 && now != seen {
+			seen = now
+			t.Logf("bodies left: %s", now) // shown if the wait fails
+		}
+		return len(left) == 0
 	})
 }

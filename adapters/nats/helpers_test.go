@@ -2,6 +2,7 @@ package nats
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -132,6 +133,33 @@ func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// listBodies names the objects in store. A List runs a watcher that can
+// hang when deletes race with it (a throwaway test deleting 6 objects
+// while listing, under -race with the 2 cores busy: 7-12 of ~235 lists
+// took over 3s; one in CI held a test's whole 30s): each try gets 5s, and
+// one that runs out is tried again, for at most 30s.
+func listBodies(t testing.TB, store jetstream.ObjectStore, bucket string) []string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		objs, err := store.List(ctx)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrNoObjectsFound):
+			return nil
+		case err == nil:
+			names := make([]string, len(objs))
+			for i, o := range objs {
+				names[i] = o.Name
+			}
+			return names
+		case !errors.Is(err, context.DeadlineExceeded) || time.Now().After(deadline):
+			t.Fatalf("list bucket %s: %v", bucket, err)
+		}
+	}
 }
 
 // eventually polls cond every 5ms for at most 30s.

@@ -147,16 +147,7 @@ func TestSpillMaxPayload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objects := func() int {
-		infos, err := store.List(testCtx(t))
-		if errors.Is(err, jetstream.ErrNoObjectsFound) {
-			return 0
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(infos)
-	}
+	objects := func() int { return len(listBodies(t, store, s.Bucket())) }
 	if n := objects(); n != 2 {
 		t.Fatalf("%d bodies stored, want 2", n)
 	}
