@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +34,11 @@ type Consumer struct {
 	// settleNoop: src's Settle does nothing (SettleNooper), so the engine
 	// never calls it.
 	settleNoop bool
-	epoch      time.Time
-	now        atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping
+	// quickWorkers is how many workers on a shard's quick lanes are
+	// enough: GOMAXPROCS (see runQuick).
+	quickWorkers int
+	epoch        time.Time
+	now          atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping
 
 	hctx    context.Context // parent of handler contexts; cancelled past DrainTimeout
 	hcancel context.CancelFunc
@@ -100,9 +104,9 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c.noTenant.once.Do(func() {}) // the bucket runs no guard
 	c.keepTenants = max(c.scope.MaxKeys()/2, 1)
+	c.quickWorkers = runtime.GOMAXPROCS(0)
 	empty := map[Partition]*shard{}
 	c.parts.Store(&empty)
-	c.sched.cond = sync.NewCond(&c.sched.mu)
 	c.spillQ.cond = sync.NewCond(&c.spillQ.mu)
 	hctx, hcancel := context.WithCancel(context.Background())
 	c.hctx = hctx
@@ -239,6 +243,7 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 		for _, w := range c.workers {
 			w.ctx().expireIfDue(now)
 		}
+		c.sched.rescue()
 		// Commits go out here, every tick, not per settled message: a
 		// source commits on its own interval anyway, and a Commit per
 		// message would put a shared line and a call on the hot path.

@@ -590,3 +590,55 @@ func TestRunOfALaneStopsAtAFailure(t *testing.T) {
 		t.Fatalf("%d dead letters, want %d", got, n/10)
 	}
 }
+
+// Workers on a partition's quick lanes wake no other once there are as
+// many as cores (see runQuick), and a worker that finds enough of them on
+// a partition waits instead of taking its lanes. If the calls of those
+// workers all hang (a quick tenant's dependency stops answering), the
+// partition's other tenants must still flow: housekeeping sees the
+// partition take no lane for a tick and wakes a worker that takes them.
+// More tenants hang here than that count allows; every other tenant's
+// messages are handled while they still hang.
+func TestQuickTenantsThatHangHoldNoOneElse(t *testing.T) {
+	hangers := runtime.GOMAXPROCS(0) + 1
+	const others, warm, after = 8, 3000, 2000
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	tenants := others + hangers
+	n := warm + hangers + after
+	src := newGenSource(n, func(i int) *consumer.Message {
+		switch {
+		case i < warm: // every tenant, quick calls: their estimates become quick
+			return tenantMsg(fmt.Sprintf("t%d", i%tenants), "ok")
+		case i < warm+hangers: // then each hanger's next call hangs
+			return tenantMsg(fmt.Sprintf("t%d", others+i-warm), "hang")
+		default: // and the others go on
+			return tenantMsg(fmt.Sprintf("t%d", (i-warm-hangers)%others), "ok")
+		}
+	})
+	var handled, hanging atomic.Int64
+	startWith(t, consumer.Config{
+		Concurrency:       4 * hangers,
+		TenantConcurrency: 1,
+		Scope:             scope.New(policy.Policy{}, scope.Options[string]{}),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "hang" {
+				hanging.Add(1)
+				<-release // ignores ctx: a call that really hangs
+				return nil
+			}
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // before startWith's: Run's drain waits for the calls
+	consumertest.Eventually(t, "every hanger's call to hang", func() bool { return hanging.Load() == int64(hangers) })
+	consumertest.Eventually(t, "the other tenants' messages handled while the hangers hang", func() bool {
+		return handled.Load() == int64(warm+after)
+	})
+	if got := hanging.Load(); got != int64(hangers) {
+		t.Fatalf("%d calls hanging, want %d", got, hangers)
+	}
+	releaseOnce.Do(func() { close(release) })
+	consumertest.Eventually(t, "everything committed", func() bool { return src.commits.Load() == int64(n) })
+}

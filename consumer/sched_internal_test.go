@@ -2,7 +2,7 @@ package consumer
 
 import (
 	"runtime"
-	"sync"
+	"slices"
 	"testing"
 )
 
@@ -13,10 +13,9 @@ import (
 // one is counted no lane made ready wakes anyone.
 func TestSchedCountsOnlyTheWakeUpsItMakes(t *testing.T) {
 	s := &sched{}
-	s.cond = sync.NewCond(&s.mu)
-	w := &worker{}
+	w := &worker{wake: make(chan *shard, 1)}
 	got := make(chan *shard)
-	go func() { got <- s.next(w) }()
+	go func() { got <- s.next(w, false) }()
 	for {
 		s.mu.Lock()
 		if s.idle == 1 {
@@ -30,7 +29,7 @@ func TestSchedCountsOnlyTheWakeUpsItMakes(t *testing.T) {
 	s.ring = append(s.ring, sh)
 	woke := 0
 	for range 3 {
-		if s.wakeFor(5) {
+		if s.wakeFor(5, sh) {
 			woke++
 		}
 	}
@@ -48,8 +47,58 @@ func TestSchedCountsOnlyTheWakeUpsItMakes(t *testing.T) {
 	if idle != 0 || signalled != 0 {
 		t.Fatalf("after the wake-up: idle %d, signalled %d; want 0 and 0", idle, signalled)
 	}
-	s.stopSearching(w)
+	s.stopSearching(w, sh)
 	if n := s.searching.Load(); n != 0 || w.searching {
 		t.Fatalf("after the worker took a lane: %d searching (worker %v), want none", n, w.searching)
+	}
+}
+
+// The worker woken is the one that went idle last (its stack and job are
+// still warm), not the one idle longest; and shutdown wakes every one.
+func TestSchedWakesTheLastIdleWorkerFirst(t *testing.T) {
+	s := &sched{}
+	ws := make([]*worker, 3)
+	got := make(chan *worker, len(ws))
+	for i := range ws {
+		w := &worker{wake: make(chan *shard, 1)}
+		ws[i] = w
+		go func() {
+			s.next(w, false)
+			got <- w
+		}()
+		for { // one at a time, so that they go idle in order
+			s.mu.Lock()
+			n := s.idle
+			s.mu.Unlock()
+			if n == i+1 {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	s.mu.Lock()
+	s.ring = append(s.ring, &shard{inRing: true})
+	woke := s.wakeFor(1, s.ring[0])
+	s.mu.Unlock()
+	if w := <-got; !woke || w != ws[2] {
+		t.Fatalf("woke %v: worker %d, want the last idle (2)", woke, slices.Index(ws, w))
+	}
+	s.mu.Lock()
+	s.ring = s.ring[:0]
+	s.mu.Unlock()
+	s.shutdown()
+	for range 2 {
+		<-got
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.idle != 0 || len(s.sleepers) != 0 {
+		t.Fatalf("after shutdown: idle %d, %d sleepers; want none", s.idle, len(s.sleepers))
+	}
+	// A lane made ready during the drain (a blocked lane let go) finds no
+	// one to wake; seen as a panic before wakeFor looked at the sleepers.
+	s.ring = append(s.ring, &shard{inRing: true})
+	if s.wakeFor(1, s.ring[0]) {
+		t.Fatal("woke a worker after shutdown")
 	}
 }

@@ -45,6 +45,13 @@ type shard struct {
 	asideBusy atomic.Bool // a retry of aside runs
 
 	inRing bool // in the scheduler's ring; guarded by sched.mu
+	// quick counts the workers holding a quick lane of this shard (see
+	// runQuick); takes counts lanes taken, for housekeeping to tell a
+	// shard whose workers all hang (see sched.rescue).
+	quick     int
+	quickGen  uint64 // bumped when rescue forgets the count
+	takes     uint64
+	lastTakes uint64 // takes at the last rescue check; housekeeping's own
 
 	pause  pauseSync  // the wish applied to Source.Pause/Resume
 	commit commitSync // watermark commits to Source.Commit
@@ -109,14 +116,24 @@ type laneQueue = fifo[*lane]
 // workers as fast as they take lanes; and a stream of messages that one
 // worker keeps up with, arriving one at a time, does not wake a second per
 // message (Go's scheduler keeps its spinning threads the same way).
+//
+// Workers on quick lanes are the exception (see runQuick): once a
+// partition has as many of them as cores, a worker that takes a quick lane
+// wakes no other, and a worker that comes to the partition waits instead.
+// They are not waiting for a dependency, so they take the partition's
+// ready lanes themselves; if their calls all hang, housekeeping sees the
+// partition take no lane for a tick and wakes one (rescue).
 type sched struct {
 	mu     sync.Mutex
-	cond   *sync.Cond
 	ring   []*shard
 	cursor int
-	idle   int // workers waiting on cond
+	// sleepers are the idle workers not yet signalled, the most recently
+	// idle last: a signal wakes the last (see wakeFor).
+	sleepers []*worker
+	idle     int // workers waiting for a signal
 	// signalled of them were signalled and have not yet returned from
-	// the wait: a Signal wakes a worker only while idle > signalled.
+	// the wait (idle - signalled is len(sleepers) until shutdown, which
+	// wakes every sleeper without counting it).
 	signalled int
 	stop      bool // draining: workers return
 	// wakeable mirrors idle - signalled for a lock-free look: the idle
@@ -129,43 +146,93 @@ type sched struct {
 	// searching counts woken workers that have not taken a lane yet.
 	// Raised by the waker, under mu; lowered by the worker.
 	searching atomic.Int32
+	checked   []*shard // rescue's copy of the ring; housekeeping's own
 }
 
-// enter adds sh to the ring (if it is not in it) and wakes an idle worker
-// for the lane that was just made ready. Called with sh.mu held.
-func (s *sched) enter(sh *shard) {
+// enter adds sh to the ring (if it is not in it) and, with wake, wakes an
+// idle worker for the lane that was just made ready. Called with sh.mu
+// held.
+func (s *sched) enter(sh *shard, wake bool) {
 	s.mu.Lock()
 	if !sh.inRing {
 		sh.inRing = true
 		s.ring = append(s.ring, sh)
 	}
-	s.wakeFor(1)
+	if wake {
+		s.wakeFor(1, sh)
+	}
 	s.mu.Unlock()
 }
 
 // wakeFor wakes an idle worker if more than the searching workers are
 // needed for n ready lanes. Called with s.mu held; it reports whether it
 // woke one.
-func (s *sched) wakeFor(n int) bool {
-	if s.idle <= s.signalled || int(s.searching.Load()) >= n {
+func (s *sched) wakeFor(n int, sh *shard) bool {
+	if len(s.sleepers) == 0 || int(s.searching.Load()) >= n {
 		return false
 	}
 	s.signalled++
 	s.wakeable.Add(-1)
 	s.searching.Add(1)
-	s.cond.Signal()
+	s.signal(sh)
 	return true
+}
+
+// signal wakes the idle worker that went idle last (its stack and job are
+// the likeliest still in a cache; sync.Cond wakes the one idle longest)
+// and tells it which shard it was woken for, so that it goes there rather
+// than to the ring's next: woken for a partition with ready lanes, a worker
+// that went to one with enough workers waited again (see runQuick). Called
+// with s.mu held, with a sleeper.
+func (s *sched) signal(sh *shard) {
+	last := len(s.sleepers) - 1
+	w := s.sleepers[last]
+	s.sleepers[last] = nil
+	s.sleepers = s.sleepers[:last]
+	w.wake <- sh
 }
 
 // stopSearching ends w's search (it took a lane, or found none and is
 // about to wait) and wakes the next worker if lanes are still ready.
-func (s *sched) stopSearching(w *worker) {
+func (s *sched) stopSearching(w *worker, sh *shard) {
 	if !w.searching {
 		return
 	}
 	w.searching = false
 	s.searching.Add(-1)
-	s.chain(1)
+	if !w.enough {
+		s.chain(1, sh)
+	}
+}
+
+// rescue wakes a worker for the shards in the ring whose workers took no
+// lane since the last call (every tick): workers on quick lanes wake no
+// other once there are enough of them (see runQuick), so if their calls
+// all hang, the lanes still ready would wait for them. Called by
+// housekeeping with no lock held.
+func (s *sched) rescue() {
+	s.mu.Lock()
+	s.checked = append(s.checked[:0], s.ring...)
+	s.mu.Unlock()
+	defer clear(s.checked)
+	for _, sh := range s.checked {
+		sh.mu.Lock()
+		stuck := sh.ready.len() > 0 && sh.takes == sh.lastTakes
+		sh.lastTakes = sh.takes
+		if stuck {
+			// Its workers on quick lanes hang: they count no more (see
+			// runQuick), so workers that come take its lanes.
+			sh.quick = 0
+			sh.quickGen++
+		}
+		sh.mu.Unlock()
+		if stuck {
+			s.mu.Lock()
+			s.wakeFor(1, sh)
+			s.mu.Unlock()
+			return
+		}
+	}
 }
 
 // leave removes sh from the ring. Called with sh.mu held.
@@ -191,30 +258,37 @@ func (s *sched) leave(sh *shard) {
 // a lane while n more of its partition were ready, and with n = 1 by a
 // searcher that took one (any lane still ready then needs a worker). It
 // reports whether it woke one.
-func (s *sched) chain(n int) bool {
+func (s *sched) chain(n int, sh *shard) bool {
 	if s.wakeable.Load() <= 0 || int(s.searching.Load()) >= n {
 		return false
 	}
 	s.mu.Lock()
-	woke := len(s.ring) > 0 && s.wakeFor(n)
+	woke := len(s.ring) > 0 && s.wakeFor(n, sh)
 	s.mu.Unlock()
 	return woke
 }
 
-// next returns a shard with ready lanes, in turn, waiting while there is
-// none; nil once the engine drains. A worker woken from the wait is
-// searching (see sched) until it takes a lane or waits again.
-func (s *sched) next(w *worker) *shard {
+// next returns a shard with ready lanes, waiting while there is none (or,
+// with rest, until a signal): the one w was woken for if it still has
+// some, else the ring's next; nil once the engine drains. A worker woken
+// from the wait is searching (see sched) until it takes a lane or waits
+// again.
+func (s *sched) next(w *worker, rest bool) *shard {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for len(s.ring) == 0 && !s.stop {
+	var woken *shard
+	for (len(s.ring) == 0 || rest) && !s.stop {
+		rest = false
 		if w.searching { // found nothing: no longer searching
 			w.searching = false
 			s.searching.Add(-1)
 		}
 		s.idle++
 		s.wakeable.Add(1)
-		s.cond.Wait()
+		s.sleepers = append(s.sleepers, w)
+		s.mu.Unlock()
+		woken = <-w.wake
+		s.mu.Lock()
 		s.idle--
 		if s.stop {
 			s.wakeable.Store(int32(s.idle - s.signalled))
@@ -226,6 +300,9 @@ func (s *sched) next(w *worker) *shard {
 	if s.stop {
 		return nil
 	}
+	if woken != nil && woken.inRing {
+		return woken // woken for its lanes
+	}
 	s.cursor++
 	return s.ring[s.cursor%len(s.ring)]
 }
@@ -234,6 +311,10 @@ func (s *sched) next(w *worker) *shard {
 func (s *sched) shutdown() {
 	s.mu.Lock()
 	s.stop = true
-	s.cond.Broadcast()
+	for _, w := range s.sleepers {
+		w.wake <- nil
+	}
+	clear(s.sleepers)
+	s.sleepers = s.sleepers[:0]
 	s.mu.Unlock()
 }
