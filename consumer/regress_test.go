@@ -617,7 +617,7 @@ func TestQuickTenantsThatHangHoldNoOneElse(t *testing.T) {
 		}
 	})
 	var handled, hanging atomic.Int64
-	startWith(t, consumer.Config{
+	c := startWith(t, consumer.Config{
 		Concurrency:       4 * hangers,
 		TenantConcurrency: 1,
 		Scope:             scope.New(policy.Policy{}, scope.Options[string]{}),
@@ -638,6 +638,11 @@ func TestQuickTenantsThatHangHoldNoOneElse(t *testing.T) {
 	})
 	if got := hanging.Load(); got != int64(hangers) {
 		t.Fatalf("%d calls hanging, want %d", got, hangers)
+	}
+	// Without the rescue this test stalls (checked by disabling it): the
+	// partition had to be rescued, and Stats says so.
+	if ps := c.Stats().Partitions; len(ps) != 1 || ps[0].Rescues == 0 {
+		t.Fatalf("partition stats %+v: want one partition, rescued at least once", ps)
 	}
 	releaseOnce.Do(func() { close(release) })
 	consumertest.Eventually(t, "everything committed", func() bool { return src.commits.Load() == int64(n) })

@@ -52,6 +52,7 @@ type shard struct {
 	quickGen  uint64 // bumped when rescue forgets the count
 	takes     uint64
 	lastTakes uint64 // takes at the last rescue check; housekeeping's own
+	rescues   uint64 // times rescue found it stuck (PartitionStats.Rescues)
 
 	pause  pauseSync  // the wish applied to Source.Pause/Resume
 	commit commitSync // watermark commits to Source.Commit
@@ -224,6 +225,7 @@ func (s *sched) rescue() {
 			// runQuick), so workers that come take its lanes.
 			sh.quick = 0
 			sh.quickGen++
+			sh.rescues++
 		}
 		sh.mu.Unlock()
 		if stuck {

@@ -68,6 +68,14 @@ type PartitionStats struct {
 	OldestTenant string
 	// Lanes is how many tenants it has lanes for.
 	Lanes int
+	// QuickWorkers is how many workers hold a quick lane of it now (a
+	// tenant whose calls take under 5µs by its guard's estimate). Once
+	// GOMAXPROCS of them do, they wake no other worker for its lanes (see
+	// Config.Concurrency). Rescues counts the times housekeeping woke one
+	// anyway because the partition took no lane in a tick while lanes were
+	// ready (its workers' calls hung).
+	QuickWorkers int
+	Rescues      uint64
 }
 
 // Totals are the engine's counters since it was made.
@@ -145,6 +153,7 @@ func (c *Consumer) Stats() Stats {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.done.Load()}
 		sh.mu.Lock()
 		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.queued, sh.wm.n, sh.next, len(sh.lanes)
+		ps.QuickWorkers, ps.Rescues = sh.quick, sh.rescues
 		ps.PauseReason = sh.pauseReason
 		ps.Paused = sh.pauseReason != 0
 		if sh.next >= 0 {
