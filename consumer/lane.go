@@ -31,6 +31,9 @@ type lane struct {
 	// creditOf); a run of the lane then counts as one job of its worker's
 	// turn on the shard, not one per message.
 	quick bool
+	// quickNow: its tenant's calls were quick at the lane's last finish
+	// (see quickNow, runQuick).
+	quickNow bool
 
 	// judge, when set, means the head is suspect and says why (exhausted,
 	// panic or poison); see the package doc's "Dead letters". judgeSpan is
