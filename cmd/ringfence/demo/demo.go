@@ -124,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.DurationVar(&fault, "fault", 0, "length of the fault window (default: outage 40% of the duration, long-outage 5m, slow and hang 30s, hot 60s)")
 	fs.DurationVar(&fault, "outage", 0, "same as --fault (for long-outage: how long the dependency is down)")
 	slowLatency := fs.Duration("slow-latency", 500*time.Millisecond, "slow: how long the bad tenant's calls take during the fault")
+	latency := fs.Duration("latency", time.Millisecond, "the simulated dependency's least latency: each ordinary call takes between it and twice it; 0 returns at once (calls of microseconds, which the engine runs as quick tenants)")
 	hotFactor := fs.Int("hot-factor", 20, "hot: how many times its rate the bad tenant sends during the fault")
 	pol := fs.String("policy", "", "guard template: demo (fast breaker, 1s deadline) or default (policy.Default()); default: demo for outage and long-outage, default for slow, hang and hot")
 	shared := fs.Bool("shared", false, "also run the shared-breaker comparison (default: only for outage)")
@@ -172,6 +173,7 @@ Flags:
 	sc := Scenario{
 		Kind: kind, Tenants: *tenants, Rate: *rate, Partitions: *partitions, Duration: *duration,
 		Fault: fault, SlowLatency: *slowLatency, HotFactor: *hotFactor, Settle: *settle, Drain: *drain,
+		Latency: *latency, Instant: *latency == 0,
 	}
 	switch *pol {
 	case "":

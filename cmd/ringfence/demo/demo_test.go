@@ -71,6 +71,15 @@ func TestFlags(t *testing.T) {
 	if err != nil || len(o.Modes) != 2 || o.Modes[1] != PerTenant {
 		t.Fatalf("--shared=false: modes %v, %v", o.Modes, err)
 	}
+	if o.Scenario.Instant || o.Scenario.withDefaults().Latency != time.Millisecond {
+		t.Fatalf("default latency: instant %v, latency %v; want 1ms calls", o.Scenario.Instant, o.Scenario.withDefaults().Latency)
+	}
+	for in, want := range map[string]Scenario{"0": {Instant: true}, "5ms": {Latency: 5 * time.Millisecond}} {
+		o, err = parseFlags([]string{"--scenario", "hang", "--latency", in}, &errb)
+		if err != nil || o.Scenario.Instant != want.Instant || o.Scenario.Latency != want.Latency {
+			t.Fatalf("--latency %s: instant %v, latency %v, %v", in, o.Scenario.Instant, o.Scenario.Latency, err)
+		}
+	}
 }
 
 func TestParseSize(t *testing.T) {

@@ -110,6 +110,11 @@ type Scenario struct {
 	// Latency is the simulated dependency's least latency; each call takes
 	// between Latency and twice it. Zero means 1ms.
 	Latency time.Duration
+	// Instant makes the ordinary calls return at once instead (Latency is
+	// then used only to size the drain): calls of microseconds, which the
+	// engine runs as quick tenants (a few workers, see the README's
+	// "Workers for quick tenants").
+	Instant bool
 	// SlowLatency is how long the slow tenant's calls take during the
 	// fault. Zero means 500ms.
 	SlowLatency time.Duration

@@ -175,7 +175,8 @@ func (st *runState) faultOn(el time.Duration) bool {
 // Handle is the demo's handler. Poison messages always fail. During the
 // fault window the bad tenant's calls fail (outage, long-outage), take
 // SlowLatency (slow) or block until their ctx ends (hang); every other call
-// reaches a dependency that takes Latency to 2*Latency. A hot tenant's
+// reaches a dependency that takes Latency to 2*Latency (or returns at once,
+// Instant). A hot tenant's
 // calls are ordinary: its fault is its traffic.
 func (st *runState) Handle(ctx context.Context, m *consumer.Message) error {
 	p := st.p
@@ -201,8 +202,10 @@ func (st *runState) Handle(ctx context.Context, m *consumer.Message) error {
 			return ctx.Err()
 		}
 	}
-	if err := sleepCtx(ctx, p.sc.Latency+rand.N(p.sc.Latency+1)); err != nil {
-		return err
+	if !p.sc.Instant {
+		if err := sleepCtx(ctx, p.sc.Latency+rand.N(p.sc.Latency+1)); err != nil {
+			return err
+		}
 	}
 	st.done(m, v)
 	return nil
