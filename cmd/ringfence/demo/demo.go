@@ -357,9 +357,9 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 			}
 			res.Runs[m] = r
 			if !o.TTY {
-				fmt.Fprintf(o.Progress, "%-6s %-9s done in %.1fs: healthy goodput in window %d (mates %d), p99 %s (mates %s), max lag %d, %s parked %d, dead-lettered %d, unfinished %d/%d, lost %d\n",
+				fmt.Fprintf(o.Progress, "%-6s %-9s done in %.1fs: healthy goodput in window %d (mates %d), p99 %s (mates %s), max lag %d, %s parked %d, dead-lettered %d, unfinished %d/%d, lost %d, rescues %d\n",
 					name, m, r.Elapsed.Seconds(), r.HealthyGoodput, r.MatesGoodput, fmtLatency(r.HealthyP99), fmtLatency(r.MatesP99),
-					r.MaxLagRun, res.Bad, r.BadParked, r.BadDead, r.UnfinishedAtDeadline, r.UnfinishedAfterDrain, r.Lost)
+					r.MaxLagRun, res.Bad, r.BadParked, r.BadDead, r.UnfinishedAtDeadline, r.UnfinishedAfterDrain, r.Lost, r.Rescues)
 			}
 		}
 		if err := b.Close(); err != nil {

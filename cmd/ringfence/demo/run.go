@@ -179,6 +179,7 @@ func runMode(ctx context.Context, p *plan, g groups, mode Mode, rc runConfig) (R
 
 	maxParked := make([]int, len(p.tenants))
 	totalMaxParked := 0
+	var rescues uint64
 	var heap []heapSample
 	sample := func(producing bool) Snapshot {
 		stats := c.Stats()
@@ -189,6 +190,11 @@ func runMode(ctx context.Context, p *plan, g groups, mode Mode, rc runConfig) (R
 		snap.Heap = liveHeap()
 		heap = append(heap, heapSample{snap.Elapsed, snap.Heap})
 		totalMaxParked = max(totalMaxParked, stats.Parked)
+		var rescued uint64
+		for _, ps := range stats.Partitions {
+			rescued += ps.Rescues
+		}
+		rescues = max(rescues, rescued) // a revoked partition's count goes with it
 		byKey := make(map[string]consumer.TenantStats, len(stats.Tenants))
 		for _, ts := range stats.Tenants {
 			byKey[ts.Tenant] = ts
@@ -309,6 +315,7 @@ loop:
 		Redelivered:         int(st.redeliv.Load()),
 		PartitionMismatches: int(st.mismatch.Load()),
 		MaxParked:           totalMaxParked,
+		Rescues:             rescues,
 		Elapsed:             elapsed,
 		Drained:             max(drainEnd-deadlineAt, 0),
 	}

@@ -52,7 +52,11 @@ type RunResult struct {
 	SharedTrips int
 	// MaxParked is the most messages parked at once, all tenants.
 	MaxParked int
-	Tenants   []TenantResult
+	// Rescues counts the engine's rescues of partitions whose workers on
+	// quick lanes all hung: consumer.PartitionStats.Rescues summed over the
+	// assigned partitions, the largest sum sampled.
+	Rescues uint64
+	Tenants []TenantResult
 	// Elapsed is the run's wall time from the first message produced to
 	// the end of the drain; Drained is how long of it came after the
 	// deadline (production end + Settle).
