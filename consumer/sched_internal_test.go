@@ -102,3 +102,61 @@ func TestSchedWakesTheLastIdleWorkerFirst(t *testing.T) {
 		t.Fatal("woke a worker after shutdown")
 	}
 }
+
+// Housekeeping's rescue wakes a worker for each partition with ready lanes
+// that took none since its last look (its quick workers hang), sends each
+// to its own partition, and forgets the partitions' quick-worker counts; a
+// partition that took a lane meanwhile is left alone.
+func TestSchedRescuesEachStuckShard(t *testing.T) {
+	s := &sched{}
+	ws := []*worker{{wake: make(chan *shard, 1)}, {wake: make(chan *shard, 1)}, {wake: make(chan *shard, 1)}}
+	got := make(chan *shard, len(ws))
+	for i, w := range ws {
+		go func() { got <- s.next(w, false) }()
+		for {
+			s.mu.Lock()
+			n := s.idle
+			s.mu.Unlock()
+			if n == i+1 {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	shards := make([]*shard, 3)
+	s.mu.Lock()
+	for i := range shards {
+		sh := &shard{inRing: true, quick: 2}
+		sh.ready.push(&lane{})
+		shards[i] = sh
+		s.ring = append(s.ring, sh)
+	}
+	s.mu.Unlock()
+	shards[2].mu.Lock()
+	shards[2].takes++ // the third took a lane since the last look
+	shards[2].mu.Unlock()
+	s.rescue()
+	seen := map[*shard]bool{}
+	for range 2 {
+		seen[<-got] = true
+	}
+	if !seen[shards[0]] || !seen[shards[1]] {
+		t.Fatalf("rescued workers went to %v, want one to each stuck shard (%p, %p)", seen, shards[0], shards[1])
+	}
+	for i, sh := range shards {
+		sh.mu.Lock()
+		quick, rescues := sh.quick, sh.rescues
+		sh.mu.Unlock()
+		if wq, wr := 0, uint64(1); i == 2 && (quick != 2 || rescues != 0) || i < 2 && (quick != wq || rescues != wr) {
+			t.Fatalf("shard %d: quick %d, rescues %d", i, quick, rescues)
+		}
+	}
+	s.mu.Lock()
+	left := len(s.sleepers)
+	s.mu.Unlock()
+	if left != 1 {
+		t.Fatalf("%d workers still asleep after the rescue, want 1 (two stuck shards, one each)", left)
+	}
+	s.shutdown()
+	<-got
+}

@@ -206,35 +206,38 @@ func (s *sched) stopSearching(w *worker, sh *shard) {
 	}
 }
 
-// rescue wakes a worker for the shards in the ring whose workers took no
-// lane since the last call (every tick): workers on quick lanes wake no
-// other once there are enough of them (see runQuick), so if their calls
-// all hang, the lanes still ready would wait for them. Called by
+// rescue wakes a worker for each shard in the ring that took no lane since
+// the last call (every tick) while lanes were ready: workers on quick lanes
+// wake no other once there are enough of them (see runQuick), so if their
+// calls all hang, the lanes still ready would wait for them. Called by
 // housekeeping with no lock held.
 func (s *sched) rescue() {
 	s.mu.Lock()
 	s.checked = append(s.checked[:0], s.ring...)
 	s.mu.Unlock()
 	defer clear(s.checked)
+	stuck := s.checked[:0]
 	for _, sh := range s.checked {
 		sh.mu.Lock()
-		stuck := sh.ready.len() > 0 && sh.takes == sh.lastTakes
-		sh.lastTakes = sh.takes
-		if stuck {
+		if sh.ready.len() > 0 && sh.takes == sh.lastTakes {
 			// Its workers on quick lanes hang: they count no more (see
 			// runQuick), so workers that come take its lanes.
 			sh.quick = 0
 			sh.quickGen++
 			sh.rescues++
+			stuck = append(stuck, sh)
 		}
+		sh.lastTakes = sh.takes
 		sh.mu.Unlock()
-		if stuck {
-			s.mu.Lock()
-			s.wakeFor(1, sh)
-			s.mu.Unlock()
-			return
-		}
 	}
+	if len(stuck) == 0 {
+		return
+	}
+	s.mu.Lock()
+	for i, sh := range stuck {
+		s.wakeFor(i+1, sh) // one more searching worker for each
+	}
+	s.mu.Unlock()
 }
 
 // leave removes sh from the ring. Called with sh.mu held.

@@ -390,10 +390,10 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 
 // runQuick counts w in sh's workers on quick lanes if l is one (its
 // tenant's calls took under quickTurn/2 by its guard's estimate when the
-// lane last finished a job, see quickNow), and
-// reports whether there are enough of them (GOMAXPROCS): a worker that
-// took a quick lane then wakes no other for the lanes still ready, and a
-// worker that comes to sh waits instead of taking one. Workers on quick
+// lane last finished a job, see quickNow), and reports whether there are
+// enough of them (GOMAXPROCS): a worker that took a quick lane then wakes
+// no other for the lanes still ready, and a worker that comes to sh waits
+// instead of taking one. Workers on quick
 // lanes do not wait for a dependency, so as many as there are cores keep
 // up with all of a partition's quick lanes; woken beyond that, they only
 // queue for its lock. With the default 64 workers and 1000 tenants of
@@ -423,9 +423,12 @@ func quickNow(t *tenant) bool {
 	if g == nil {
 		return false
 	}
-	est := g.Latency()
-	return est > 0 && est < quickTurn/2
+	return quickEst(g.Latency())
 }
+
+// quickEst reports whether a latency estimate is a quick tenant's: known,
+// and under quickTurn/2.
+func quickEst(est time.Duration) bool { return est > 0 && est < quickTurn/2 }
 
 // releaseSlot gives back the bulkhead slot of a finished job.
 func (c *Consumer) releaseSlot(w *worker, t *tenant) {
@@ -467,7 +470,7 @@ func (c *Consumer) creditOf(t *tenant) (credit int, quick bool) {
 		return 1, false
 	}
 	w := max(g.Weight(), 1)
-	if est := g.Latency(); est > 0 && est < quickTurn/2 {
+	if est := g.Latency(); quickEst(est) {
 		return w * int(min(quickTurn/est, runMax)), true
 	}
 	return w, false
