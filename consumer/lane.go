@@ -32,7 +32,8 @@ type lane struct {
 	// turn on the shard, not one per message.
 	quick bool
 	// quickNow: its tenant's calls were quick at the lane's last finish
-	// (see quickNow, runQuick).
+	// (see quickNow, runQuick). Unlike quick, which holds for the turn
+	// credit it came with, it is read again at every finish.
 	quickNow bool
 
 	// judge, when set, means the head is suspect and says why (exhausted,

@@ -57,31 +57,13 @@ func TestSchedCountsOnlyTheWakeUpsItMakes(t *testing.T) {
 // still warm), not the one idle longest; and shutdown wakes every one.
 func TestSchedWakesTheLastIdleWorkerFirst(t *testing.T) {
 	s := &sched{}
-	ws := make([]*worker, 3)
-	got := make(chan *worker, len(ws))
-	for i := range ws {
-		w := &worker{wake: make(chan *shard, 1)}
-		ws[i] = w
-		go func() {
-			s.next(w, false)
-			got <- w
-		}()
-		for { // one at a time, so that they go idle in order
-			s.mu.Lock()
-			n := s.idle
-			s.mu.Unlock()
-			if n == i+1 {
-				break
-			}
-			runtime.Gosched()
-		}
-	}
+	ws, got := idleWorkers(s, 3)
 	s.mu.Lock()
 	s.ring = append(s.ring, &shard{inRing: true})
 	woke := s.wakeFor(1, s.ring[0])
 	s.mu.Unlock()
-	if w := <-got; !woke || w != ws[2] {
-		t.Fatalf("woke %v: worker %d, want the last idle (2)", woke, slices.Index(ws, w))
+	if r := <-got; !woke || r.w != ws[2] {
+		t.Fatalf("woke %v: worker %d, want the last idle (2)", woke, slices.Index(ws, r.w))
 	}
 	s.mu.Lock()
 	s.ring = s.ring[:0]
@@ -109,20 +91,7 @@ func TestSchedWakesTheLastIdleWorkerFirst(t *testing.T) {
 // partition that took a lane meanwhile is left alone.
 func TestSchedRescuesEachStuckShard(t *testing.T) {
 	s := &sched{}
-	ws := []*worker{{wake: make(chan *shard, 1)}, {wake: make(chan *shard, 1)}, {wake: make(chan *shard, 1)}}
-	got := make(chan *shard, len(ws))
-	for i, w := range ws {
-		go func() { got <- s.next(w, false) }()
-		for {
-			s.mu.Lock()
-			n := s.idle
-			s.mu.Unlock()
-			if n == i+1 {
-				break
-			}
-			runtime.Gosched()
-		}
-	}
+	_, got := idleWorkers(s, 3)
 	shards := make([]*shard, 3)
 	s.mu.Lock()
 	for i := range shards {
@@ -138,7 +107,7 @@ func TestSchedRescuesEachStuckShard(t *testing.T) {
 	s.rescue()
 	seen := map[*shard]bool{}
 	for range 2 {
-		seen[<-got] = true
+		seen[(<-got).sh] = true
 	}
 	if !seen[shards[0]] || !seen[shards[1]] {
 		t.Fatalf("rescued workers went to %v, want one to each stuck shard (%p, %p)", seen, shards[0], shards[1])
@@ -159,4 +128,31 @@ func TestSchedRescuesEachStuckShard(t *testing.T) {
 	}
 	s.shutdown()
 	<-got
+}
+
+// woken is what an idle worker's call to next returned.
+type woken struct {
+	w  *worker
+	sh *shard
+}
+
+// idleWorkers starts n workers waiting in s.next, one at a time, so that
+// they go idle in order; each sends what next returned on got.
+func idleWorkers(s *sched, n int) (ws []*worker, got chan woken) {
+	got = make(chan woken, n)
+	for i := range n {
+		w := &worker{wake: make(chan *shard, 1)}
+		ws = append(ws, w)
+		go func() { got <- woken{w, s.next(w, false)} }()
+		for {
+			s.mu.Lock()
+			idle := s.idle
+			s.mu.Unlock()
+			if idle == i+1 {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	return ws, got
 }

@@ -178,7 +178,7 @@ func (c *Consumer) work(w *worker) {
 		sh.mu.Lock()
 		// A shard with enough workers on its quick lanes needs no more
 		// (see runQuick): w waits until a signal instead.
-		rest = sh.quick >= c.quickWorkers
+		rest = c.quickFull(sh)
 		has := !rest && !c.draining.Load() && c.take(sh, w)
 		sh.mu.Unlock()
 		if has {
@@ -408,8 +408,13 @@ func (c *Consumer) runQuick(sh *shard, w *worker, l *lane) (enough bool) {
 	}
 	sh.quick++
 	w.quickOn, w.quickGen = true, sh.quickGen
-	return sh.quick >= c.quickWorkers
+	return c.quickFull(sh)
 }
+
+// quickFull reports whether sh has enough workers on its quick lanes
+// (GOMAXPROCS): then none is woken for it, and one that comes waits. Called
+// with sh.mu held.
+func (c *Consumer) quickFull(sh *shard) bool { return sh.quick >= c.quickWorkers }
 
 // quickNow reports whether t's calls are quick (under quickTurn/2) by its
 // guard's latency estimate. Read by finish, right after the step: the
@@ -538,7 +543,7 @@ func (c *Consumer) makeReady(l *lane) {
 	// enough workers on its quick lanes (see runQuick): they take it, and
 	// a worker woken for it would find them and wait again (at 1000
 	// tenants, a wake-up and a wait per ~60 messages).
-	wake := first && c.sched.wakeable.Load() > 0 && sh.quick < c.quickWorkers
+	wake := first && c.sched.wakeable.Load() > 0 && !c.quickFull(sh)
 	if !sh.inRing || wake {
 		c.sched.enter(sh, wake)
 	}
