@@ -69,7 +69,9 @@ func (s *revokeSource) Resume(consumer.Partition)                               
 // stops later ones, also those of a quick tenant's run, which settles its
 // handled messages together when the run ends (see Consumer.handled).
 func TestNoSettleAfterRevoked(t *testing.T) {
-	src := &revokeSource{rounds: 400, batch: 64, settled: make([]atomic.Int64, 400), done: make(chan struct{})}
+	// Each of the two tenants gets two runs' worth of messages a round, so
+	// that the revocation after the first settle finds runs still going.
+	src := &revokeSource{rounds: 400, batch: 4 * consumer.RunMax, settled: make([]atomic.Int64, 400), done: make(chan struct{})}
 	src.revoked.Store(-1)
 	p := policy.Default()
 	p.Clock = &stepClock{} // every call takes no time by the guards' clock: quick, whatever the load

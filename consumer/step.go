@@ -73,26 +73,25 @@ func (c *Consumer) stepHead(w *worker) {
 		c.judge(w, g, &permit, jf, headFirst)
 		return
 	}
-	o := c.attempt(w, g, &permit, m)
-	v := decideAttempt(o, limits{poisonProbes: c.cfg.PoisonProbes})
-	if v.act == actAskRetry {
-		rd := g.NextRetry(m.st.attempts, o.err, m.st.rd().backoff)
-		v = decideRetry(rd, c.retryFacts(g, m))
-	}
-	c.carryOut(w, g, m, o.err, v)
+	c.attempt(w, g, &permit, m)
 }
 
-// attempt runs the handler on the head m under permit and reports the
-// outcome (the permit is done).
-func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) outcome {
+// attempt runs the handler on the head m under permit (the permit is done)
+// and carries out what decideAttempt says of the outcome. A success is
+// settled here without building the outcome: decideAttempt's first case
+// (handled: settle), written out because it is every message's path (the
+// outcome and the verdict, built and copied, were ~25 ns a message of the
+// Kafka engine row's profile).
+func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) {
 	probe := permit.Probe()
 	err, panicked := c.call(w, g, m, false)
 	permit.Done(err)
-	o := outcome{err: err, panicked: panicked, probe: probe}
 	if err == nil {
 		m.st.clearProbeFails()
-		return o
+		c.handled(w, m)
+		return
 	}
+	o := outcome{err: err, panicked: panicked, probe: probe}
 	c.noteFailure(w, m, err, panicked)
 	if probe {
 		m.st.wr().probeFails++
@@ -100,7 +99,12 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	o.permanent = policy.IsPermanent(err)
 	o.closed = g.Closed()
 	o.probeFails = m.st.rd().probeFails
-	return o
+	v := decideAttempt(o, limits{poisonProbes: c.cfg.PoisonProbes})
+	if v.act == actAskRetry {
+		rd := g.NextRetry(m.st.attempts, o.err, m.st.rd().backoff)
+		v = decideRetry(rd, c.retryFacts(g, m))
+	}
+	c.carryOut(w, g, m, o.err, v)
 }
 
 // retryFacts gathers decideRetry's inputs for m.
