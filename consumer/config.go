@@ -86,6 +86,22 @@ type Config struct {
 	// arrivals (PauseSpillUnavailable, PauseQueueFull). Zero means 10000
 	// (lowered below the source's PartitionCapacity, if it has one).
 	MaxQueuedPerPartition int
+	// ReadAhead bounds the messages of quick tenants (calls under 5µs by
+	// their guards' estimates, see Concurrency; a new tenant counts until
+	// its first call says otherwise) that one partition holds in memory,
+	// not parked and not spilling. Past it the partition is paused
+	// (PauseReadAhead) until half of them are handled: workers get through
+	// such messages in microseconds, so holding more buys nothing, while
+	// each message held is one more for the garbage collector to mark.
+	// Other tenants' messages do not count (MaxQueuedPerTenant and
+	// MaxQueuedPerPartition bound them), so a slow tenant never pauses its
+	// partition this way. A read-ahead pause still in place after a
+	// housekeeping round (100ms) is lifted, and the bound rests until the
+	// count is down to half: quick calls that started to hang must not
+	// hold the partition. Zero means 2500; a value at or above a
+	// partition's bound (MaxQueuedPerPartition, or the source's capacity)
+	// turns it off for that partition.
+	ReadAhead int
 	// MaxQueuedPerTenant bounds the messages of one tenant from one
 	// partition held in memory; a tenant with a bigger backlog (a hot
 	// tenant) spills the rest, so its partition-mates never wait behind
@@ -146,6 +162,7 @@ func (cfg Config) resolve() (Config, error) {
 		{"MaxParked", int64(cfg.MaxParked)},
 		{"MaxQueuedPerPartition", int64(cfg.MaxQueuedPerPartition)},
 		{"MaxQueuedPerTenant", int64(cfg.MaxQueuedPerTenant)},
+		{"ReadAhead", int64(cfg.ReadAhead)},
 		{"StuckAfter", int64(cfg.StuckAfter)},
 		{"RefeedWindow", int64(cfg.RefeedWindow)},
 		{"PoisonProbes", int64(cfg.PoisonProbes)},
@@ -164,6 +181,7 @@ func (cfg Config) resolve() (Config, error) {
 	cfg.MaxParked = orInt(cfg.MaxParked, 100000)
 	cfg.MaxQueuedPerPartition = orInt(cfg.MaxQueuedPerPartition, 10000)
 	cfg.MaxQueuedPerTenant = orInt(cfg.MaxQueuedPerTenant, max(1, cfg.MaxQueuedPerPartition/8))
+	cfg.ReadAhead = orInt(cfg.ReadAhead, 2500)
 	if cfg.StuckAfter == 0 {
 		cfg.StuckAfter = 10 * time.Second
 	}

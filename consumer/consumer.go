@@ -351,6 +351,7 @@ func (c *Consumer) Revoked(p Partition) {
 	sh.ready.reset()
 	sh.wm.reset()
 	sh.queued = 0
+	sh.quickQueued = 0
 	if sh.inRing {
 		c.sched.leave(sh)
 	}
@@ -396,6 +397,7 @@ func (c *Consumer) dropLane(l *lane) *tenant {
 	l.pend.reset()
 	l.spill.refed.reset()
 	l.spill.commit.stopped.Store(true)
+	c.recount(l)
 	return c.releaseTenant(l.t)
 }
 
@@ -416,6 +418,9 @@ func (c *Consumer) requestPause(sh *shard, reason PauseReason) {
 // Called with sh.mu held, so that the wish and the decision behind it
 // change together; syncPause applies it once the lock is released.
 func (c *Consumer) setPause(sh *shard, reason PauseReason) {
+	if reason != 0 && sh.pauseReason == 0 {
+		sh.pausedAt = c.clock()
+	}
 	sh.pauseReason = reason
 	sh.pause.set(reason != 0)
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"time"
 )
 
 // Deliver implements Dispatcher.
@@ -77,6 +78,9 @@ func (c *Consumer) deliverRun(ms []*Message) {
 			if l.parked {
 				c.addParked(l, 1)
 			}
+			if l.ahead {
+				c.recount(l)
+			}
 			if l.state == laneIdle && !c.draining.Load() {
 				c.makeReady(l)
 			}
@@ -96,6 +100,9 @@ func (c *Consumer) deliverRun(ms []*Message) {
 			}
 		}
 	}
+	if pause == 0 && sh.pauseReason == 0 && c.aheadFull(sh) {
+		pause = PauseReadAhead
+	}
 	if pause != 0 && sh.pauseReason == 0 {
 		c.setPause(sh, pause)
 	}
@@ -107,6 +114,33 @@ func (c *Consumer) deliverRun(ms []*Message) {
 		c.emit(ev[i])
 	}
 }
+
+// recount brings l's share of its partition's read-ahead count up to date:
+// its queued messages while its tenant's calls are quick and it is neither
+// parked nor spilling (see Config.ReadAhead). Called with l's shard mu
+// held, after anything that changes one of those.
+func (c *Consumer) recount(l *lane) {
+	n := 0
+	if l.ahead && !l.parked && !l.spill.on && !l.dead {
+		n = l.q.len()
+	}
+	sh := l.sh
+	sh.quickQueued += n - l.rq
+	l.rq = n
+	if sh.aheadOff && sh.quickQueued <= sh.readAhead/2 {
+		sh.aheadOff = false
+	}
+}
+
+// aheadFull reports whether sh holds ReadAhead messages of quick tenants
+// (and the bound applies). Called with sh.mu held.
+func (c *Consumer) aheadFull(sh *shard) bool {
+	return sh.readAhead > 0 && !sh.aheadOff && sh.quickQueued >= sh.readAhead
+}
+
+// aheadStall is how long a read-ahead pause may last before housekeeping
+// lifts it (see maintain): a healthy quick backlog halves in milliseconds.
+const aheadStall = 100 * time.Millisecond
 
 // maintain is housekeeping for one shard, every 100ms: it spills the tenant
 // of a message that holds the partition's commit for longer than
@@ -138,7 +172,16 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 			sh.asideBusy.Store(true)
 		}
 	}
-	if (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound) && c.pressureGone(sh) {
+	switch {
+	case (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound || sh.pauseReason == PauseReadAhead) && c.pressureGone(sh):
+		c.setPause(sh, 0)
+		resume = true
+	case sh.pauseReason == PauseReadAhead && now-sh.pausedAt >= int64(aheadStall):
+		// Its quick lanes stopped moving (their calls hang, or the lanes
+		// wait for workers held elsewhere): holding the partition back
+		// helps no one, so it reads on, up to its other bounds, until
+		// the count is down to half.
+		sh.aheadOff = true
 		c.setPause(sh, 0)
 		resume = true
 	}
@@ -173,6 +216,11 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 // pressureGone reports whether an engine pause of sh may end. Called with
 // sh.mu held.
 func (c *Consumer) pressureGone(sh *shard) bool {
+	if sh.pauseReason == PauseReadAhead {
+		// A bound of the partition reached meanwhile pauses it again, for
+		// its own reason, at the next delivery.
+		return sh.quickQueued <= sh.readAhead/2
+	}
 	if sh.queued > sh.maxQueued/2 {
 		// A full queue's pressure is the messages that can run. Parked
 		// ones are bounded on their own (MaxParkedPerTenant, MaxParked:

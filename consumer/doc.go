@@ -61,6 +61,11 @@
 // SpillLog, a bound that is reached pauses the partition (Source.Pause)
 // instead, which stops its other tenants too.
 //
+// A partition is also paused, briefly, while it holds Config.ReadAhead
+// messages of quick tenants (PauseReadAhead): flow control, not a bound
+// reached on a tenant's account, since workers get through such messages
+// in microseconds (see ReadAhead).
+//
 // # Dead letters
 //
 // A message goes to its tenant's DLQ when its error is permanent

@@ -82,6 +82,9 @@ const (
 	PauseSpillUnavailable
 	// PauseDraining: the engine is shutting down.
 	PauseDraining
+	// PauseReadAhead: the partition holds ReadAhead messages of quick
+	// tenants; it reads on once half of them are handled.
+	PauseReadAhead
 )
 
 func (r PauseReason) String() string {
@@ -94,6 +97,8 @@ func (r PauseReason) String() string {
 		return "spill-unavailable"
 	case PauseDraining:
 		return "draining"
+	case PauseReadAhead:
+		return "read-ahead"
 	}
 	return ""
 }

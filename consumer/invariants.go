@@ -64,8 +64,16 @@ func (c *Consumer) checkInvariants() error {
 			lanes = append(lanes, sh.none)
 		}
 		queued, live, ready := len(sh.aside), len(sh.aside), false
-		shParked := 0
+		shParked, quickQueued := 0, 0
 		for _, l := range lanes {
+			rq := 0
+			if l.ahead && !l.parked && !l.spill.on {
+				rq = l.q.len()
+			}
+			if l.rq != rq {
+				bad("%v/%q: lane counts %d messages against ReadAhead, holds %d that count", sh.p, l.key, l.rq, rq)
+			}
+			quickQueued += l.rq
 			x := at(l.t)
 			x.lanes++
 			n := l.q.len() + l.pend.len()
@@ -115,6 +123,9 @@ func (c *Consumer) checkInvariants() error {
 			if l.dead {
 				bad("%v/%q: dead lane still in a live shard", sh.p, l.key)
 			}
+		}
+		if quickQueued != sh.quickQueued {
+			bad("%v: read-ahead count %d, lanes count %d", sh.p, sh.quickQueued, quickQueued)
 		}
 		if queued != sh.queued {
 			bad("%v: queued count %d, lanes hold %d", sh.p, sh.queued, queued)

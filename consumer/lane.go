@@ -35,6 +35,13 @@ type lane struct {
 	// (see quickNow, runQuick). Unlike quick, which holds for the turn
 	// credit it came with, it is read again at every finish.
 	quickNow bool
+	// ahead: its messages count against its partition's ReadAhead while it
+	// is neither parked nor spilling: its tenant's calls were quick at its
+	// last finish, or it has not finished a job yet (a lane's first
+	// messages must not pile up to MaxQueuedPerPartition before its first
+	// call tells). rq is how many count now (see recount).
+	ahead bool
+	rq    int
 
 	// judge, when set, means the head is suspect and says why (exhausted,
 	// panic or poison); see the package doc's "Dead letters". judgeSpan is

@@ -110,6 +110,10 @@ type roundPlan struct {
 	maxQueuedPerTenant int
 	stuckAfter         time.Duration
 	refeedWindow       int
+	// readAhead: Config.ReadAhead (0: the default, which tight bounds turn
+	// off); drawn from a generator of its own, so that the rest of a
+	// seed's round is what it was before the bound existed.
+	readAhead int
 }
 
 func tenantName(i int) string { return fmt.Sprintf("t%02d", i) }
@@ -199,6 +203,15 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 		if rp.maxParked == 0 && rng.IntN(2) == 0 {
 			rp.maxParked = 2 + rng.IntN(20)
 		}
+	}
+
+	ra := rand.New(rand.NewPCG(seed, 0xa11ead))
+	if ra.IntN(2) == 0 {
+		limit := 64
+		if rp.maxQueued > 0 {
+			limit = rp.maxQueued
+		}
+		rp.readAhead = 2 + ra.IntN(limit-1) // below the partition's bound: on
 	}
 
 	// Faults within a phase of up to 200ms; every outage and DLQ window
@@ -295,10 +308,10 @@ func (rp *roundPlan) endPoisonedLanes() {
 
 func (rp *roundPlan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed=%d parts=%d msgs=%d concurrency=%d poisonProbes=%d maxQueued=%d maxParked=%d/%d breaker{cf=%d open=%v max=%v} attempts=%d redelivers=%v spill=%v{perTenant=%d stuck=%v window=%d}\n",
+	fmt.Fprintf(&b, "seed=%d parts=%d msgs=%d concurrency=%d poisonProbes=%d maxQueued=%d maxParked=%d/%d breaker{cf=%d open=%v max=%v} attempts=%d redelivers=%v spill=%v{perTenant=%d stuck=%v window=%d} readAhead=%d\n",
 		rp.seed, rp.parts, len(rp.msgs), rp.concurrency, rp.poisonProbes, rp.maxQueued, rp.maxParked, rp.maxParkedTotal,
 		rp.pol.Breaker.ConsecutiveFailures, rp.pol.Breaker.OpenTimeout, rp.pol.Breaker.MaxOpenTimeout, rp.pol.Retry.MaxAttempts, rp.redelivers,
-		rp.spill, rp.maxQueuedPerTenant, rp.stuckAfter, rp.refeedWindow)
+		rp.spill, rp.maxQueuedPerTenant, rp.stuckAfter, rp.refeedWindow, rp.readAhead)
 	for i, tp := range rp.tenants {
 		fmt.Fprintf(&b, "  %s %+v\n", tenantName(i), tp)
 	}

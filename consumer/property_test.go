@@ -34,6 +34,7 @@ type roundWorld struct {
 
 	mu        sync.Mutex
 	reordered map[[2]int64]bool // partition, offset of each EventReordered
+	aheads    int               // read-ahead pauses (EventPaused, PauseReadAhead)
 	trace     []string          // with -prop.trace
 	handled   []int             // ids in order of successful handling
 	count     []int             // successes per id
@@ -136,13 +137,19 @@ func startEngine(t *testing.T, h *consumertest.MemHarness, rp *roundPlan, w *rou
 		MaxQueuedPerTenant:    rp.maxQueuedPerTenant,
 		StuckAfter:            rp.stuckAfter,
 		RefeedWindow:          rp.refeedWindow,
+		ReadAhead:             rp.readAhead,
 		DrainTimeout:          2 * time.Second,
 		DLQRetry:              time.Millisecond,
 		Logger:                slog.New(slog.DiscardHandler),
 		OnEvent: func(ev consumer.Event) {
-			if ev.Kind == consumer.EventReordered {
+			switch {
+			case ev.Kind == consumer.EventReordered:
 				w.mu.Lock()
 				w.reordered[[2]int64{int64(ev.Partition.ID), ev.Offset}] = true
+				w.mu.Unlock()
+			case ev.Kind == consumer.EventPaused && ev.Pause == consumer.PauseReadAhead:
+				w.mu.Lock()
+				w.aheads++
 				w.mu.Unlock()
 			}
 			w.tracef("event %v tenant %s p%d off %d reason %q pause %v delay %v err %v", ev.Kind, ev.Tenant, ev.Partition.ID, ev.Offset, ev.Reason, ev.Pause, ev.Delay, ev.Err)
@@ -208,13 +215,16 @@ func TestPropertyRandomFaults(t *testing.T) {
 		seeds = []uint64{*propSeed}
 	}
 	base := runtime.NumGoroutine()
-	var msgs, letters, reordered, again, redelivering int
+	var msgs, letters, reordered, again, redelivering, aheads int
 	for _, seed := range seeds {
 		rp := newRoundPlan(seed, true)
 		problems, w := runRound(t, rp)
 		msgs += len(rp.msgs)
 		letters += w.letters
 		reordered += len(w.reordered)
+		w.mu.Lock()
+		aheads += w.aheads
+		w.mu.Unlock()
 		for _, n := range w.count {
 			again += max(n-1, 0)
 		}
@@ -237,8 +247,8 @@ func TestPropertyRandomFaults(t *testing.T) {
 	if n := settleGoroutines(base + 2); n > base+2 {
 		t.Errorf("goroutines: %d before all rounds, %d after", base, n)
 	}
-	t.Logf("%d rounds, %d messages: %d dead letters, %d handled ahead of a suspect head, %d handled again after a redelivery (%d rounds with a rebalance or restart)",
-		len(seeds), msgs, letters, reordered, again, redelivering)
+	t.Logf("%d rounds, %d messages: %d dead letters, %d handled ahead of a suspect head, %d handled again after a redelivery (%d rounds with a rebalance or restart), %d read-ahead pauses",
+		len(seeds), msgs, letters, reordered, again, redelivering, aheads)
 }
 
 // settleGoroutines polls the goroutine count until it is at most want

@@ -21,6 +21,9 @@ type shard struct {
 	// MaxAckPending) must make a stuck or hot tenant spill, not fill the
 	// window and pause the partition.
 	maxParkedTenant, maxQueuedTenant int
+	// readAhead is Config.ReadAhead, or 0 (off) where it is not below
+	// maxQueued.
+	readAhead int
 
 	mu    sync.Mutex
 	dead  bool             // revoked
@@ -35,6 +38,15 @@ type shard struct {
 	next      int64   // offset after the last delivered message; -1 before any
 	queued    int     // messages in this partition's lanes (q and pend)
 	parked    int     // of them, those in parked lanes' q (see addParked)
+	// quickQueued is how many of them count against readAhead: the sum of
+	// the lanes' rq (see recount).
+	quickQueued int
+	// pausedAt is the engine clock when the engine last paused the
+	// partition; aheadOff is set when housekeeping lifted a read-ahead
+	// pause whose count did not fall (see maintain), and cleared once
+	// quickQueued is down to half of readAhead.
+	pausedAt int64
+	aheadOff bool
 	// pauseReason is why the engine wants the partition paused (zero: it
 	// does not).
 	pauseReason PauseReason
@@ -63,6 +75,9 @@ func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
 	sh := &shard{c: c, p: p, gen: gen, maxQueued: maxQueued, lanes: make(map[string]*lane), next: -1, sweepAt: 1024}
 	sh.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
 	sh.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
+	if c.cfg.ReadAhead < maxQueued {
+		sh.readAhead = c.cfg.ReadAhead
+	}
 	sh.commit.init()
 	return sh
 }
@@ -89,7 +104,7 @@ func (sh *shard) laneFor(key string, none bool) *lane {
 		return l
 	}
 	t := sh.c.tenantFor(key, false)
-	l := &lane{sh: sh, t: t, key: t.key}
+	l := &lane{sh: sh, t: t, key: t.key, ahead: true}
 	l.spill.readPos = -1
 	l.spill.commit.init()
 	sh.lanes[t.key] = l

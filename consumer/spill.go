@@ -136,6 +136,7 @@ func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
 	if l.state == laneIdle && l.q.len() > 0 && !c.draining.Load() {
 		c.makeReady(l) // re-fed messages stay runnable (a cancelled wait ends)
 	}
+	c.recount(l)
 	c.ensureSpillJob(l)
 }
 
@@ -250,7 +251,8 @@ func (c *Consumer) spillWork(l *lane) {
 			}
 			t.spilled.Add(uint64(len(batch)))
 			c.stats.spilled.Add(uint64(len(batch)))
-			resume := sh.pauseReason != 0 && sh.pauseReason != PauseDraining && sh.queued <= sh.maxQueued/2
+			resume := sh.pauseReason != 0 && sh.pauseReason != PauseDraining && sh.queued <= sh.maxQueued/2 &&
+				(sh.pauseReason != PauseReadAhead || c.pressureGone(sh))
 			if resume {
 				c.setPause(sh, 0)
 			}
@@ -286,6 +288,7 @@ func (c *Consumer) spillWork(l *lane) {
 				// appended: the lane's messages flow directly again,
 				// behind the re-fed ones still in q.
 				l.spill.on = false
+				c.recount(l)
 				t.spillLanes.Add(-1)
 				ev = append(ev, Event{Kind: EventSpillDrained, Tenant: l.key, Partition: sh.p})
 				l.spill.job = false

@@ -52,6 +52,9 @@ type PartitionStats struct {
 	// delivered messages are not settled (in memory, being spilled, or set
 	// aside).
 	Queued, Unsettled int
+	// QuickQueued is how many of the queued messages count against
+	// Config.ReadAhead (quick tenants', not parked or spilling).
+	QuickQueued int
 	// Paused says the engine asked the source to stop fetching it, and
 	// PauseReason why.
 	Paused      bool
@@ -153,7 +156,7 @@ func (c *Consumer) Stats() Stats {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.done.Load()}
 		sh.mu.Lock()
 		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.queued, sh.wm.n, sh.next, len(sh.lanes)
-		ps.QuickWorkers, ps.Rescues = sh.quick, sh.rescues
+		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.quickQueued
 		ps.PauseReason = sh.pauseReason
 		ps.Paused = sh.pauseReason != 0
 		if sh.next >= 0 {

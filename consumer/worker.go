@@ -313,6 +313,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		w.quickOn = false
 	}
 	l.quickNow = quickNow(t)
+	l.ahead = l.quickNow
 	if r.handled > 0 {
 		t.handled.Add(r.handled)
 	}
@@ -361,6 +362,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	if l.spill.on && !l.spill.job && (l.q.len() < max(c.cfg.RefeedWindow/2, 1) || l.judge != "") && c.refeedRoom(l) > 0 {
 		w.spills = append(w.spills, l)
 	}
+	c.recount(l)
 
 	switch {
 	case c.draining.Load():

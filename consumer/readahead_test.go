@@ -1,0 +1,147 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
+)
+
+// pauseLog records the engine's pause events of one partition, in order.
+type pauseLog struct {
+	mu     sync.Mutex
+	events []string // a PauseReason's String, or "resumed"
+}
+
+func (p *pauseLog) on(e consumer.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch e.Kind {
+	case consumer.EventPaused:
+		p.events = append(p.events, e.Pause.String())
+	case consumer.EventResumedPartition:
+		p.events = append(p.events, "resumed")
+	}
+}
+
+func (p *pauseLog) get() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.events...)
+}
+
+func (p *pauseLog) has(ev string) bool {
+	for _, e := range p.get() {
+		if e == ev {
+			return true
+		}
+	}
+	return false
+}
+
+// The partition of quick tenants holds ReadAhead of their messages, not
+// MaxQueuedPerPartition: the engine pauses it there (PauseReadAhead). Its
+// tenants' calls then hang: the count cannot fall, so housekeeping lifts
+// the pause after a while and the partition reads on to its own bound
+// (PauseQueueFull). Once the calls return, every message is handled.
+func TestReadAheadBoundsQuickTenants(t *testing.T) {
+	const n, readAhead, maxQueued = 3000, 100, 1000
+	release := make(chan struct{})
+	var handled atomic.Int64
+	var log pauseLog
+	src := newGenSource(n, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%d", i%4), strconv.Itoa(i)) })
+	p := policy.Default()
+	p.Clock = &stepClock{} // calls take no time by the guards' clock: quick
+	c := startWith(t, consumer.Config{
+		Scope:                 scope.New(p, scope.Options[string]{}),
+		Concurrency:           4,
+		ReadAhead:             readAhead,
+		MaxQueuedPerPartition: maxQueued,
+		MaxQueuedPerTenant:    maxQueued,
+		OnEvent:               log.on,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			<-release
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	consumertest.Eventually(t, "a read-ahead pause", func() bool { return log.has("read-ahead") })
+	if st := c.Stats().Partitions[0]; st.Queued >= maxQueued {
+		t.Fatalf("paused for read-ahead with %d queued: want fewer than MaxQueuedPerPartition %d", st.Queued, maxQueued)
+	}
+	consumertest.Eventually(t, "the stalled read-ahead pause lifted, then the partition's own bound", func() bool { return log.has("queue-full") })
+	st := c.Stats().Partitions[0]
+	if st.Queued < maxQueued || st.QuickQueued != st.Queued {
+		t.Fatalf("at the queue-full pause: queued %d, counted against read-ahead %d; want %d of quick tenants", st.Queued, st.QuickQueued, maxQueued)
+	}
+	got := log.get()
+	if got[0] != "read-ahead" || got[1] != "resumed" {
+		t.Fatalf("pause events %v; want read-ahead, resumed (lifted), then queue-full", got)
+	}
+	close(release)
+	consumertest.Eventually(t, "every message handled", func() bool { return handled.Load() == n })
+	consumertest.Eventually(t, "nothing left queued", func() bool { return c.Stats().Queued == 0 })
+}
+
+// Messages of a tenant whose calls are not quick do not count against
+// ReadAhead: a slow tenant's backlog is bounded by MaxQueuedPerTenant and
+// MaxQueuedPerPartition, and a read-ahead pause on its account would stop
+// its partition-mates in the broker. Its first call tells: until then its
+// messages count, as a new tenant's do.
+func TestReadAheadIgnoresSlowTenants(t *testing.T) {
+	const backlog, readAhead = 600, 100
+	clk := &stepClock{}
+	p := policy.Default()
+	p.Clock = clk
+	release := make(chan struct{})
+	var handled atomic.Int64
+	var log pauseLog
+	var engine atomic.Pointer[consumer.Consumer]
+	src := newGenSource(backlog, func(i int) *consumer.Message {
+		if i == 64 {
+			// genSource's second batch comes once the first is handled,
+			// which told the tenant is slow; the first batch's 64
+			// messages counted until then, below ReadAhead.
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				if c := engine.Load(); c != nil && handled.Load() == 64 && c.Stats().Partitions[0].Queued == 0 {
+					break
+				}
+			}
+		}
+		return tenantMsg("slow", strconv.Itoa(i))
+	})
+	c := startWith(t, consumer.Config{
+		Scope:                 scope.New(p, scope.Options[string]{}),
+		ReadAhead:             readAhead,
+		MaxQueuedPerPartition: 2 * backlog,
+		MaxQueuedPerTenant:    2 * backlog,
+		OnEvent:               log.on,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if m.Offset >= 64 {
+				<-release
+			}
+			clk.advance(time.Millisecond) // slow by the guard's clock
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+	engine.Store(c)
+	consumertest.Eventually(t, "the backlog in the engine", func() bool { return c.Stats().Queued == backlog-64 })
+	st := c.Stats().Partitions[0]
+	if st.QuickQueued != 0 || st.Paused {
+		t.Fatalf("a slow tenant's backlog of %d: %d counted against ReadAhead %d, paused %v (%v); want none counted, not paused", backlog-64, st.QuickQueued, readAhead, st.Paused, st.PauseReason)
+	}
+	if log.has("read-ahead") {
+		t.Fatalf("pause events %v: a read-ahead pause on a slow tenant's account", log.get())
+	}
+	close(release)
+	consumertest.Eventually(t, "every message handled", func() bool { return handled.Load() == backlog })
+}
