@@ -244,10 +244,9 @@ type msgState struct {
 	gen          uint64 // partition assignment generation at delivery
 	lprev, lnext *Message
 	listed       bool
-	at           int64  // engine clock at delivery (ns)
-	spilled      bool   // in pend or being appended (not runnable)
-	aside        bool   // set aside: its dead letter cannot be written
-	key          string // tenant key between extraction and queueing (may share the message's memory)
+	at           int64 // engine clock at delivery (ns)
+	spilled      bool  // in pend or being appended (not runnable)
+	aside        bool  // set aside: its dead letter cannot be written
 
 	// Owned by the running worker.
 	attempts   int   // attempts in the current round
