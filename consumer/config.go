@@ -95,9 +95,9 @@ type Config struct {
 	// each message held is one more for the garbage collector to mark.
 	// Other tenants' messages do not count (MaxQueuedPerTenant and
 	// MaxQueuedPerPartition bound them), so a slow tenant never pauses its
-	// partition this way. A read-ahead pause still in place after a
-	// housekeeping round (100ms) is lifted, and the bound rests until the
-	// count is down to half: quick calls that started to hang must not
+	// partition this way. A read-ahead pause that lasted 100ms is lifted
+	// at housekeeping's next look (every 100ms), and the bound rests until
+	// the count is down to half: quick calls that started to hang must not
 	// hold the partition. Zero means 2500; a value at or above a
 	// partition's bound (MaxQueuedPerPartition, or the source's capacity)
 	// turns it off for that partition.
