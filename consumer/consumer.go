@@ -351,7 +351,7 @@ func (c *Consumer) Revoked(p Partition) {
 	sh.ready.reset()
 	sh.wm.reset()
 	sh.queued = 0
-	sh.quickQueued = 0
+	sh.quickQueued, sh.aheadLanes = 0, 0
 	if sh.inRing {
 		c.sched.leave(sh)
 	}

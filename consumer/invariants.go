@@ -64,7 +64,7 @@ func (c *Consumer) checkInvariants() error {
 			lanes = append(lanes, sh.none)
 		}
 		queued, live, ready := len(sh.aside), len(sh.aside), false
-		shParked, quickQueued := 0, 0
+		shParked, quickQueued, aheadLanes := 0, 0, 0
 		for _, l := range lanes {
 			rq := 0
 			if l.ahead && !l.parked && !l.spill.on {
@@ -74,6 +74,9 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v/%q: lane counts %d messages against ReadAhead, holds %d that count", sh.p, l.key, l.rq, rq)
 			}
 			quickQueued += l.rq
+			if l.rq > 0 {
+				aheadLanes++
+			}
 			x := at(l.t)
 			x.lanes++
 			n := l.q.len() + l.pend.len()
@@ -124,8 +127,8 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v/%q: dead lane still in a live shard", sh.p, l.key)
 			}
 		}
-		if quickQueued != sh.quickQueued {
-			bad("%v: read-ahead count %d, lanes count %d", sh.p, sh.quickQueued, quickQueued)
+		if quickQueued != sh.quickQueued || aheadLanes != sh.aheadLanes {
+			bad("%v: read-ahead count %d in %d lanes, lanes count %d in %d", sh.p, sh.quickQueued, sh.aheadLanes, quickQueued, aheadLanes)
 		}
 		if queued != sh.queued {
 			bad("%v: queued count %d, lanes hold %d", sh.p, sh.queued, queued)

@@ -145,3 +145,34 @@ func TestReadAheadIgnoresSlowTenants(t *testing.T) {
 	close(release)
 	consumertest.Eventually(t, "every message handled", func() bool { return handled.Load() == backlog })
 }
+
+// The read-ahead is shared by a partition's quick lanes: with many of them
+// each may still hold a few messages (8), so that a lane's turn serves more
+// than one. With 100 quick tenants and ReadAhead 40, the partition is
+// paused at 800 messages, not 40.
+func TestReadAheadGrowsWithLanes(t *testing.T) {
+	const tenants, readAhead, maxQueued = 100, 40, 5000
+	release := make(chan struct{})
+	var log pauseLog
+	src := newGenSource(4000, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%03d", i%tenants), strconv.Itoa(i)) })
+	p := policy.Default()
+	p.Clock = &stepClock{}
+	c := startWith(t, consumer.Config{
+		Scope:                 scope.New(p, scope.Options[string]{}),
+		Concurrency:           1,
+		ReadAhead:             readAhead,
+		MaxQueuedPerPartition: maxQueued,
+		MaxQueuedPerTenant:    maxQueued,
+		OnEvent:               log.on,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			<-release
+			return nil
+		}),
+	}, src)
+	defer close(release)
+	consumertest.Eventually(t, "a read-ahead pause", func() bool { return log.has("read-ahead") })
+	st := c.Stats().Partitions[0]
+	if st.QuickQueued < 8*tenants || st.QuickQueued >= maxQueued {
+		t.Fatalf("paused for read-ahead holding %d messages of %d quick tenants; want 8 a lane (%d) or a delivery more, below %d", st.QuickQueued, tenants, 8*tenants, maxQueued)
+	}
+}

@@ -41,6 +41,7 @@ type shard struct {
 	// quickQueued is how many of them count against readAhead: the sum of
 	// the lanes' rq (see recount).
 	quickQueued int
+	aheadLanes  int // lanes whose rq is not zero
 	// pausedAt is the engine clock when the engine last paused the
 	// partition; aheadOff is set when housekeeping lifted a read-ahead
 	// pause whose count did not fall (see maintain), and cleared once
