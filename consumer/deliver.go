@@ -5,10 +5,12 @@ import (
 	"time"
 )
 
-// Deliver implements Dispatcher.
+// Deliver implements Dispatcher. (A NATS source delivers one message at
+// a time: DeliverBatch's array of keys would be cleared for each.)
 func (c *Consumer) Deliver(m *Message) {
 	one := [1]*Message{m}
-	c.DeliverBatch(one[:])
+	key := [1]string{c.tenantOf(m)}
+	c.deliverRun(one[:], key[:])
 }
 
 // deliverChunk is how many messages DeliverBatch takes at a time: their
