@@ -47,6 +47,28 @@ func (p *pauseLog) has(ev string) bool {
 	return false
 }
 
+// startQuickBlocked runs an engine over src whose tenants are quick by the
+// guards' clock (every call takes no time on it) and whose calls wait for
+// release, counted in handled once released; log records its pauses.
+func startQuickBlocked(t *testing.T, src consumer.Source, concurrency, readAhead, maxQueued int, log *pauseLog, release <-chan struct{}, handled *atomic.Int64) *consumer.Consumer {
+	t.Helper()
+	p := policy.Default()
+	p.Clock = &stepClock{}
+	return startWith(t, consumer.Config{
+		Scope:                 scope.New(p, scope.Options[string]{}),
+		Concurrency:           concurrency,
+		ReadAhead:             readAhead,
+		MaxQueuedPerPartition: maxQueued,
+		MaxQueuedPerTenant:    maxQueued,
+		OnEvent:               log.on,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			<-release
+			handled.Add(1)
+			return nil
+		}),
+	}, src)
+}
+
 // The partition of quick tenants holds ReadAhead of their messages, not
 // MaxQueuedPerPartition: the engine pauses it there (PauseReadAhead). Its
 // tenants' calls then hang: the count cannot fall, so housekeeping lifts
@@ -58,21 +80,7 @@ func TestReadAheadBoundsQuickTenants(t *testing.T) {
 	var handled atomic.Int64
 	var log pauseLog
 	src := newGenSource(n, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%d", i%4), strconv.Itoa(i)) })
-	p := policy.Default()
-	p.Clock = &stepClock{} // calls take no time by the guards' clock: quick
-	c := startWith(t, consumer.Config{
-		Scope:                 scope.New(p, scope.Options[string]{}),
-		Concurrency:           4,
-		ReadAhead:             readAhead,
-		MaxQueuedPerPartition: maxQueued,
-		MaxQueuedPerTenant:    maxQueued,
-		OnEvent:               log.on,
-		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-			<-release
-			handled.Add(1)
-			return nil
-		}),
-	}, src)
+	c := startQuickBlocked(t, src, 4, readAhead, maxQueued, &log, release, &handled)
 	consumertest.Eventually(t, "a read-ahead pause", func() bool { return log.has("read-ahead") })
 	if st := c.Stats().Partitions[0]; st.Queued >= maxQueued {
 		t.Fatalf("paused for read-ahead with %d queued: want fewer than MaxQueuedPerPartition %d", st.Queued, maxQueued)
@@ -154,21 +162,9 @@ func TestReadAheadGrowsWithLanes(t *testing.T) {
 	const tenants, readAhead, maxQueued = 100, 40, 5000
 	release := make(chan struct{})
 	var log pauseLog
+	var handled atomic.Int64
 	src := newGenSource(4000, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%03d", i%tenants), strconv.Itoa(i)) })
-	p := policy.Default()
-	p.Clock = &stepClock{}
-	c := startWith(t, consumer.Config{
-		Scope:                 scope.New(p, scope.Options[string]{}),
-		Concurrency:           1,
-		ReadAhead:             readAhead,
-		MaxQueuedPerPartition: maxQueued,
-		MaxQueuedPerTenant:    maxQueued,
-		OnEvent:               log.on,
-		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-			<-release
-			return nil
-		}),
-	}, src)
+	c := startQuickBlocked(t, src, 1, readAhead, maxQueued, &log, release, &handled)
 	defer close(release)
 	consumertest.Eventually(t, "a read-ahead pause", func() bool { return log.has("read-ahead") })
 	st := c.Stats().Partitions[0]
