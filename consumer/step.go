@@ -46,8 +46,8 @@ func (c *Consumer) stepHead(w *worker) {
 		return
 	}
 	g := c.guard(t)
-	permit, err := w.allow(c.hctx, g)
-	if err != nil {
+	var permit policy.Permit
+	if err := w.allow(c.hctx, g, &permit); err != nil {
 		c.parkRefused(w, g, err)
 		return
 	}

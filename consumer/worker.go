@@ -132,15 +132,17 @@ func (w *worker) ctx() *callCtx { return w.cur.Load() }
 // allow asks g for a permit through the worker's batch on g, starting one
 // if the worker has none on g: the messages of a run share one, which
 // spares the guard three locked writes an attempt (see policy.Batch).
-func (w *worker) allow(ctx context.Context, g *policy.Guard) (policy.Permit, error) {
+// The permit is written to *p (policy's AllowTo: no copies of it on the
+// way).
+func (w *worker) allow(ctx context.Context, g *policy.Guard, p *policy.Permit) error {
 	if w.batchG == nil && len(w.job.run) == 0 {
-		return g.Allow(ctx) // a step alone: a batch would only add to it
+		return g.AllowTo(ctx, p) // a step alone: a batch would only add to it
 	}
 	if w.batchG != g {
 		w.batch.End()
 		w.batch, w.batchG = g.Batch(), g
 	}
-	return w.batch.Allow(ctx)
+	return w.batch.AllowTo(ctx, p)
 }
 
 // endCall ends the call a quick run kept open, if any (see callOpen).

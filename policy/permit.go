@@ -54,16 +54,25 @@ func (p *Permit) Probe() bool { return p.probe }
 // slow-call check): call Allow when the attempt is about to start, not
 // before it waits for a worker, or the wait counts as slowness.
 func (h *Guard) Allow(ctx context.Context) (Permit, error) {
+	var p Permit
+	err := h.AllowTo(ctx, &p)
+	return p, err
+}
+
+// AllowTo is [Guard.Allow] writing the permit to *p, which must hold no
+// live permit (see [Batch.AllowTo]). On refusal *p is the zero Permit.
+func (h *Guard) AllowTo(ctx context.Context, p *Permit) error {
+	*p = Permit{}
 	r := rand.Uint32()
 	g, sh := h.enter(r)
-	var p Permit
-	if err := g.allow(ctx, &p, r); err != nil {
+	if err := g.allow(ctx, p, r); err != nil {
 		g.exit(sh)
-		return Permit{}, err
+		*p = Permit{}
+		return err
 	}
 	// The permit's shard is r's, the same as sh on a recycled state.
 	p.counted = g.pool != nil
-	return p, nil
+	return nil
 }
 
 // Batch is a run of attempts on one guard by one goroutine, for an engine
@@ -104,20 +113,32 @@ func (h *Guard) Batch() Batch {
 // Allow is [Guard.Allow] for an attempt of the batch. On an ended batch
 // it returns [ErrBatchEnded].
 func (b *Batch) Allow(ctx context.Context) (Permit, error) {
+	var p Permit
+	err := b.AllowTo(ctx, &p)
+	return p, err
+}
+
+// AllowTo is [Batch.Allow] writing the permit to *p, which must hold no
+// live permit, for an engine that keeps the permit in place: a Permit
+// returned by value is copied at each return on the way to where it is
+// kept (three copies were ~18 ns of a consumer's ~190 ns step). On refusal
+// *p is the zero Permit.
+func (b *Batch) AllowTo(ctx context.Context, p *Permit) error {
+	*p = Permit{}
 	if b.g == nil {
-		return Permit{}, ErrBatchEnded
+		return ErrBatchEnded
 	}
 	x := b.rnd // xorshift32: never 0 from a seed that is not
 	x ^= x << 13
 	x ^= x >> 17
 	x ^= x << 5
 	b.rnd = x
-	var p Permit
-	if err := b.g.allow(ctx, &p, x); err != nil {
-		return Permit{}, err
+	if err := b.g.allow(ctx, p, x); err != nil {
+		*p = Permit{}
+		return err
 	}
 	p.batch = b
-	return p, nil
+	return nil
 }
 
 // End writes the batch's successes to the guard's counters and counts the
