@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // A wake-up is counted only when it wakes a worker: with one worker
@@ -155,4 +156,21 @@ func idleWorkers(s *sched, n int) (ws []*worker, got chan woken) {
 		}
 	}
 	return ws, got
+}
+
+// TestMessageLayout keeps a message's engine state in one cache line, the
+// last of a 256-byte Message (a size class whose objects start on a line):
+// see msgState. A field added to either breaks it here rather than as a
+// slower engine.
+func TestMessageLayout(t *testing.T) {
+	var m Message
+	if n := unsafe.Sizeof(m.st); n != 64 {
+		t.Errorf("msgState is %d bytes, want 64 (one cache line)", n)
+	}
+	if n := unsafe.Sizeof(m); n != 256 {
+		t.Errorf("Message is %d bytes, want 256", n)
+	}
+	if off := unsafe.Offsetof(m.st); off%64 != 0 {
+		t.Errorf("msgState at offset %d of Message, not on a cache line", off)
+	}
 }

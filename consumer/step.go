@@ -52,7 +52,7 @@ func (c *Consumer) stepHead(w *worker) {
 		return
 	}
 	r.unpark = true
-	if err := g.BeforeAttempt(c.hctx, m.st.attempts+1); err != nil {
+	if err := g.BeforeAttempt(c.hctx, int(m.st.attempts)+1); err != nil {
 		// The hook refused this attempt: not the dependency's failure (the
 		// breaker does not count it), not the message's either unless
 		// permanent. Wait a backoff and ask again.
@@ -101,7 +101,7 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	o.probeFails = m.st.rd().probeFails
 	v := decideAttempt(o, limits{poisonProbes: c.cfg.PoisonProbes})
 	if v.act == actAskRetry {
-		rd := g.NextRetry(m.st.attempts, o.err, m.st.rd().backoff)
+		rd := g.NextRetry(int(m.st.attempts), o.err, m.st.rd().backoff)
 		v = decideRetry(rd, c.retryFacts(g, m))
 	}
 	c.carryOut(w, g, m, o.err, v)
@@ -110,7 +110,7 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 // retryFacts gathers decideRetry's inputs for m.
 func (c *Consumer) retryFacts(g *policy.Guard, m *Message) retryFacts {
 	f := retryFacts{
-		attempts:     m.st.attempts,
+		attempts:     int(m.st.attempts),
 		maxAttempts:  g.MaxAttempts(),
 		panicked:     m.st.rd().panicked,
 		deadlineLeft: -1,
