@@ -85,7 +85,9 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string) {
 		if m.Offset >= sh.next {
 			sh.next = m.Offset + 1
 		}
-		l.seen = true
+		if !l.seen {
+			l.seen = true
+		}
 		sh.queued++
 		t := l.t
 		if l.spill.on {

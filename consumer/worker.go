@@ -314,8 +314,9 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		}
 		w.quickOn = false
 	}
-	l.quickNow = quickNow(t)
-	l.ahead = l.quickNow
+	if q := quickNow(t); l.quickNow != q || l.ahead != q { // stores only on a change: see removeSettled
+		l.quickNow, l.ahead = q, q
+	}
 	if r.handled > 0 {
 		t.handled.Add(r.handled)
 	}
@@ -603,7 +604,11 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 	for i, n := 0, l.q.len(); i < n; i++ {
 		if l.q.at(i) == m {
 			l.q.remove(i)
-			if i == 0 {
+			if i == 0 && (l.judge != "" || l.judgeSpan != 0) {
+				// Written only when set: the line is also the one the
+				// delivering goroutine reads for every message (spill.on),
+				// and a store per message took it from that core's cache
+				// each time.
 				l.judge, l.judgeSpan = "", 0
 			}
 			break
