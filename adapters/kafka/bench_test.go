@@ -123,6 +123,7 @@ func BenchmarkConsume(b *testing.B) {
 		}
 	}
 
+	lastOffsets := map[int32]int64{} // filled by the warm-up reads below
 	var rows []benchRow
 	rows = append(rows, benchRow{"kafka-go-reader", func(b *testing.B) {
 		b.ReportAllocs()
@@ -192,18 +193,23 @@ func BenchmarkConsume(b *testing.B) {
 	}))
 
 	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *Source) {
+		end := consumertest.NewEndCounter(lastOffsets)
 		c, err := consumer.New(consumer.Config{
 			Tenant: consumer.FromKey(),
 			DLQ:    dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
-			// A no-op, as in the other rows: the end is read from the
-			// engine's own count, kept per worker (consumertest.WaitHandled,
-			// so up to a millisecond late, against the engine). Counting
-			// per tenant in the handler wrote lines that workers on both
-			// cores share on every message: 9% of the row's CPU in an A/B
-			// (1,220 -> 1,114 ns a message), which the other rows, counting
-			// on one goroutine, never pay.
-			Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error {
+			// A no-op, as in the other rows. The end is read without a
+			// write per message (consumertest.EndCounter: the handler
+			// counts each partition's last message only, then the
+			// engine's own count is read for the calls still running).
+			// Counting per tenant in the handler wrote lines that workers
+			// on both cores share on every message: 9% of the row's CPU in
+			// an A/B (1,220 -> 1,114 ns a message), which the other rows,
+			// counting on one goroutine, never pay; reading the engine's
+			// count every millisecond was up to a millisecond late on an
+			// op of ~30 ms.
+			Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
 				mark()
+				end.Saw(m)
 				return nil
 			}),
 		})
@@ -213,7 +219,7 @@ func BenchmarkConsume(b *testing.B) {
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- c.Run(ctx, src) }()
-		consumertest.WaitHandled(b, c, benchMsgs)
+		consumertest.WaitEnd(b, c, end, benchMsgs)
 		lap()
 		checkTenants(b, c)
 		cancel()
@@ -263,12 +269,19 @@ func BenchmarkConsume(b *testing.B) {
 	// against 3.25M and 3.51M after another row, the engine 1.41M and
 	// 1.75M against 1.99M and 2.09M), a penalty the random order put on a
 	// different row in each process.
+	// They also learn each partition's last offset, for the engine row's
+	// end (consumertest.EndCounter).
+	var last [benchParts]atomic.Int64
 	for range 2 {
 		src, err := NewSource(addrs, topic, group())
 		if err != nil {
 			b.Fatal(err)
 		}
-		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: func() {}}
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: func() {}, seen: func(m *consumer.Message) {
+			if p := &last[m.Partition.ID]; m.Offset > p.Load() {
+				p.Store(m.Offset)
+			}
+		}}
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- src.Run(ctx, d) }()
@@ -277,6 +290,9 @@ func BenchmarkConsume(b *testing.B) {
 		if err := <-errc; err != nil {
 			b.Fatal(err)
 		}
+	}
+	for p := range last {
+		lastOffsets[int32(p)] = last[p].Load()
 	}
 	// The rows run in a random order: no row always runs first after the
 	// data was written, or last on a broker that has served the others.
@@ -327,6 +343,7 @@ type loopDispatcher struct {
 	once sync.Once
 	done chan struct{}
 	mark func()
+	seen func(*consumer.Message) // the warm-up's: learns the last offsets
 }
 
 func (d *loopDispatcher) Assigned(consumer.Partition) {}
@@ -339,6 +356,9 @@ func (d *loopDispatcher) DeliverBatch(ms []*consumer.Message) {
 
 func (d *loopDispatcher) Deliver(m *consumer.Message) {
 	d.mark()
+	if d.seen != nil {
+		d.seen(m)
+	}
 	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
 	if d.n.Add(1) == d.want {
 		d.once.Do(func() { close(d.done) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -124,6 +125,64 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", WaitTimeout, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// EndCounter tells a benchmark when the last message of each of a
+// source's partitions was handled, so that it reads the end of a run
+// neither with a write per message that workers on both cores would share
+// (a count in the handler) nor with a poll that is up to its period late
+// (WaitHandled, a millisecond on a run of tens of milliseconds). The
+// handler calls Saw for each message; WaitEnd then reads the engine's own
+// count only for the calls still running.
+type EndCounter struct {
+	ids   []int32 // partition IDs
+	last  []int64 // their last offsets
+	left  atomic.Int64
+	ended chan struct{}
+}
+
+// NewEndCounter makes an EndCounter for partitions whose last offsets are
+// last (by partition ID).
+func NewEndCounter(last map[int32]int64) *EndCounter {
+	e := &EndCounter{ended: make(chan struct{})}
+	for id, off := range last {
+		e.ids, e.last = append(e.ids, id), append(e.last, off)
+	}
+	e.left.Store(int64(len(last)))
+	return e
+}
+
+// Saw is called by the handler for each message it handled: a read of its
+// partition's last offset, and a count only for that last message.
+func (e *EndCounter) Saw(m *consumer.Message) {
+	for i, id := range e.ids {
+		if id == m.Partition.ID {
+			if m.Offset == e.last[i] && e.left.Add(-1) == 0 {
+				close(e.ended)
+			}
+			return
+		}
+	}
+}
+
+// WaitEnd returns once c has handled at least want messages: it waits until
+// the handler saw every partition's last message (e), then reads c's count,
+// yielding between reads, until the other workers' calls of that moment
+// are counted too. It fails t after five minutes.
+func WaitEnd(t testing.TB, c *consumer.Consumer, e *EndCounter, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	select {
+	case <-e.ended:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("the last message of every partition not handled in 5 minutes (%d of %d handled)", c.Totals().Handled, want)
+	}
+	for c.Totals().Handled < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("handled %d of %d messages in 5 minutes", c.Totals().Handled, want)
+		}
+		runtime.Gosched()
 	}
 }
 
