@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -360,32 +358,56 @@ func (s *Source) extendLoop(ctx context.Context) {
 //	v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
 //	v2: $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<token>]
 func ackSeqTime(reply string) (seq uint64, ts int64, ok bool) {
-	if !strings.HasPrefix(reply, "$JS.ACK.") {
+	// One pass for the dots, then the two numbers by hand: strings.Count,
+	// a strings.Cut per token and strconv.ParseUint took ~170 ns a message
+	// on the consume goroutine (a NATS engine row's profile), where every
+	// message waits for the one before.
+	const prefix = "$JS.ACK."
+	if len(reply) < len(prefix) || reply[:len(prefix)] != prefix {
 		return 0, 0, false
 	}
+	var dots [12]int // where the first 12 dots are
+	n := 0
+	for i := 0; i < len(reply); i++ {
+		if reply[i] == '.' {
+			if n < len(dots) {
+				dots[n] = i
+			}
+			n++
+		}
+	}
 	var seqTok, tmTok int
-	switch n := strings.Count(reply, ".") + 1; {
-	case n == 9:
+	switch tokens := n + 1; {
+	case tokens == 9:
 		seqTok, tmTok = 5, 7
-	case n >= 11:
+	case tokens >= 11:
 		seqTok, tmTok = 7, 9
 	default:
 		return 0, 0, false
 	}
-	var seqStr, tmStr string
-	for i, rest := 0, reply; i <= tmTok; i++ {
-		var tok string
-		tok, rest, _ = strings.Cut(rest, ".")
-		switch i {
-		case seqTok:
-			seqStr = tok
-		case tmTok:
-			tmStr = tok
-		}
+	token := func(i int) string { // i >= 1; a dot follows token i (tmTok < n)
+		return reply[dots[i-1]+1 : dots[i]]
 	}
-	seq, err1 := strconv.ParseUint(seqStr, 10, 64)
-	tm, err2 := strconv.ParseUint(tmStr, 10, 64)
-	return seq, int64(tm), err1 == nil && err2 == nil && seq > 0
+	seq, ok1 := digits(token(seqTok))
+	tm, ok2 := digits(token(tmTok))
+	return seq, int64(tm), ok1 && ok2 && seq > 0
+}
+
+// digits parses a decimal number of 1 to 19 digits (so no uint64
+// overflow), and nothing else.
+func digits(s string) (uint64, bool) {
+	if len(s) == 0 || len(s) > 19 {
+		return 0, false
+	}
+	var v uint64
+	for i := 0; i < len(s); i++ {
+		d := s[i] - '0'
+		if d > 9 {
+			return 0, false
+		}
+		v = v*10 + uint64(d)
+	}
+	return v, true
 }
 
 func fromNATSHeader(h nats.Header) []consumer.Header {
