@@ -49,14 +49,9 @@ type Consumer struct {
 	bg       context.Context // for Source, spill and DLQ calls; cancelled when Run returns
 	bgCancel context.CancelFunc
 
-	pmu   sync.Mutex
-	parts atomic.Pointer[map[Partition]*shard] // copy on write under pmu
-	// few is the shards of parts when there are at most fewParts, for
-	// shardOf to compare with instead of hashing a Partition (a string and
-	// an ID: ~80 ns of a NATS delivery's path, one lookup per message);
-	// nil when there are more. Stored with parts (setParts).
-	few     atomic.Pointer[[]*shard]
-	partGen uint64 // pmu
+	pmu     sync.Mutex
+	parts   atomic.Pointer[partTable] // copy on write under pmu (setParts)
+	partGen uint64                    // pmu
 
 	tmu         sync.Mutex
 	tenants     map[string]*tenant
@@ -251,7 +246,7 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 		// Commits go out here, every tick, not per settled message: a
 		// source commits on its own interval anyway, and a Commit per
 		// message would put a shared line and a call on the hot path.
-		for _, sh := range *c.parts.Load() {
+		for _, sh := range c.parts.Load().m {
 			c.syncCommit(sh)
 		}
 		if slow++; slow%20 == 0 { // every 100ms
@@ -264,7 +259,7 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 
 // shards returns the current partition table's shards.
 func (c *Consumer) shards() []*shard {
-	m := *c.parts.Load()
+	m := c.parts.Load().m
 	out := make([]*shard, 0, len(m))
 	for _, sh := range m {
 		out = append(out, sh)
@@ -272,32 +267,39 @@ func (c *Consumer) shards() []*shard {
 	return out
 }
 
+// partTable is the assigned partitions' shards. few holds them too when
+// there are at most fewParts, for shardOf to compare with instead of
+// hashing a Partition (a string and an ID: ~80 ns of a NATS delivery's
+// path, one lookup per message); nil when there are more.
+type partTable struct {
+	m   map[Partition]*shard
+	few []*shard
+}
+
 // fewParts is how many partitions shardOf finds by comparing.
 const fewParts = 8
 
 // setParts makes m the partition table. Called under pmu (or before Run).
 func (c *Consumer) setParts(m map[Partition]*shard) {
+	t := &partTable{m: m}
 	if len(m) <= fewParts {
-		few := make([]*shard, 0, len(m))
+		t.few = make([]*shard, 0, len(m))
 		for _, sh := range m {
-			few = append(few, sh)
+			t.few = append(t.few, sh)
 		}
-		c.few.Store(&few)
-	} else {
-		c.few.Store(nil)
 	}
-	c.parts.Store(&m)
+	c.parts.Store(t)
 }
 
 // shardOf returns p's shard, making it if p was never announced.
 func (c *Consumer) shardOf(p Partition) *shard {
-	if few := c.few.Load(); few != nil {
-		for _, sh := range *few {
+	if t := c.parts.Load(); t.few != nil {
+		for _, sh := range t.few {
 			if sh.p.ID == p.ID && sh.p.Topic == p.Topic {
 				return sh
 			}
 		}
-	} else if sh := (*c.parts.Load())[p]; sh != nil {
+	} else if sh := t.m[p]; sh != nil {
 		return sh
 	}
 	sh, _ := c.assign(p)
@@ -308,7 +310,7 @@ func (c *Consumer) shardOf(p Partition) *shard {
 func (c *Consumer) assign(p Partition) (*shard, bool) {
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
-	old := *c.parts.Load()
+	old := c.parts.Load().m
 	if sh := old[p]; sh != nil {
 		return sh, false
 	}
@@ -347,7 +349,7 @@ func (c *Consumer) Assigned(p Partition) {
 // Revoked implements Dispatcher.
 func (c *Consumer) Revoked(p Partition) {
 	c.pmu.Lock()
-	old := *c.parts.Load()
+	old := c.parts.Load().m
 	sh := old[p]
 	if sh == nil {
 		c.pmu.Unlock()

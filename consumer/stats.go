@@ -267,7 +267,7 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 		return TenantStats{}, false
 	}
 	x := c.tenantStats(t)
-	for _, sh := range *c.parts.Load() {
+	for _, sh := range c.parts.Load().m {
 		sh.mu.Lock()
 		if l := sh.lanes[key]; l != nil {
 			x.Queued += l.q.len() + l.pend.len()

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +59,29 @@ type heldShard struct {
 }
 
 func (s *Source) heldOf(seq uint64) *heldShard { return &s.held[seq%heldShards] }
+
+// heldMsg is one held message with its stream sequence.
+type heldMsg struct {
+	seq uint64
+	m   jetstream.Msg
+}
+
+// appendHeld appends the held messages to dst, shard by shard, and with
+// drop forgets them. It takes each shard's lock in turn, for no call out.
+func (s *Source) appendHeld(dst []heldMsg, drop bool) []heldMsg {
+	for i := range s.held {
+		h := &s.held[i]
+		h.mu.Lock()
+		for seq, m := range h.m {
+			dst = append(dst, heldMsg{seq, m})
+		}
+		if drop {
+			clear(h.m)
+		}
+		h.mu.Unlock()
+	}
+	return dst
+}
 
 // heldCount is how many messages the engine holds now.
 func (s *Source) heldCount() int {
@@ -365,24 +389,16 @@ func (s *Source) Resume(p consumer.Partition) {
 func (s *Source) extendLoop(ctx context.Context) {
 	t := time.NewTicker(s.opt.extendEvery)
 	defer t.Stop()
-	var batch []jetstream.Msg
+	var batch []heldMsg
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		batch = batch[:0]
-		for i := range s.held {
-			h := &s.held[i]
-			h.mu.Lock()
-			for _, m := range h.m {
-				batch = append(batch, m)
-			}
-			h.mu.Unlock()
-		}
-		for _, m := range batch {
-			_ = m.InProgress() // best effort; a miss means a redelivery, never a loss
+		batch = s.appendHeld(batch[:0], false)
+		for _, h := range batch {
+			_ = h.m.InProgress() // best effort; a miss means a redelivery, never a loss
 		}
 		clear(batch)
 		s.extends.Add(1)
@@ -481,28 +497,13 @@ func (s *Source) revokeAll() {
 		return
 	}
 	s.gated = make(chan struct{})
-	var seqs []uint64
-	bySeq := map[uint64]jetstream.Msg{}
-	for i := range s.held {
-		h := &s.held[i]
-		h.mu.Lock()
-		for seq, m := range h.m {
-			seqs = append(seqs, seq)
-			bySeq[seq] = m
-		}
-		clear(h.m)
-		h.mu.Unlock()
-	}
-	slices.Sort(seqs)
-	held := make([]jetstream.Msg, 0, len(seqs))
-	for _, seq := range seqs {
-		held = append(held, bySeq[seq])
-	}
+	held := s.appendHeld(nil, true)
 	s.mu.Unlock()
+	slices.SortFunc(held, func(a, b heldMsg) int { return cmp.Compare(a.seq, b.seq) })
 
 	d.Revoked(s.part)
-	for _, m := range held {
-		_ = m.Nak() // redelivered at once; a lost nak waits for AckWait
+	for _, h := range held {
+		_ = h.m.Nak() // redelivered at once; a lost nak waits for AckWait
 	}
 	d.Assigned(s.part)
 
