@@ -88,9 +88,6 @@ func (c *Consumer) checkInvariants() error {
 				if m.st.lane != l {
 					bad("%v/%q: message at %d of q belongs to another lane", sh.p, l.key, m.Offset)
 				}
-				if m.Refed != m.st.refed {
-					bad("%v/%q: message %d: Refed %v but its state says %v", sh.p, l.key, m.Offset, m.Refed, m.st.refed)
-				}
 				if m.Refed {
 					refed++
 					if i > 0 && !l.q.at(i-1).Refed {

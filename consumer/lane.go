@@ -260,12 +260,6 @@ type msgState struct {
 	listed  bool // in the partition's watermark (shard mu)
 	spilled bool // in pend or being appended (not runnable) (shard mu)
 	aside   bool // set aside: its dead letter cannot be written (shard mu)
-	// refed mirrors Message.Refed (set with it by refeed, never changed
-	// after): the worker reads it for every message it settles (unlist,
-	// settleOne), and Refed sits in a line of the message that the
-	// worker's path otherwise never touches, last written by the source's
-	// goroutine on the other core.
-	refed bool
 }
 
 // failState is the part of a message's state that only a message that

@@ -112,7 +112,7 @@ func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
 		c.disarm(l)
 	}
 	i := 0
-	for n := l.q.len(); i < n && l.q.at(i).st.refed; i++ {
+	for n := l.q.len(); i < n && l.q.at(i).Refed; i++ {
 	}
 	if n := l.q.len() - i; n > 0 {
 		var moved []*Message
@@ -351,7 +351,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 			continue
 		}
 		m.Refed = true
-		m.st = msgState{lane: l, gen: sh.gen, at: now, refed: true}
+		m.st = msgState{lane: l, gen: sh.gen, at: now}
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
 		sh.queued++

@@ -464,7 +464,7 @@ func (c *Consumer) settleRun(w *worker) {
 // count itself in (a store to its own line); other callers use the
 // partition's shared count.
 func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shard]) {
-	if c.settleNoop || m.st.refed || m.st.gen != sh.gen {
+	if c.settleNoop || m.Refed || m.st.gen != sh.gen {
 		return
 	}
 	if slot != nil {
@@ -495,7 +495,7 @@ func (c *Consumer) settleCounted(sh *shard, ms []*Message, slot *atomic.Pointer[
 // settleOne calls Source.Settle for m, of a partition the caller counted
 // itself in on (see settleSource).
 func (c *Consumer) settleOne(sh *shard, m *Message) {
-	if m.st.refed || m.st.gen != sh.gen {
+	if m.Refed || m.st.gen != sh.gen {
 		return
 	}
 	if err := c.src.Settle(c.bg, m); err != nil {

@@ -629,7 +629,7 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 // and calls syncCommit once unlocked. A moved spill cursor is handed to the
 // lane's spill job.
 func (c *Consumer) unlist(sh *shard, l *lane, m *Message) bool {
-	if m.st.refed {
+	if m.Refed {
 		l.t.spillDone.Add(1)
 		if l.spill.refed.remove(m) {
 			c.raiseSpillCursor(l)
