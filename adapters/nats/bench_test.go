@@ -225,7 +225,7 @@ func BenchmarkConsume(b *testing.B) {
 		// tenant in Settle wrote lines the workers of both cores share on
 		// every message, where the other rows count on their one consume
 		// goroutine, and reading the engine's count every millisecond
-		// (WaitHandled) was up to a millisecond late.
+		// was up to a millisecond late.
 		consumertest.WaitEnd(b, c, end, uint64(b.N))
 		b.StopTimer()
 		b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")

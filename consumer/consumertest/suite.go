@@ -131,8 +131,8 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 // EndCounter tells a benchmark when the last message of each of a
 // source's partitions was handled, so that it reads the end of a run
 // neither with a write per message that workers on both cores would share
-// (a count in the handler) nor with a poll that is up to its period late
-// (WaitHandled, a millisecond on a run of tens of milliseconds). The
+// (a count in the handler) nor with a poll of the engine's count that is up
+// to its period late (a millisecond on a run of tens of milliseconds). The
 // handler calls Saw for each message; WaitEnd then reads the engine's own
 // count only for the calls still running.
 type EndCounter struct {
@@ -183,22 +183,6 @@ func WaitEnd(t testing.TB, c *consumer.Consumer, e *EndCounter, want uint64) {
 			t.Fatalf("handled %d of %d messages in 5 minutes", c.Totals().Handled, want)
 		}
 		runtime.Gosched()
-	}
-}
-
-// WaitHandled returns once c has handled at least want messages, reading
-// its count every millisecond (Eventually's 5ms would blur a benchmark's
-// end); it fails t after five minutes.
-func WaitHandled(t testing.TB, c *consumer.Consumer, want uint64) {
-	t.Helper()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(5 * time.Minute)
-	for c.Totals().Handled < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("handled %d of %d messages in 5 minutes", c.Totals().Handled, want)
-		}
-		<-tick.C
 	}
 }
 
