@@ -211,6 +211,11 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	close(hkStop)
 	<-hkDone
 	for _, sh := range c.shards() {
+		sh.mu.Lock()
+		if !sh.dead {
+			sh.refreshCommit(c.clock(), true)
+		}
+		sh.mu.Unlock()
 		c.syncCommit(sh)
 	}
 
@@ -243,10 +248,17 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 			w.ctx().expireIfDue(now)
 		}
 		c.sched.rescue()
-		// Commits go out here, every tick, not per settled message: a
-		// source commits on its own interval anyway, and a Commit per
-		// message would put a shared line and a call on the hot path.
+		// Commits are found and go out here, every tick, not per settled
+		// message: a source commits on its own interval anyway, and a
+		// Commit per message would put a shared line and a call on the
+		// hot path, as would keeping the unsettled offsets in order (see
+		// shard.refreshCommit).
 		for _, sh := range c.parts.Load().m {
+			sh.mu.Lock()
+			if !sh.dead {
+				sh.refreshCommit(now, false)
+			}
+			sh.mu.Unlock()
 			c.syncCommit(sh)
 		}
 		if slow++; slow%20 == 0 { // every 100ms
@@ -367,6 +379,7 @@ func (c *Consumer) Revoked(p Partition) {
 	// gone while its lanes still count.
 	var forget []*tenant
 	sh.mu.Lock()
+	sh.refreshCommit(c.clock(), true) // the source commits it as Revoked returns
 	sh.dead = true
 	for _, l := range sh.lanes {
 		forget = append(forget, c.dropLane(l))
@@ -378,7 +391,7 @@ func (c *Consumer) Revoked(p Partition) {
 	sh.none = nil
 	sh.aside = nil
 	sh.ready.reset()
-	sh.wm.reset()
+	sh.unsettled, sh.oldestAt, sh.stale, sh.late = 0, -1, false, nil
 	sh.queued = 0
 	sh.quickQueued, sh.aheadLanes = 0, 0
 	if sh.inRing {
@@ -388,6 +401,7 @@ func (c *Consumer) Revoked(p Partition) {
 	c.pmu.Unlock()
 
 	// No Settle or Commit for p after Revoked returns.
+	c.syncCommit(sh)
 	sh.gate.close()
 	for _, w := range c.workers {
 		for w.settling.Load() == sh {

@@ -81,9 +81,14 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string) {
 		none := m.st.rd().tenantErr != nil
 		l := sh.laneFor(keys[i], none)
 		m.st.lane, m.st.gen, m.st.at = l, sh.gen, now
-		sh.wm.pushBack(m)
+		sh.unsettled++
 		if m.Offset >= sh.next {
 			sh.next = m.Offset + 1
+		} else {
+			// A redelivery after later messages (JetStream after
+			// AckWait): oldest cannot find it by the lanes' order.
+			m.st.late = true
+			sh.late = append(sh.late, m)
 		}
 		if !l.seen {
 			l.seen = true
@@ -197,9 +202,11 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 		sh.mu.Unlock()
 		return
 	}
-	if h := sh.wm.head; h != nil && c.cfg.Spill != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
-		if l := h.st.lane; !l.spill.on && !l.spill.want {
-			c.requestSpill(l, SpillStuck, &ev)
+	if c.cfg.Spill != nil && sh.unsettled > 0 {
+		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
+			if l := h.st.lane; !l.spill.on && !l.spill.want {
+				c.requestSpill(l, SpillStuck, &ev)
+			}
 		}
 	}
 	if len(sh.aside) > 0 && !sh.asideBusy.Load() {

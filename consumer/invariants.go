@@ -95,9 +95,17 @@ func (c *Consumer) checkInvariants() error {
 					}
 				} else {
 					live++
+					if p := l.q.at(max(i-1, 0)); i > 0 && !p.Refed && !p.st.late && !m.st.late && p.Offset >= m.Offset {
+						bad("%v/%q: live message %d behind %d", sh.p, l.key, m.Offset, l.q.at(i-1).Offset)
+					}
 				}
 			}
 			live += l.pend.len()
+			if l.pend.len() > 0 {
+				if m := l.firstLive(); m != l.pend.front() && !m.st.late && !l.pend.front().st.late && m.Offset >= l.pend.front().Offset {
+					bad("%v/%q: waiting to spill %d, not newer than queued %d", sh.p, l.key, l.pend.front().Offset, m.Offset)
+				}
+			}
 			if refed != l.spill.refed.n {
 				bad("%v/%q: %d re-fed messages in q, %d in the spill cursor list", sh.p, l.key, refed, l.spill.refed.n)
 			}
@@ -133,17 +141,19 @@ func (c *Consumer) checkInvariants() error {
 		if queued != sh.queued {
 			bad("%v: queued count %d, lanes hold %d", sh.p, sh.queued, queued)
 		}
-		if live != sh.wm.n {
-			bad("%v: watermark holds %d unsettled messages, lanes and aside hold %d live ones", sh.p, sh.wm.n, live)
+		if live != sh.unsettled {
+			bad("%v: %d unsettled messages counted, lanes and aside hold %d live ones", sh.p, sh.unsettled, live)
 		}
-		n := 0
-		for m := sh.wm.head; m != nil; m = m.st.lnext {
-			if n++; n > sh.wm.n {
-				bad("%v: watermark list longer than its count %d", sh.p, sh.wm.n)
-				break
+		// At least once: the commit point never passes an unsettled
+		// message, and the last scan's oldest is still the oldest unless
+		// a settle marked it for a new scan. (A late message, a broker's
+		// redelivery of an offset it had passed, may be below both.)
+		if o := sh.oldestInOrder(); o != nil {
+			if w := sh.commit.want.Load(); w > o.Offset {
+				bad("%v: commit point %d passes unsettled message %d", sh.p, w, o.Offset)
 			}
-			if next := m.st.lnext; next != nil && next.Offset <= m.Offset {
-				bad("%v: watermark out of order: %d before %d", sh.p, m.Offset, next.Offset)
+			if !sh.stale && sh.oldestAt >= 0 && o.Offset < sh.oldestAt {
+				bad("%v: oldest unsettled message %d is older than the last scan's %d", sh.p, o.Offset, sh.oldestAt)
 			}
 		}
 		for _, m := range sh.aside {

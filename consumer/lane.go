@@ -57,6 +57,20 @@ type lane struct {
 	spill laneSpill
 }
 
+// firstLive returns the lane's oldest live (not re-fed) message, or nil.
+// Called with its shard's mu held.
+func (l *lane) firstLive() *Message {
+	for i := range l.q.len() {
+		if m := l.q.at(i); !m.Refed {
+			return m
+		}
+	}
+	if l.pend.len() > 0 {
+		return l.pend.front()
+	}
+	return nil
+}
+
 // laneState is where a lane is in the scheduler.
 type laneState uint8
 
@@ -184,10 +198,9 @@ func (r *fifo[T]) reset() {
 }
 
 // msgList is an intrusive doubly linked list of messages (through
-// msgState.lprev/lnext): a partition's unsettled live messages in offset
-// order, or a lane's unsettled re-fed messages in log order. Its memory is
-// the messages themselves, so it grows with what is unsettled, never with
-// what was settled behind a stuck message.
+// msgState.lprev/lnext): a lane's unsettled re-fed messages in log order.
+// Its memory is the messages themselves, so it grows with what is
+// unsettled, never with what was settled behind a stuck message.
 type msgList struct {
 	head, tail *Message
 	n          int
@@ -257,7 +270,8 @@ type msgState struct {
 	fail       *failState
 	attempts   int32 // attempts in the current round (worker)
 
-	listed  bool // in the partition's watermark (shard mu)
+	listed  bool // in its lane's re-fed list (shard mu)
+	late    bool // delivered after a higher offset: in its shard's late (shard mu)
 	spilled bool // in pend or being appended (not runnable) (shard mu)
 	aside   bool // set aside: its dead letter cannot be written (shard mu)
 }

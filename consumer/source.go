@@ -27,15 +27,15 @@ type Message struct {
 	// redelivery a broker makes after later messages (JetStream after
 	// AckWait): the engine never takes a lower offset for a copy.
 	Offset int64
-	// Stream is the JetStream stream name (Offset is then its sequence);
-	// empty for Kafka.
-	Stream string
-	Time   time.Time
-
 	// Refed is set on a message read back from its tenant's spill log (see
 	// [SpillLog]); Partition and Offset are still the original's, and
-	// SpillPos is its position in the spill log.
-	Refed    bool
+	// SpillPos is its position in the spill log. (It sits next to Offset:
+	// the engine reads both as it settles each message, one cache line.)
+	Refed bool
+	// Stream is the JetStream stream name (Offset is then its sequence);
+	// empty for Kafka.
+	Stream   string
+	Time     time.Time
 	SpillPos int64
 
 	// Handle is the adapter's own reference (e.g. a jetstream.Msg). The

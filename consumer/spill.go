@@ -238,16 +238,10 @@ func (c *Consumer) spillWork(l *lane) {
 				return
 			}
 			l.spill.fails = 0
-			moved := false
 			for range batch {
 				m := l.pend.remove(0)
 				sh.queued--
-				if c.unlist(sh, l, m) {
-					moved = true
-				}
-			}
-			if moved {
-				moved = sh.commit.raise(sh.commitPoint())
+				c.unlist(sh, l, m) // the next tick commits past them
 			}
 			t.spilled.Add(uint64(len(batch)))
 			c.stats.spilled.Add(uint64(len(batch)))
@@ -258,9 +252,6 @@ func (c *Consumer) spillWork(l *lane) {
 			}
 			sh.mu.Unlock()
 			clear(batch)
-			if moved {
-				c.syncCommit(sh)
-			}
 			if resume {
 				c.syncPause(sh)
 			}

@@ -155,24 +155,27 @@ func (c *Consumer) Stats() Stats {
 	for _, sh := range c.shards() {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.done.Load()}
 		sh.mu.Lock()
-		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.queued, sh.wm.n, sh.next, len(sh.lanes)
+		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.queued, sh.unsettled, sh.next, len(sh.lanes)
 		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.quickQueued
 		ps.PauseReason = sh.pauseReason
 		ps.Paused = sh.pauseReason != 0
+		ms := sh.oldestN(1025)
 		if sh.next >= 0 {
-			ps.CommitLag = sh.next - sh.commitPoint()
+			if len(ms) > 0 {
+				ps.CommitLag = sh.next - ms[0].Offset
+			}
 		}
-		if h := sh.wm.head; h != nil {
+		if len(ms) > 0 {
+			h := ms[0]
 			ps.Oldest = time.Duration(max(now-h.st.at, 0))
 			ps.OldestTenant = h.st.lane.key
 			// The lag is held by the tenants of the oldest messages: each
 			// unsettled message holds back the offsets up to the next one.
 			// (The first 1024 unsettled messages are looked at.)
-			n := 0
-			for m := h; m != nil && n < 1024; m, n = m.st.lnext, n+1 {
+			for i, m := range ms[:min(len(ms), 1024)] {
 				to := sh.next
-				if m.st.lnext != nil {
-					to = m.st.lnext.Offset
+				if i+1 < len(ms) {
+					to = ms[i+1].Offset
 				}
 				lag[m.st.lane.t] += to - m.Offset
 			}

@@ -617,7 +617,6 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 	if len(done) == 0 {
 		return
 	}
-	moved := false
 	sh.mu.Lock()
 	if !sh.dead {
 		for _, m := range done {
@@ -628,15 +627,10 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 				}
 			}
 			sh.queued--
-			if sh.wm.remove(m) && sh.commit.raise(sh.commitPoint()) {
-				moved = true
-			}
+			sh.settled(m) // the next tick commits past it
 		}
 	}
 	sh.mu.Unlock()
-	if moved {
-		c.syncCommit(sh)
-	}
 }
 
 var _ context.Context = (*callCtx)(nil)

@@ -330,12 +330,8 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	if !l.quick {
 		w.turn += j.next // a quick lane's run is one job (see shardTurn)
 	}
-	moved := false
 	for _, m := range r.settled {
-		moved = c.removeSettled(sh, l, m) || moved
-	}
-	if moved {
-		sh.commit.raise(sh.commitPoint()) // goes out at the next tick
+		c.removeSettled(sh, l, m)
 	}
 	if r.aside != nil {
 		c.setAside(sh, l, r.aside)
@@ -597,10 +593,10 @@ func (c *Consumer) wake(l *lane, seq uint64) {
 	}
 }
 
-// removeSettled takes a settled message out of its lane, its partition's
-// watermark or its lane's spill cursor, and the counts. Called with sh.mu
-// held; it reports whether the partition's watermark moved (see unlist).
-func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
+// removeSettled takes a settled message out of its lane, and out of the
+// counts of its partition's unsettled messages (live) or its lane's spill
+// cursor (re-fed). Called with sh.mu held.
+func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) {
 	for i, n := 0, l.q.len(); i < n; i++ {
 		if l.q.at(i) == m {
 			l.q.remove(i)
@@ -618,25 +614,23 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) bool {
 	if l.parked {
 		c.addParked(l, -1)
 	}
-	return c.unlist(sh, l, m)
+	c.unlist(sh, l, m)
 }
 
-// unlist takes a settled message out of the list that tracks its commit:
-// the partition's watermark (live) or the lane's spill cursor (re-fed).
-// Called with sh.mu held; it reports whether the partition's watermark
-// moved: the caller then raises the commit point to sh.commitPoint() once
-// for all the messages it takes out (a locked write per message otherwise),
-// and calls syncCommit once unlocked. A moved spill cursor is handed to the
-// lane's spill job.
-func (c *Consumer) unlist(sh *shard, l *lane, m *Message) bool {
+// unlist counts a settled message out of what tracks its commit: its
+// partition's unsettled messages (live), whose commit point the next tick
+// raises if m may have been the oldest (see shard.refreshCommit), or its
+// lane's spill cursor (re-fed), whose move is handed to the lane's spill
+// job. Called with sh.mu held.
+func (c *Consumer) unlist(sh *shard, l *lane, m *Message) {
 	if m.Refed {
 		l.t.spillDone.Add(1)
 		if l.spill.refed.remove(m) {
 			c.raiseSpillCursor(l)
 		}
-		return false
+		return
 	}
-	return sh.wm.remove(m)
+	sh.settled(m)
 }
 
 // parkLane starts counting l's messages as parked. Called with sh.mu held.
