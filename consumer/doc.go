@@ -120,11 +120,15 @@
 //
 // A message is settled (Source.Settle, then its partition's watermark) only
 // after its handler succeeded, its dead letter was durably written, or its
-// spill-log copy was acknowledged. Each partition keeps its unsettled
-// messages in offset order (memory proportional to what is unsettled) and
-// Source.Commit is called when the oldest one is settled: a parked message
-// holds back its partition's commit, not its consumption, and Stats shows
-// the commit lag per partition and the tenants that cause it. After a crash
+// spill-log copy was acknowledged. A partition's commit point is the offset
+// of its oldest unsettled message (its lanes hold them in offset order, so
+// no per-message list is kept: memory proportional to what is unsettled),
+// found by housekeeping once the oldest may have settled, and passed to
+// Source.Commit within a tick (5ms; a partition of more than 16 tenants'
+// lanes is scanned less often, at most a second apart), and at once when the
+// partition is revoked or the engine drains. A parked message holds back
+// its partition's commit, not its consumption, and Stats shows the commit
+// lag per partition and the tenants that cause it. After a crash
 // everything unsettled is delivered again. A revoked partition's queued and
 // parked messages are dropped (the new owner gets them) and its tracking
 // reset.
