@@ -51,12 +51,16 @@ func (c *Consumer) tenantOf(m *Message) string {
 	case len(key) > c.cfg.MaxTenantLen:
 		err = fmt.Errorf("consumer: tenant key of %d bytes exceeds MaxTenantLen %d", len(key), c.cfg.MaxTenantLen)
 	}
-	// Written whole, not compared first: a comparison reads the state's
-	// lines, cold in a message the source built long ago, one stall per
-	// message, where stores to them go on in parallel (BenchmarkEngine:
-	// 291 -> 272 ns at 1000 tenants, 224 -> 185 ns at 1 tenant, medians of
-	// 6 alternating processes; the Kafka row the same either way).
-	m.st = msgState{}
+	// Its scalar fields are written, not compared first: a comparison
+	// reads the state's line, cold in a message the source built long ago,
+	// one stall per message, where stores to it go on in parallel
+	// (BenchmarkEngine: 291 -> 272 ns at 1000 tenants, 224 -> 185 ns at 1
+	// tenant, medians of 6 alternating processes). Its pointer fields are
+	// not written at all: while the collector marks, a pointer store, even
+	// of nil, first reads the old value for the write barrier, that same
+	// stall. lane is set by deliverRun, lprev and lnext mean something only
+	// while listed, and fail only while failSet.
+	m.st.msgScalars = msgScalars{}
 	if err != nil {
 		m.st.wr().tenantErr = err
 		return ""
@@ -80,7 +84,7 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string) {
 	for i, m := range ms {
 		none := m.st.rd().tenantErr != nil
 		l := sh.laneFor(keys[i], none)
-		m.st.lane, m.st.gen, m.st.at = l, sh.gen, now
+		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now
 		sh.unsettled++
 		if m.Offset >= sh.next {
 			sh.next = m.Offset + 1

@@ -249,9 +249,10 @@ func (l *msgList) reset() {
 	*l = msgList{}
 }
 
-// msgState is the engine's bookkeeping for one message. The first group is
-// guarded by the shard's mu; the second is owned by the worker that runs the
-// message's lane (never read under a lock by anyone else).
+// msgState is the engine's bookkeeping for one message. Each field is
+// guarded by the shard's mu or owned by the worker that runs the message's
+// lane (never read under a lock by anyone else), as marked; lane, lprev and
+// lnext by the shard's mu, fail by the worker.
 //
 // It is 64 bytes, the last of a 256-byte Message (a size class whose
 // objects, and the elements of a source's []Message, start on a cache
@@ -261,15 +262,21 @@ func (l *msgList) reset() {
 // Keep it at 64 bytes (TestMessageLayout).
 type msgState struct {
 	lane         *lane
-	gen          uint64 // partition assignment generation at delivery
-	lprev, lnext *Message
-	at           int64 // engine clock at delivery (ns)
+	lprev, lnext *Message // meaningful only while listed
+	fail         *failState
+	// msgScalars are written whole when the message is delivered (see
+	// tenantOf): two 16-byte stores, and none to the pointers above.
+	msgScalars
+}
 
-	// Owned by the running worker.
-	roundStart int64 // engine clock when the current round began
-	fail       *failState
-	attempts   int32 // attempts in the current round (worker)
+// msgScalars are the pointer-free fields of a message's state.
+type msgScalars struct {
+	at         int64  // engine clock at delivery (ns)
+	roundStart int64  // engine clock when the current round began (worker)
+	gen        uint32 // partition assignment generation at delivery (low bits)
+	attempts   int32  // attempts in the current round (worker)
 
+	failSet bool // fail is this delivery's (else it means nothing) (worker)
 	listed  bool // in its lane's re-fed list (shard mu)
 	late    bool // delivered after a higher offset: in its shard's late (shard mu)
 	spilled bool // in pend or being appended (not runnable) (shard mu)
@@ -300,30 +307,38 @@ var noFail failState
 
 // rd returns the failure state for reading.
 func (s *msgState) rd() *failState {
-	if s.fail != nil {
+	if s.failSet {
 		return s.fail
 	}
 	return &noFail
 }
 
+// failed returns the failure state, or nil if the message never failed.
+func (s *msgState) failed() *failState {
+	if s.failSet {
+		return s.fail
+	}
+	return nil
+}
+
 // wr returns the failure state for writing, allocating it if needed.
 func (s *msgState) wr() *failState {
-	if s.fail == nil {
-		s.fail = new(failState)
+	if !s.failSet {
+		s.fail, s.failSet = new(failState), true
 	}
 	return s.fail
 }
 
 // clearProbeFails forgets the half-open probes it failed (it succeeded).
 func (s *msgState) clearProbeFails() {
-	if s.fail != nil {
-		s.fail.probeFails = 0
+	if f := s.failed(); f != nil {
+		f.probeFails = 0
 	}
 }
 
 // clearEvidence forgets that a judge round had evidence against it.
 func (s *msgState) clearEvidence() {
-	if s.fail != nil {
-		s.fail.evidence = false
+	if f := s.failed(); f != nil {
+		f.evidence = false
 	}
 }

@@ -342,7 +342,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 			continue
 		}
 		m.Refed = true
-		m.st = msgState{lane: l, gen: sh.gen, at: now}
+		m.st = msgState{lane: l, msgScalars: msgScalars{gen: uint32(sh.gen), at: now}}
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
 		sh.queued++

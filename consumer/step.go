@@ -41,7 +41,7 @@ func (c *Consumer) stepHead(w *worker) {
 		c.deadLetter(w, m, reason, m.st.rd().tenantErr)
 		return
 	}
-	if f := m.st.fail; f != nil && f.dlqReason != "" {
+	if f := m.st.failed(); f != nil && f.dlqReason != "" {
 		c.deadLetter(w, m, f.dlqReason, f.lastErr)
 		return
 	}
@@ -127,8 +127,8 @@ func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v
 	r := &w.res
 	if v.newRound {
 		m.st.attempts = 0
-		if m.st.fail != nil {
-			m.st.fail.backoff = 0
+		if f := m.st.failed(); f != nil {
+			f.backoff = 0
 		}
 	}
 	if v.suspect != "" {
@@ -464,7 +464,7 @@ func (c *Consumer) settleRun(w *worker) {
 // count itself in (a store to its own line); other callers use the
 // partition's shared count.
 func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shard]) {
-	if c.settleNoop || m.Refed || m.st.gen != sh.gen {
+	if c.settleNoop || m.Refed || m.st.gen != uint32(sh.gen) {
 		return
 	}
 	if slot != nil {
@@ -495,7 +495,7 @@ func (c *Consumer) settleCounted(sh *shard, ms []*Message, slot *atomic.Pointer[
 // settleOne calls Source.Settle for m, of a partition the caller counted
 // itself in on (see settleSource).
 func (c *Consumer) settleOne(sh *shard, m *Message) {
-	if m.Refed || m.st.gen != sh.gen {
+	if m.Refed || m.st.gen != uint32(sh.gen) {
 		return
 	}
 	if err := c.src.Settle(c.bg, m); err != nil {
