@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"cmp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -151,29 +150,42 @@ func (sh *shard) oldestInOrder() *Message {
 	return o
 }
 
-// oldestN returns up to n of the partition's oldest unsettled live
-// messages, oldest first (for Stats). Called with sh.mu held.
-func (sh *shard) oldestN(n int) []*Message {
-	ms := slices.Clone(sh.aside)
+// heldRef is what Stats needs of an unsettled message: copied under the
+// shard's lock, sorted after it.
+type heldRef struct {
+	off, at int64
+	t       *tenant
+	key     string
+}
+
+// heldRefs appends the partition's unsettled live messages to into, in no
+// particular order (for Stats). Called with sh.mu held.
+func (sh *shard) heldRefs(into []heldRef) []heldRef {
+	add := func(m *Message) {
+		l := m.st.lane
+		into = append(into, heldRef{off: m.Offset, at: m.st.at, t: l.t, key: l.key})
+	}
+	for _, m := range sh.aside {
+		add(m)
+	}
 	of := func(l *lane) {
 		if l == nil {
 			return
 		}
 		for i := range l.q.len() {
 			if m := l.q.at(i); !m.Refed {
-				ms = append(ms, m)
+				add(m)
 			}
 		}
 		for i := range l.pend.len() {
-			ms = append(ms, l.pend.at(i))
+			add(l.pend.at(i))
 		}
 	}
 	for _, l := range sh.lanes {
 		of(l)
 	}
 	of(sh.none)
-	slices.SortFunc(ms, func(a, b *Message) int { return cmp.Compare(a.Offset, b.Offset) })
-	return ms[:min(len(ms), n)]
+	return into
 }
 
 // settled counts a live message of sh as settled, and marks the commit

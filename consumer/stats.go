@@ -150,6 +150,7 @@ func (c *Consumer) Stats() Stats {
 		Parked:   int(c.parkedTotal.Load()),
 	}
 	lag := map[*tenant]int64{}
+	var held []heldRef
 	queued := map[*tenant]int{}
 	now := c.clock()
 	for _, sh := range c.shards() {
@@ -159,27 +160,8 @@ func (c *Consumer) Stats() Stats {
 		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.quickQueued
 		ps.PauseReason = sh.pauseReason
 		ps.Paused = sh.pauseReason != 0
-		ms := sh.oldestN(1025)
-		if sh.next >= 0 {
-			if len(ms) > 0 {
-				ps.CommitLag = sh.next - ms[0].Offset
-			}
-		}
-		if len(ms) > 0 {
-			h := ms[0]
-			ps.Oldest = time.Duration(max(now-h.st.at, 0))
-			ps.OldestTenant = h.st.lane.key
-			// The lag is held by the tenants of the oldest messages: each
-			// unsettled message holds back the offsets up to the next one.
-			// (The first 1024 unsettled messages are looked at.)
-			for i, m := range ms[:min(len(ms), 1024)] {
-				to := sh.next
-				if i+1 < len(ms) {
-					to = ms[i+1].Offset
-				}
-				lag[m.st.lane.t] += to - m.Offset
-			}
-		}
+		held = sh.heldRefs(held[:0]) // sorted below, with no lock held
+		next := sh.next
 		for _, l := range sh.lanes {
 			if n := l.q.len() + l.pend.len(); n > 0 {
 				queued[l.t] += n
@@ -192,6 +174,25 @@ func (c *Consumer) Stats() Stats {
 			queued[m.st.lane.t]++
 		}
 		sh.mu.Unlock()
+		slices.SortFunc(held, func(a, b heldRef) int { return cmp.Compare(a.off, b.off) })
+		if len(held) > 0 {
+			h := held[0]
+			if next >= 0 {
+				ps.CommitLag = next - h.off
+			}
+			ps.Oldest = time.Duration(max(now-h.at, 0))
+			ps.OldestTenant = h.key
+			// The lag is held by the tenants of the oldest messages: each
+			// unsettled message holds back the offsets up to the next one.
+			// (The first 1024 unsettled messages are looked at.)
+			for i, m := range held[:min(len(held), 1024)] {
+				to := next
+				if i+1 < len(held) {
+					to = held[i+1].off
+				}
+				lag[m.t] += to - m.off
+			}
+		}
 		s.Queued += ps.Queued
 		if ps.Paused {
 			s.PausedPartitions++
