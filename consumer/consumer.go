@@ -211,12 +211,7 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	close(hkStop)
 	<-hkDone
 	for _, sh := range c.shards() {
-		sh.mu.Lock()
-		if !sh.dead {
-			sh.refreshCommit(c.clock(), true)
-		}
-		sh.mu.Unlock()
-		c.syncCommit(sh)
+		c.commitShard(sh, c.clock(), true)
 	}
 
 	stopSrc()
@@ -254,12 +249,7 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 		// hot path, as would keeping the unsettled offsets in order (see
 		// shard.refreshCommit).
 		for _, sh := range c.parts.Load().m {
-			sh.mu.Lock()
-			if !sh.dead {
-				sh.refreshCommit(now, false)
-			}
-			sh.mu.Unlock()
-			c.syncCommit(sh)
+			c.commitShard(sh, now, false)
 		}
 		if slow++; slow%20 == 0 { // every 100ms
 			for _, sh := range c.shards() {
@@ -487,6 +477,17 @@ func (c *Consumer) syncPause(sh *shard) {
 			c.emit(Event{Kind: EventResumedPartition, Partition: sh.p})
 		}
 	}
+}
+
+// commitShard finds sh's commit point (refreshCommit) and passes it to the
+// Source (syncCommit), with no lock held during the call.
+func (c *Consumer) commitShard(sh *shard, now int64, force bool) {
+	sh.mu.Lock()
+	if !sh.dead {
+		sh.refreshCommit(now, force)
+	}
+	sh.mu.Unlock()
+	c.syncCommit(sh)
 }
 
 // syncCommit passes sh's newest commit point to the Source, with no lock

@@ -95,8 +95,10 @@ func (c *Consumer) checkInvariants() error {
 					}
 				} else {
 					live++
-					if p := l.q.at(max(i-1, 0)); i > 0 && !p.Refed && !p.st.late && !m.st.late && p.Offset >= m.Offset {
-						bad("%v/%q: live message %d behind %d", sh.p, l.key, m.Offset, l.q.at(i-1).Offset)
+					if i > 0 {
+						if p := l.q.at(i - 1); !p.Refed && !p.st.late && !m.st.late && p.Offset >= m.Offset {
+							bad("%v/%q: live message %d behind %d", sh.p, l.key, m.Offset, p.Offset)
+						}
 					}
 				}
 			}

@@ -101,14 +101,15 @@ func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
 	return sh
 }
 
-// commitPoint is the offset every message below which is settled: the
-// oldest unsettled message's, or past the last delivered one. It scans the
-// partition's lanes. Called with sh.mu held.
-func (sh *shard) commitPoint() int64 {
-	if m := sh.oldest(); m != nil {
-		return m.Offset
+// eachLane calls f for each of sh's lanes, the no-tenant bucket's
+// included. Called with sh.mu held.
+func (sh *shard) eachLane(f func(*lane)) {
+	for _, l := range sh.lanes {
+		f(l)
 	}
-	return sh.next
+	if sh.none != nil {
+		f(sh.none)
+	}
 }
 
 // oldest returns the partition's oldest unsettled live message, or nil:
@@ -135,18 +136,11 @@ func (sh *shard) oldestInOrder() *Message {
 			o = m
 		}
 	}
-	of := func(l *lane) {
-		if l == nil {
-			return
-		}
+	sh.eachLane(func(l *lane) {
 		if m := l.firstLive(); m != nil && !m.st.late && (o == nil || m.Offset < o.Offset) {
 			o = m
 		}
-	}
-	for _, l := range sh.lanes {
-		of(l)
-	}
-	of(sh.none)
+	})
 	return o
 }
 
@@ -168,10 +162,7 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 	for _, m := range sh.aside {
 		add(m)
 	}
-	of := func(l *lane) {
-		if l == nil {
-			return
-		}
+	sh.eachLane(func(l *lane) {
 		for i := range l.q.len() {
 			if m := l.q.at(i); !m.Refed {
 				add(m)
@@ -180,11 +171,7 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 		for i := range l.pend.len() {
 			add(l.pend.at(i))
 		}
-	}
-	for _, l := range sh.lanes {
-		of(l)
-	}
-	of(sh.none)
+	})
 	return into
 }
 
@@ -216,10 +203,12 @@ const (
 	scanMax   = time.Second
 )
 
-// refreshCommit raises sh's commit point if the oldest unsettled message
-// may have settled since the last scan. With force, it scans regardless
-// (the drain's last commit). Called with sh.mu held; the caller passes the
-// point on with syncCommit once unlocked.
+// refreshCommit raises sh's commit point, the offset every message below
+// which is settled (the oldest unsettled message's, or past the last
+// delivered one), if the oldest may have settled since the last scan. With
+// force, it scans regardless (Revoked, the drain). Called with sh.mu held;
+// the caller passes the point on with syncCommit once unlocked (see
+// commitShard).
 func (sh *shard) refreshCommit(now int64, force bool) {
 	if !force && (!sh.stale || now-sh.scannedAt < min(int64(tick)*int64(len(sh.lanes)/scanLanes), int64(scanMax))) {
 		return
