@@ -180,7 +180,7 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 // Called with sh.mu held.
 func (sh *shard) settled(m *Message) {
 	sh.unsettled--
-	if m.st.late {
+	if len(sh.late) > 0 && m.st.late {
 		m.st.late = false
 		if i := slices.Index(sh.late, m); i >= 0 {
 			sh.late = slices.Delete(sh.late, i, i+1)

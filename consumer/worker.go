@@ -623,7 +623,7 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) {
 // lane's spill cursor (re-fed), whose move is handed to the lane's spill
 // job. Called with sh.mu held.
 func (c *Consumer) unlist(sh *shard, l *lane, m *Message) {
-	if m.Refed {
+	if l.spill.refed.n > 0 && m.Refed { // n counts l's re-fed messages: most lanes read no message here
 		l.t.spillDone.Add(1)
 		if l.spill.refed.remove(m) {
 			c.raiseSpillCursor(l)
