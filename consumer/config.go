@@ -62,7 +62,8 @@ type Config struct {
 	// Concurrency is how many messages are handled at once, across all
 	// tenants. Zero means 64. Workers on a partition's quick lanes (tenants
 	// whose calls take under 5µs by their guards' estimates) do not wait
-	// for a dependency, so once GOMAXPROCS of them run there they wake no
+	// for a dependency, so once GOMAXPROCS of them run there (one fewer
+	// where the source delivers one message at a time) they wake no
 	// other for its lanes, and housekeeping wakes one if the partition
 	// takes no lane in a tick: the rest of Concurrency is for calls that
 	// wait (see PartitionStats.QuickWorkers).

@@ -7,10 +7,21 @@ import (
 
 // Deliver implements Dispatcher. (A NATS source delivers one message at
 // a time: DeliverBatch's array of keys would be cleared for each.)
+//
+// A partition fed this way counts one worker fewer on its quick lanes as
+// enough (at least one; see runQuick): the source's goroutine spends a
+// core on every message itself (the NATS client's dispatcher parses each
+// and hands it over), and messages arrive one by one, each readying a lane,
+// so a second quick worker was woken for about one message in eight, each
+// wake-up a futex call and a thread brought back on the other core, only to
+// compete with that goroutine for the two cores (NATS engine row, 2 cores:
+// ~0.12 wake-ups a message, ~0.035 with one; engine/nats.go 1.039 -> 1.052
+// median of 8 alternating processes, 6 -> 8 of them at least 1.0).
+// DeliverBatch delivers slices of a fetch: there every core's worker helps.
 func (c *Consumer) Deliver(m *Message) {
 	one := [1]*Message{m}
 	key := [1]string{c.tenantOf(m)}
-	c.deliverRun(one[:], key[:])
+	c.deliverRun(one[:], key[:], true)
 }
 
 // deliverChunk is how many messages DeliverBatch takes at a time: their
@@ -34,7 +45,7 @@ func (c *Consumer) DeliverBatch(ms []*Message) {
 			for n < len(chunk) && chunk[n].Partition == chunk[0].Partition {
 				n++
 			}
-			c.deliverRun(chunk[:n], ks[:n])
+			c.deliverRun(chunk[:n], ks[:n], false)
 			chunk, ks = chunk[n:], ks[n:]
 		}
 	}
@@ -70,7 +81,7 @@ func (c *Consumer) tenantOf(m *Message) string {
 
 // deliverRun queues messages of one partition, in order; keys are their
 // tenant keys (see tenantOf).
-func (c *Consumer) deliverRun(ms []*Message, keys []string) {
+func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 	sh := c.shardOf(ms[0].Partition)
 	var ev []Event
 	pause := PauseReason(0)
@@ -80,6 +91,9 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string) {
 		// Revoked meanwhile: the new owner reads these again.
 		sh.mu.Unlock()
 		return
+	}
+	if single && sh.quickMax == c.quickWorkers {
+		sh.quickMax = max(c.quickWorkers-1, 1)
 	}
 	for i, m := range ms {
 		none := m.st.rd().tenantErr != nil

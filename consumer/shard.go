@@ -79,7 +79,11 @@ type shard struct {
 	// quick counts the workers holding a quick lane of this shard (see
 	// runQuick); takes counts lanes taken, for housekeeping to tell a
 	// shard whose workers all hang (see sched.rescue).
-	quick     int
+	quick int
+	// quickMax is how many workers on its quick lanes are enough (see
+	// quickFull): the engine's quickWorkers, one fewer once a source
+	// delivered to it one message at a time (see Consumer.Deliver).
+	quickMax  int
 	quickGen  uint64 // bumped when rescue forgets the count
 	takes     uint64
 	lastTakes uint64 // takes at the last rescue check; housekeeping's own
@@ -91,7 +95,7 @@ type shard struct {
 }
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
-	sh := &shard{c: c, p: p, gen: gen, maxQueued: maxQueued, lanes: make(map[string]*lane), next: -1, oldestAt: -1, sweepAt: 1024}
+	sh := &shard{c: c, p: p, gen: gen, maxQueued: maxQueued, lanes: make(map[string]*lane), next: -1, oldestAt: -1, sweepAt: 1024, quickMax: c.quickWorkers}
 	sh.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
 	sh.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
 	if c.cfg.ReadAhead < maxQueued {

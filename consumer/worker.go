@@ -418,9 +418,10 @@ func (c *Consumer) runQuick(sh *shard, w *worker, l *lane) (enough bool) {
 }
 
 // quickFull reports whether sh has enough workers on its quick lanes
-// (GOMAXPROCS): then none is woken for it, and one that comes waits. Called
-// with sh.mu held.
-func (c *Consumer) quickFull(sh *shard) bool { return sh.quick >= c.quickWorkers }
+// (GOMAXPROCS, one fewer for a partition fed one message at a time: see
+// Consumer.Deliver): then none is woken for it, and one that comes waits.
+// Called with sh.mu held.
+func (c *Consumer) quickFull(sh *shard) bool { return sh.quick >= sh.quickMax }
 
 // quickNow reports whether t's calls are quick (under quickTurn/2) by its
 // guard's latency estimate. Read by finish, right after the step: the
