@@ -88,6 +88,9 @@ func (c *Consumer) checkInvariants() error {
 				if m.st.lane != l {
 					bad("%v/%q: message at %d of q belongs to another lane", sh.p, l.key, m.Offset)
 				}
+				if l.state != laneRunning && m.st.failSet && !l.tried.Load() { // failSet is the running worker's
+					bad("%v/%q: message %d of q was tried but the lane is not marked tried", sh.p, l.key, m.Offset)
+				}
 				if m.Refed {
 					refed++
 					if i > 0 && !l.q.at(i-1).Refed {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/ringfence/ringfence/dlq"
@@ -48,6 +49,12 @@ type lane struct {
 	// how many of the following messages the next judge may try.
 	judge     dlq.Reason
 	judgeSpan int
+	// tried: a message of q may have failed, been refused or been judged
+	// (its state holds a failState, msgState.failSet). Set by msgState.wr,
+	// cleared when q empties (finish); q only ever gains fresh messages.
+	// While it is clear, a worker steps the lane's messages without reading
+	// their states (see job.fresh). Written only on a change.
+	tried atomic.Bool
 
 	// timer wakes the lane after a retry backoff, a park or a spill
 	// back-off; timerSeq tells a stale firing from the current one.
@@ -325,6 +332,9 @@ func (s *msgState) failed() *failState {
 func (s *msgState) wr() *failState {
 	if !s.failSet {
 		s.fail, s.failSet = new(failState), true
+		if l := s.lane; l != nil && !l.tried.Load() {
+			l.tried.Store(true)
+		}
 	}
 	return s.fail
 }

@@ -41,9 +41,11 @@ func (c *Consumer) stepHead(w *worker) {
 		c.deadLetter(w, m, reason, m.st.rd().tenantErr)
 		return
 	}
-	if f := m.st.failed(); f != nil && f.dlqReason != "" {
-		c.deadLetter(w, m, f.dlqReason, f.lastErr)
-		return
+	if !j.fresh {
+		if f := m.st.failed(); f != nil && f.dlqReason != "" {
+			c.deadLetter(w, m, f.dlqReason, f.lastErr)
+			return
+		}
 	}
 	g := c.guard(t)
 	var permit policy.Permit
@@ -52,7 +54,11 @@ func (c *Consumer) stepHead(w *worker) {
 		return
 	}
 	r.unpark = true
-	if err := g.BeforeAttempt(c.hctx, int(m.st.attempts)+1); err != nil {
+	attempt := 1
+	if !j.fresh {
+		attempt = int(m.st.attempts) + 1
+	}
+	if err := g.BeforeAttempt(c.hctx, attempt); err != nil {
 		// The hook refused this attempt: not the dependency's failure (the
 		// breaker does not count it), not the message's either unless
 		// permanent. Wait a backoff and ask again.
@@ -86,10 +92,16 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	probe := permit.Probe()
 	err, panicked := c.call(w, g, m, false)
 	permit.Done(err)
+	fresh := w.job.fresh
 	if err == nil {
-		m.st.clearProbeFails()
+		if !fresh {
+			m.st.clearProbeFails()
+		}
 		c.handled(w, m)
 		return
+	}
+	if fresh {
+		m.st.roundStart = w.callAt // call left it unwritten (see job.fresh)
 	}
 	o := outcome{err: err, panicked: panicked, probe: probe}
 	c.noteFailure(w, m, err, panicked)
@@ -341,16 +353,21 @@ func (c *Consumer) retryAfter(g *policy.Guard, refusal error) time.Duration {
 // evidence against it.
 func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (err error, panicked bool) {
 	now := c.clock()
-	if m.st.attempts == 0 || judged {
-		m.st.roundStart = now
+	roundStart := now // a fresh message's round begins with this call
+	if judged || !w.job.fresh {
+		if m.st.attempts == 0 || judged {
+			m.st.roundStart = now
+		}
+		roundStart = m.st.roundStart
 	}
+	w.callAt = now
 	timeout := g.AttemptTimeout()
 	// hang: the attempt's time is its own AttemptTimeout, not what is left
 	// of the round's Deadline. Only running out the former is a hang (as
 	// policy.Run marks it); running out the Deadline is an ordinary failure.
 	hang := timeout > 0
 	if d := g.Deadline(); d > 0 {
-		left := max(d-time.Duration(now-m.st.roundStart), time.Millisecond)
+		left := max(d-time.Duration(now-roundStart), time.Millisecond)
 		if timeout <= 0 || left < timeout {
 			timeout, hang = left, false
 		}
@@ -430,7 +447,9 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 // per message.
 func (c *Consumer) handled(w *worker, m *Message) {
 	w.res.handled++ // the tenant's count: added in finish
-	m.st.clearProbeFails()
+	if !w.job.fresh || m != w.job.m {
+		m.st.clearProbeFails()
+	}
 	if w.job.l.quick {
 		w.runHandled++
 		if !c.settleNoop {

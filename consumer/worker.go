@@ -51,6 +51,9 @@ type worker struct {
 	// expiry then (the run stalled for a whole AttemptTimeout) marks the
 	// context dirty, so the next call begins a fresh one.
 	callOpen bool
+	// callAt is when the last call began (engine clock): the round's start
+	// of a fresh message, written to its state only if the call fails.
+	callAt int64
 
 	// Deferred until the shard lock is released.
 	events  []Event
@@ -92,6 +95,13 @@ type job struct {
 	// turns is how many of the run's messages the lane's fair share
 	// allows while other lanes of the shard are ready.
 	turns int
+	// fresh: no message of the lane had been tried when the job was
+	// loaded (lane.tried clear), so none of m and run has a failure state,
+	// an attempt or a round begun: the steps read nothing of their states
+	// (a line the delivering core wrote last: ~10 ns a message of the
+	// Kafka engine row). Only the messages the job steps get tried, each
+	// after it was stepped, so it holds for the rest of the job.
+	fresh bool
 }
 
 // runMax caps a lane's messages stepped between two visits to the shard's
@@ -252,6 +262,7 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 func (w *worker) load(l *lane) {
 	j := &w.job
 	j.l, j.sh, j.m, j.judge = l, l.sh, l.q.front(), l.judge
+	j.fresh = l.judge == "" && !l.t.none && !l.tried.Load()
 	clear(j.span)
 	clear(j.confirm)
 	clear(j.run)
@@ -332,6 +343,9 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	}
 	for _, m := range r.settled {
 		c.removeSettled(sh, l, m)
+	}
+	if l.q.len() == 0 && l.tried.Load() {
+		l.tried.Store(false) // what q gains next is fresh
 	}
 	if r.aside != nil {
 		c.setAside(sh, l, r.aside)
