@@ -77,12 +77,12 @@ type shard struct {
 
 	inRing bool // in the scheduler's ring; guarded by sched.mu
 	// quick counts the workers holding a quick lane of this shard (see
-	// runQuick); takes counts lanes taken, for housekeeping to tell a
-	// shard whose workers all hang (see sched.rescue).
-	quick int
-	// quickMax is how many workers on its quick lanes are enough (see
-	// quickFull): the engine's quickWorkers, one fewer once a source
-	// delivered to it one message at a time (see Consumer.Deliver).
+	// runQuick), quickMax how many of them are enough (quickFull: the
+	// engine's quickWorkers, one fewer once a source delivered to it one
+	// message at a time, see Consumer.Deliver); takes counts lanes taken,
+	// for housekeeping to tell a shard whose workers all hang (see
+	// sched.rescue).
+	quick     int
 	quickMax  int
 	quickGen  uint64 // bumped when rescue forgets the count
 	takes     uint64

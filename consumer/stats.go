@@ -75,9 +75,9 @@ type PartitionStats struct {
 	// tenant whose calls take under 5µs by its guard's estimate). Once
 	// GOMAXPROCS of them do (one fewer, at least one, on a partition its
 	// source delivers one message at a time, as NATS does), they wake no
-	// other worker for its lanes (see Config.Concurrency). Rescues counts the times housekeeping woke one
-	// anyway because the partition took no lane in a tick while lanes were
-	// ready (its workers' calls hung).
+	// other worker for its lanes (see Config.Concurrency). Rescues counts
+	// the times housekeeping woke one anyway because the partition took no
+	// lane in a tick while lanes were ready (its workers' calls hung).
 	QuickWorkers int
 	Rescues      uint64
 }
