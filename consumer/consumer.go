@@ -35,7 +35,8 @@ type Consumer struct {
 	// never calls it.
 	settleNoop bool
 	// quickWorkers is how many workers on a shard's quick lanes are
-	// enough: GOMAXPROCS (see runQuick).
+	// enough: GOMAXPROCS, one fewer on a shard fed one message at a time
+	// (see shard.quickMax, runQuick).
 	quickWorkers int
 	epoch        time.Time
 	now          atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping

@@ -411,9 +411,9 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 // runQuick counts w in sh's workers on quick lanes if l is one (its
 // tenant's calls took under quickTurn/2 by its guard's estimate when the
 // lane last finished a job, see quickNow), and reports whether there are
-// enough of them (GOMAXPROCS): a worker that took a quick lane then wakes
-// no other for the lanes still ready, and a worker that comes to sh waits
-// instead of taking one. Workers on quick
+// enough of them (GOMAXPROCS, see quickFull): a worker that took a quick
+// lane then wakes no other for the lanes still ready, and a worker that
+// comes to sh waits instead of taking one. Workers on quick
 // lanes do not wait for a dependency, so as many as there are cores keep
 // up with all of a partition's quick lanes; woken beyond that, they only
 // queue for its lock. With the default 64 workers and 1000 tenants of
