@@ -92,15 +92,11 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	probe := permit.Probe()
 	err, panicked := c.call(w, g, m, false)
 	permit.Done(err)
-	fresh := w.job.fresh
 	if err == nil {
-		if !fresh {
-			m.st.clearProbeFails()
-		}
-		c.handled(w, m)
+		c.handled(w, m) // which forgets its failed probes
 		return
 	}
-	if fresh {
+	if w.job.fresh {
 		m.st.roundStart = w.callAt // call left it unwritten (see job.fresh)
 	}
 	o := outcome{err: err, panicked: panicked, probe: probe}
