@@ -202,6 +202,7 @@ func (c *Consumer) work(w *worker) {
 			c.sched.stopSearching(w, sh) // and wakes the next if lanes are ready
 		}
 		w.flush()
+		ran := has
 		for has {
 			c.step(w)
 			for w.runOn() {
@@ -215,8 +216,30 @@ func (c *Consumer) work(w *worker) {
 			sh.mu.Unlock()
 			w.flush()
 		}
+		if ran {
+			w.forget()
+		}
 		sh = nil
 	}
+}
+
+// forget drops w's references to the messages of its last job, as it
+// leaves the shard (it may go idle next): the run's settled list (reused
+// from its start, never cleared), the run, a judge's span and the head.
+// Kept, they stayed reachable while the worker idled, up to ~129 settled
+// messages a worker outside every bound the engine counts, each pinning
+// its value (TestSettledMessagesAreNotKept). Once per visit to a shard
+// that gave w a job, not per message.
+func (w *worker) forget() {
+	clear(w.res.settled[:cap(w.res.settled)])
+	w.res.settled = w.res.settled[:0]
+	w.res.aside = nil
+	j := &w.job
+	clear(j.run)
+	clear(j.span)
+	clear(j.confirm)
+	j.run, j.span, j.confirm = j.run[:0], j.span[:0], j.confirm[:0]
+	j.m = nil
 }
 
 // take pops the next lane of sh that may run and loads its head into w.job.
