@@ -99,9 +99,6 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 		none := m.st.rd().tenantErr != nil
 		l := sh.laneFor(keys[i], none)
 		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now
-		if none && !l.tried.Load() {
-			l.tried.Store(true) // its failure state holds why it has no tenant
-		}
 		sh.unsettled++
 		if m.Offset >= sh.next {
 			sh.next = m.Offset + 1

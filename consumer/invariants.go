@@ -88,7 +88,9 @@ func (c *Consumer) checkInvariants() error {
 				if m.st.lane != l {
 					bad("%v/%q: message at %d of q belongs to another lane", sh.p, l.key, m.Offset)
 				}
-				if l.state != laneRunning && m.st.failSet && !l.tried.Load() { // failSet is the running worker's
+				// failSet is the running worker's; the no-tenant bucket is never
+				// stepped fresh (its messages' states say why they have no tenant).
+				if l.state != laneRunning && !l.t.none && m.st.failSet && !l.tried.Load() {
 					bad("%v/%q: message %d of q was tried but the lane is not marked tried", sh.p, l.key, m.Offset)
 				}
 				if m.Refed {

@@ -53,7 +53,9 @@ type lane struct {
 	// (its state holds a failState, msgState.failSet). Set by msgState.wr,
 	// cleared when q empties (finish); q only ever gains fresh messages.
 	// While it is clear, a worker steps the lane's messages without reading
-	// their states (see job.fresh). Written only on a change.
+	// their states (see job.fresh). Written only on a change. The
+	// no-tenant bucket is never stepped fresh, so its mark means nothing
+	// (its messages get their state before their lane, in tenantOf).
 	tried atomic.Bool
 
 	// timer wakes the lane after a retry backoff, a park or a spill

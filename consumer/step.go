@@ -443,7 +443,7 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 // per message.
 func (c *Consumer) handled(w *worker, m *Message) {
 	w.res.handled++ // the tenant's count: added in finish
-	if !w.job.fresh || m != w.job.m {
+	if !w.job.fresh {
 		m.st.clearProbeFails()
 	}
 	if w.job.l.quick {

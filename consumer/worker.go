@@ -225,20 +225,25 @@ func (c *Consumer) work(w *worker) {
 
 // forget drops w's references to the messages of its last job, as it
 // leaves the shard (it may go idle next): the run's settled list (reused
-// from its start, never cleared), the run, a judge's span and the head.
-// Kept, they stayed reachable while the worker idled, up to ~129 settled
-// messages a worker outside every bound the engine counts, each pinning
-// its value (TestSettledMessagesAreNotKept). Once per visit to a shard
-// that gave w a job, not per message.
+// from its start, never cleared) and the job's. Kept, they stayed
+// reachable while the worker idled, up to ~129 settled messages a worker
+// outside every bound the engine counts, each pinning its value
+// (TestSettledMessagesAreNotKept). Once per visit to a shard that gave w a
+// job, not per message.
 func (w *worker) forget() {
 	clear(w.res.settled[:cap(w.res.settled)])
 	w.res.settled = w.res.settled[:0]
 	w.res.aside = nil
-	j := &w.job
-	clear(j.run)
+	w.job.dropMessages()
+}
+
+// dropMessages empties j's run, judge span and confirmers and forgets its
+// head.
+func (j *job) dropMessages() {
 	clear(j.span)
 	clear(j.confirm)
-	j.run, j.span, j.confirm = j.run[:0], j.span[:0], j.confirm[:0]
+	clear(j.run)
+	j.span, j.confirm, j.run = j.span[:0], j.confirm[:0], j.run[:0]
 	j.m = nil
 }
 
@@ -284,13 +289,9 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 // load points w.job at l's head. Called with l's shard lock held.
 func (w *worker) load(l *lane) {
 	j := &w.job
-	j.l, j.sh, j.m, j.judge = l, l.sh, l.q.front(), l.judge
+	j.dropMessages()
+	j.l, j.sh, j.m, j.judge, j.next = l, l.sh, l.q.front(), l.judge, 0
 	j.fresh = l.judge == "" && !l.t.none && !l.tried.Load()
-	clear(j.span)
-	clear(j.confirm)
-	clear(j.run)
-	j.span, j.confirm = j.span[:0], j.confirm[:0]
-	j.run, j.next = j.run[:0], 0
 	if l.judge != "" {
 		n := min(l.judgeSpan, l.q.len()-1)
 		for i := 1; i <= n; i++ {
