@@ -8,3 +8,6 @@ import "time"
 
 // Process is zero where the process's CPU time cannot be read.
 func Process() time.Duration { return 0 }
+
+// Faults is zero where the process's page faults cannot be read.
+func Faults() int64 { return 0 }
