@@ -35,16 +35,25 @@ func (bs *benchStream) ensure(b *testing.B, n int) *fixture {
 	}
 	b.StopTimer()
 	defer b.StartTimer()
+	publishBench(b, bs.f, bs.n, n)
+	bs.n = n
+	return bs.f
+}
+
+// publishBench writes messages from to n-1 of the benchmark's layout
+// (128-byte payloads, benchTenants tenants round robin by subject token).
+func publishBench(t testing.TB, f *fixture, from, n int) {
+	t.Helper()
 	payload := make([]byte, 128)
 	// Chunks of 1000 async publishes, each waited for: a loaded machine
 	// would otherwise stall the async publisher.
-	for i := bs.n; i < n; {
+	for i := from; i < n; {
 		end := min(n, i+1000)
 		futs := make([]jetstream.PubAckFuture, 0, end-i)
 		for ; i < end; i++ {
-			fut, err := bs.f.js.PublishAsync(fmt.Sprintf("%s.t%02d", bs.f.subject, i%benchTenants), payload)
+			fut, err := f.js.PublishAsync(fmt.Sprintf("%s.t%02d", f.subject, i%benchTenants), payload)
 			if err != nil {
-				b.Fatal(err)
+				t.Fatal(err)
 			}
 			futs = append(futs, fut)
 		}
@@ -52,14 +61,12 @@ func (bs *benchStream) ensure(b *testing.B, n int) *fixture {
 			select {
 			case <-fut.Ok():
 			case err := <-fut.Err():
-				b.Fatal(err)
+				t.Fatal(err)
 			case <-time.After(60 * time.Second):
-				b.Fatal("no PubAck")
+				t.Fatal("no PubAck")
 			}
 		}
 	}
-	bs.n = n
-	return bs.f
 }
 
 var benchConsumerSeq atomic.Int64

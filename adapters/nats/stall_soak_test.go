@@ -34,9 +34,9 @@ func TestSourceStallSoak(t *testing.T) {
 		for r := range rounds {
 			t.Run(fmt.Sprint(r), func(t *testing.T) {
 				f := newFixture(t, natstest.Start(t), 30*time.Second, 1000)
-				publish(t, f, 0, 1)
+				publishBench(t, f, 0, 1)
 				stalls += diagRound(t, f, 1, r*2)
-				publish(t, f, 1, n)
+				publishBench(t, f, 1, n)
 				stalls += diagRound(t, f, n, r*2+1)
 			})
 		}
@@ -47,36 +47,13 @@ func TestSourceStallSoak(t *testing.T) {
 		return
 	}
 	f := newFixture(t, natstest.Start(t), 30*time.Second, 1000)
-	publish(t, f, 0, n)
+	publishBench(t, f, 0, n)
 	for r := range rounds {
 		stalls += diagRound(t, f, n, r)
 	}
 	t.Logf("%d rounds, %d stalls", rounds, stalls)
 	if stalls > 0 {
 		t.Errorf("%d stalls of 3s or more", stalls)
-	}
-}
-
-// publish writes messages from to n-1 of the benchmark's layout.
-func publish(t *testing.T, f *fixture, from, n int) {
-	payload := make([]byte, 128)
-	for i := from; i < n; {
-		end := min(n, i+1000)
-		futs := make([]jetstream.PubAckFuture, 0, end-i)
-		for ; i < end; i++ {
-			fut, err := f.js.PublishAsync(fmt.Sprintf("%s.t%02d", f.subject, i%benchTenants), payload)
-			if err != nil {
-				t.Fatal(err)
-			}
-			futs = append(futs, fut)
-		}
-		for _, fut := range futs {
-			select {
-			case <-fut.Ok():
-			case err := <-fut.Err():
-				t.Fatal(err)
-			}
-		}
 	}
 }
 
