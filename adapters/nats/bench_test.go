@@ -73,7 +73,7 @@ var benchConsumerSeq atomic.Int64
 
 // freshConsumer makes a durable consumer that starts at the stream's first
 // message.
-func freshConsumer(b *testing.B, f *fixture) jetstream.Consumer {
+func freshConsumer(b testing.TB, f *fixture) jetstream.Consumer {
 	b.Helper()
 	name := fmt.Sprintf("bench%d", benchConsumerSeq.Add(1))
 	ctx := context.Background()
