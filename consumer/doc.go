@@ -23,14 +23,17 @@
 //
 // # Scheduling and bulkheads
 //
-// Workers take ready lanes in turns, not in arrival order: a lane runs one
-// message (its tenant's policy Weight messages) and goes to the back of its
-// partition's queue, and workers move between partitions every few
-// messages. So a tenant's backlog delays another tenant's message by about
-// one handler call. While no other lane of its partition is ready, a worker
-// runs up to 8 messages of one lane before it takes the partition's lock
-// again to settle them (fewer past the lane's turns as soon as another lane
-// becomes ready). Each tenant has a bulkhead: at most TenantConcurrency
+// Workers take ready lanes in turns, not in arrival order: a lane runs its
+// turn and goes to the back of its partition's queue, and workers move
+// between partitions every few messages. A turn is one message per unit of
+// its tenant's policy Weight, times as many calls as fit, by the tenant's
+// latency estimate, into 10µs (calls of a few microseconds, up to 64) or
+// into 1ms (calls under 500µs, up to 16). So a tenant's backlog delays
+// another tenant's message by about one handler call, or at most about a
+// millisecond of its calls. While no other lane of its partition is ready,
+// a worker runs up to 64 messages of one lane (16 if its calls are not
+// quick) before it takes the partition's lock again to settle them (fewer
+// past the lane's turn as soon as another lane becomes ready). Each tenant has a bulkhead: at most TenantConcurrency
 // of its messages in flight at once (Concurrency/4 by default; its policy's
 // Bulkhead may set it, or let it follow the tenant's latency), so a tenant
 // whose calls are slow or hang holds a bounded share of the workers; a

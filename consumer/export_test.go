@@ -44,3 +44,10 @@ func DumpReady(c *Consumer) []string {
 
 // RunMax is the most messages of a lane one run steps (see runMax).
 const RunMax = runMax
+
+// SlowTurn is how long a turn of a lane whose calls are not quick may take
+// by its estimate (see slowTurn); ShardTurn caps its calls (shardTurn).
+const (
+	SlowTurn  = slowTurn
+	ShardTurn = shardTurn
+)

@@ -227,16 +227,17 @@ func (c *stepClock) Now() time.Time {
 func (c *stepClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // Turns of quick tenants (issue 18): two tenants with backlogs on one
-// partition and one worker. A tenant whose calls are slower than the
-// engine's quick-turn budget by its latency estimate (here each call
-// takes 50µs by the policy's clock) takes one message a turn, its weight:
-// the two alternate. A tenant whose calls take no time takes several in a
-// turn (up to RunMax), so that one take and one finish serve them, and
-// never more than RunMax while the other waits. The policy's clock is the
-// test's, so that the estimates do not depend on the machine's load. The
-// tenants' estimates warm up first; once those messages are handled, a
-// third tenant's call holds the one worker until both backlogs are in the
-// engine.
+// partition and one worker. A tenant whose calls take no time takes several
+// messages in a turn (up to RunMax), so that one take and one finish serve
+// them, and never more than RunMax while the other waits. A tenant whose
+// calls are not quick but well under SlowTurn (here 50µs each by the
+// policy's clock) takes as many as fit into SlowTurn, at most ShardTurn: a
+// turn of several calls, not one. A tenant whose calls take longer than
+// half of SlowTurn (here 2ms) takes one message a turn, its weight: the two
+// alternate. The policy's clock is the test's, so that the estimates do not
+// depend on the machine's load. The tenants' estimates warm up first; once
+// those messages are handled, a third tenant's call holds the one worker
+// until both backlogs are in the engine.
 func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -244,7 +245,8 @@ func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 		call         time.Duration
 	}{
 		{"quick", 2 * 64, 2000, 0},
-		{"slow", 2 * 64, 400, 50 * time.Microsecond},
+		{"under-slow-turn", 2 * 64, 400, 50 * time.Microsecond},
+		{"slow", 2 * 64, 400, 2 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &stepClock{}
@@ -317,9 +319,12 @@ func TestQuickTenantsTakeLongerTurns(t *testing.T) {
 				longest = max(longest, run)
 			}
 			t.Logf("longest turn: %d messages", longest)
+			fit := int(consumer.SlowTurn / max(tc.call, 1))
 			switch {
-			case tc.call > 0 && longest != 1:
+			case tc.call > consumer.SlowTurn/2 && longest != 1:
 				t.Fatalf("a tenant of %v calls took %d messages in a turn while the other waited; want 1 (its weight)", tc.call, longest)
+			case tc.call > 0 && tc.call <= consumer.SlowTurn/2 && (longest < 2 || longest > min(fit, consumer.ShardTurn)):
+				t.Fatalf("a tenant of %v calls took %d messages in a turn while the other waited; want 2 to %d (as many as fit into %v)", tc.call, longest, min(fit, consumer.ShardTurn), consumer.SlowTurn)
 			case tc.call == 0 && longest < 2:
 				t.Fatalf("quick tenants alternated message by message; want turns of several")
 			case longest > consumer.RunMax:
