@@ -33,11 +33,12 @@
 // millisecond of its calls. While no other lane of its partition is ready,
 // a worker runs up to 64 messages of one lane (16 if its calls are not
 // quick) before it takes the partition's lock again to settle them (fewer
-// past the lane's turn as soon as another lane becomes ready). Each tenant has a bulkhead: at most TenantConcurrency
-// of its messages in flight at once (Concurrency/4 by default; its policy's
-// Bulkhead may set it, or let it follow the tenant's latency), so a tenant
-// whose calls are slow or hang holds a bounded share of the workers; a
-// tenant at its limit waits without holding one.
+// past the lane's turn as soon as another lane becomes ready). Each tenant
+// has a bulkhead: at most TenantConcurrency of its messages in flight at
+// once (Concurrency/4 by default; its policy's Bulkhead may set it, or let
+// it follow the tenant's latency), so a tenant whose calls are slow or hang
+// holds a bounded share of the workers; a tenant at its limit waits without
+// holding one.
 //
 // # Parking
 //

@@ -518,12 +518,12 @@ const quickTurn = 10 * time.Microsecond
 // the ratio of their weights. Without an estimate yet, the weight alone.
 // quick reports a credit by quickTurn.
 //
-// slowTurn was one call before: with 50µs calls on 1000 tenants (the
-// wait-50us row of BenchmarkHandler), each message then paid a take and a
-// finish under its partition's lock, and the workers waited on those locks
-// for about two of their 64 calls; turns by slowTurn took the row from
-// 0.898 to 0.963 of the bare pool (mean of six alternating processes each;
-// 500µs: 0.950).
+// Before slowTurn such a lane took one message a turn: with 50µs calls on
+// 1000 tenants (the wait-50us row of BenchmarkHandler) each message paid a
+// take and a finish under its partition's lock, and the workers' waits on
+// those locks added up to more than the run's time (1.77s in a 1.2s run);
+// turns by slowTurn took the row from 0.898 to 0.963 of the bare pool
+// (means of six alternating processes each; 500µs: 0.950).
 func (c *Consumer) creditOf(t *tenant) (credit int, quick bool) {
 	g := t.peekGuard()
 	if g == nil {
