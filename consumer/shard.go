@@ -32,10 +32,6 @@ type shard struct {
 	lanes map[string]*lane // by tenant key
 	none  *lane            // the no-tenant bucket's lane
 	ready laneQueue        // lanes ready to run, in turn order
-	// readyHint is set whenever a lane joins ready and cleared (under mu)
-	// only when ready is empty: a worker's run reads it without the lock
-	// to yield to lanes that became ready meanwhile (see runOn).
-	readyHint atomic.Bool
 	// unsettled counts the partition's live messages not yet settled:
 	// those in its lanes (q's live ones and pend) and aside. Their
 	// offsets are not kept in a list: the commit point is found by a scan
@@ -91,7 +87,18 @@ type shard struct {
 
 	pause  pauseSync  // the wish applied to Source.Pause/Resume
 	commit commitSync // watermark commits to Source.Commit
-	gate   settleGate // Source.Settle calls in progress
+
+	// What a worker's run reads without the lock, at every message (see
+	// runOn), on a line of its own: next to the counts that DeliverBatch
+	// writes for every message, each read was a miss on the line the
+	// other core had just written.
+	_ [64]byte
+	// readyHint is set whenever a lane joins ready and cleared (under mu)
+	// only when ready is empty: a worker's run reads it without the lock
+	// to yield to lanes that became ready meanwhile (see runOn).
+	readyHint atomic.Bool
+	gate      settleGate // Source.Settle calls in progress
+	_         [64]byte
 }
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {

@@ -32,7 +32,7 @@ func (c *Consumer) stepHead(w *worker) {
 	j := &w.job
 	r := &w.res
 	m := j.m
-	t := j.l.t
+	t := j.t
 	if t.none {
 		reason := dlq.ReasonNoTenant
 		if !errors.Is(m.st.rd().tenantErr, ErrNoTenant) {
@@ -376,7 +376,7 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 	// context (two locked writes a call otherwise) while nothing observed
 	// or cancelled it and the deadline a call would get is the same
 	// (the engine clock moves once a tick): see worker.callOpen.
-	keep := w.job.l.quick && len(w.job.run) > 0 && !judged
+	keep := w.job.quick && len(w.job.run) > 0 && !judged
 	ctx := w.ctx()
 	if !w.callOpen || ctx.deadline.Load() != deadline || ctx.dirty.Load() || c.hdone.Load() {
 		w.endCall()
@@ -446,7 +446,7 @@ func (c *Consumer) handled(w *worker, m *Message) {
 	if !w.job.fresh {
 		m.st.clearProbeFails()
 	}
-	if w.job.l.quick {
+	if w.job.quick {
 		w.runHandled++
 		if !c.settleNoop {
 			w.unsettled = append(w.unsettled, m)

@@ -78,8 +78,16 @@ type worker struct {
 // job is one step of one lane: its head message and, for a judge round, the
 // messages behind it.
 type job struct {
-	l     *lane
-	sh    *shard
+	l  *lane
+	sh *shard
+	// t and quick are l.t and l.quick, copied when the job is loaded: the
+	// steps read them for every message, and the lane's lines are the ones
+	// DeliverBatch writes for every message it queues (q, and rq while the
+	// lane counts against read-ahead), so that each read from the lane was
+	// a miss on a line the other core had just written. Neither changes
+	// while the job runs (take sets quick, under the lock, before load).
+	t     *tenant
+	quick bool
 	m     *Message
 	judge dlq.Reason
 	span  []*Message
@@ -235,6 +243,7 @@ func (w *worker) forget() {
 	w.res.settled = w.res.settled[:0]
 	w.res.aside = nil
 	w.job.dropMessages()
+	w.job.t = nil
 }
 
 // dropMessages empties j's run, judge span and confirmers and forgets its
@@ -291,6 +300,10 @@ func (w *worker) load(l *lane) {
 	j := &w.job
 	j.dropMessages()
 	j.l, j.sh, j.m, j.judge, j.next = l, l.sh, l.q.front(), l.judge, 0
+	if j.t != l.t {
+		j.t = l.t // stored only on a change: a pointer store pays the write barrier while the collector marks
+	}
+	j.quick = l.quick
 	j.fresh = l.judge == "" && !l.t.none && !l.tried.Load()
 	if l.judge != "" {
 		n := min(l.judgeSpan, l.q.len()-1)
