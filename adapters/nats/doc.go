@@ -77,15 +77,6 @@
 // SpillStats for its counters; what was spilled and re-fed per tenant is in
 // the engine's Stats.
 //
-// Versions before the spill log spilled in the Source, to a "park stream"
-// ("RINGFENCE_PARK_<stream>_<durable>", subjects
-// "ringfence.park.<stream>.<durable>.<token>", headers ringfence-park-*).
-// NewSpillLog moves such a stream's records into the spill stream, tenant
-// by tenant and in order, before the engine reads the spill log, and
-// deletes the park stream once it is empty (WithParkMigration names a park
-// stream made with other names). No step is needed by hand; a crash during
-// the move is resumed by the next start.
-//
 // # Errors
 //
 // Run returns an error when the consumer can never deliver again; the

@@ -101,7 +101,6 @@ type SpillOption func(*spillOptions) error
 type spillOptions struct {
 	stream, prefix string
 	bucket         string
-	park, parkPref string // older park stream to move into the spill stream
 	timeout        time.Duration
 	logger         *slog.Logger
 }
@@ -139,25 +138,6 @@ func WithSpillBodyBucket(name string) SpillOption {
 	}
 }
 
-// WithParkMigration names a park stream of an older ringfence (which
-// spilled in the Source) and its subject prefix, to be moved into the spill
-// stream when the SpillLog is made. Default: stream
-// "RINGFENCE_PARK_<stream>_<durable>", prefix
-// "ringfence.park.<stream>.<durable>", the older version's defaults; a
-// missing park stream is not an error.
-func WithParkMigration(name, prefix string) SpillOption {
-	return func(o *spillOptions) error {
-		if err := validStreamName(name); err != nil {
-			return err
-		}
-		if err := validPrefix(prefix); err != nil {
-			return err
-		}
-		o.park, o.parkPref = name, prefix
-		return nil
-	}
-}
-
 // WithSpillTimeout bounds each SpillLog call's wait for the server (an
 // Append's acknowledgements, a Read, a Commit, a Pending); the engine
 // retries a call that failed. Default: 10s.
@@ -171,8 +151,7 @@ func WithSpillTimeout(d time.Duration) SpillOption {
 	}
 }
 
-// WithSpillLogger sets the SpillLog's logger (the park migration reports
-// what it moved). Default: slog.Default().
+// WithSpillLogger sets the SpillLog's logger. Default: slog.Default().
 func WithSpillLogger(l *slog.Logger) SpillOption {
 	return func(o *spillOptions) error {
 		if l == nil {

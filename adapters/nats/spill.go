@@ -3,7 +3,7 @@ package nats
 // The spill log: a consumer.SpillLog on a JetStream stream with one subject
 // per tenant. The stream, commits and Pending are here; appending is in
 // spill_append.go, the record format in spill_record.go, reading back in
-// spill_read.go, the move of an older park stream in spill_migrate.go.
+// spill_read.go.
 
 import (
 	"context"
@@ -96,7 +96,7 @@ type SpillLog struct {
 	// not yet committed, by sequence: Commit deletes them after the purge.
 	refs map[string]map[uint64]string
 
-	appended, duplicates, outOfLine, read, migrated, batches atomic.Uint64
+	appended, duplicates, outOfLine, read, batches atomic.Uint64
 }
 
 var _ consumer.SpillLog = (*SpillLog)(nil)
@@ -111,8 +111,6 @@ type SpillStats struct {
 	OutOfLine uint64
 	// Read counts records read back.
 	Read uint64
-	// Migrated counts records moved from an older park stream.
-	Migrated uint64
 	// Atomic says whether the stream takes atomic batches: appends of at
 	// least 64 records are then one atomic batch each; smaller ones, and
 	// all on a stream without them, go one record at a time.
@@ -125,7 +123,7 @@ type SpillStats struct {
 func (s *SpillLog) Stats() SpillStats {
 	return SpillStats{
 		Appended: s.appended.Load(), Duplicates: s.duplicates.Load(), OutOfLine: s.outOfLine.Load(),
-		Read: s.read.Load(), Migrated: s.migrated.Load(), Atomic: s.atomic, AtomicBatches: s.batches.Load(),
+		Read: s.read.Load(), Atomic: s.atomic, AtomicBatches: s.batches.Load(),
 	}
 }
 
@@ -147,12 +145,9 @@ func homePartition(stream, durable string) consumer.Partition {
 // stream (which need not exist yet), creating it if missing (file storage,
 // AllowDirect, AllowAtomicPublish, marked with MetaSpill). An existing
 // stream without MetaSpill is adopted and marked when it takes
-// "<prefix>.>" and is empty or begins with a spill (or park) record; any
-// other stream fails with an error wrapping ErrNotSpill. Then the park
-// stream of an older ringfence, if there is one (see WithParkMigration),
-// is moved into it, so that what the older version spilled is re-fed in
-// order. When the server has no JetStream it fails with an error wrapping
-// ErrCoreNATS.
+// "<prefix>.>" and is empty or begins with a spill record; any other
+// stream fails with an error wrapping ErrNotSpill. When the server has no
+// JetStream it fails with an error wrapping ErrCoreNATS.
 func NewSpillLog(ctx context.Context, js jetstream.JetStream, stream, durable string, opts ...SpillOption) (*SpillLog, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidOption)
@@ -164,12 +159,10 @@ func NewSpillLog(ctx context.Context, js jetstream.JetStream, stream, durable st
 		return nil, fmt.Errorf("durable: %w", err)
 	}
 	o := spillOptions{
-		stream:   "RINGFENCE_SPILL_" + stream + "_" + durable,
-		prefix:   "ringfence.spill." + stream + "." + durable,
-		park:     "RINGFENCE_PARK_" + stream + "_" + durable,
-		parkPref: "ringfence.park." + stream + "." + durable,
-		timeout:  10 * time.Second,
-		logger:   slog.Default(),
+		stream:  "RINGFENCE_SPILL_" + stream + "_" + durable,
+		prefix:  "ringfence.spill." + stream + "." + durable,
+		timeout: 10 * time.Second,
+		logger:  slog.Default(),
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -194,11 +187,6 @@ func NewSpillLog(ctx context.Context, js jetstream.JetStream, stream, durable st
 		js: js, own: o.bucket, create: true,
 		desc: "ringfence: bodies of spilled messages in stream " + s.name,
 		meta: map[string]string{MetaSpill: spillFormat, "ringfence.spill.stream": s.name},
-	}
-	if o.park != "" && o.park != s.name {
-		if err := s.migrate(ctx, o.park, o.parkPref); err != nil {
-			return nil, err
-		}
 	}
 	return s, nil
 }
@@ -283,11 +271,10 @@ func ensureSpillStream(ctx context.Context, js jetstream.JetStream, o *spillOpti
 	return st, nil
 }
 
-// hasSpillHeaders reports whether h is a spill record's or an older park
-// record's.
+// hasSpillHeaders reports whether h is a spill record's.
 func hasSpillHeaders(h nats.Header) bool {
 	for k := range h {
-		if hasPrefixFold(k, hdrSpillPrefix) || hasPrefixFold(k, hdrParkPrefix) {
+		if hasPrefixFold(k, hdrSpillPrefix) {
 			return true
 		}
 	}
@@ -408,9 +395,6 @@ func (s *SpillLog) fullTenant(ctx context.Context, subj string) (string, error) 
 		}
 		tenant, _, _, _, err := decodeBody(b)
 		return tenant, err
-	}
-	if v := h.Get(hdrParkTenant); v != "" {
-		return v, nil
 	}
 	return "", fmt.Errorf("nats: spill pending %s: first record (sequence %d) names no tenant", subj, recs[0].seq)
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ringfence/ringfence/consumer"
@@ -304,64 +303,6 @@ func TestSpillAtomicOnlyLarge(t *testing.T) {
 	}
 }
 
-// TestSpillParkMigration: a park stream of the older version (records as
-// its Source wrote them) is moved into the spill stream when the SpillLog
-// is made: tenants in order, original headers and sequences kept, the
-// park stream deleted; a second SpillLog finds nothing more to move.
-func TestSpillParkMigration(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, nil, 5*time.Second, 100)
-	park := "RINGFENCE_PARK_" + f.stream + "_" + f.durable
-	prefix := "ringfence.park." + f.stream + "." + f.durable
-	if _, err := f.js.CreateStream(testCtx(t), jetstream.StreamConfig{Name: park, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	long := strings.Repeat("k", 400)
-	tenants := []string{"acme", "a.b", long}
-	for i := range 30 {
-		tn := tenants[i%3]
-		h := nats.Header{
-			hdrParkTenant:               {tn},
-			hdrParkSubject:              {f.subject + ".x"},
-			hdrParkSeq:                  {strconv.Itoa(i + 1)},
-			hdrParkTime:                 {time.Unix(1700000000, int64(i)).UTC().Format(time.RFC3339Nano)},
-			"trace":                     {"t" + strconv.Itoa(i)},
-			hdrParkNats + "Nats-Msg-Id": {"orig-" + strconv.Itoa(i)},
-			"Nats-Msg-Id":               {f.stream + "/" + f.durable + "/" + strconv.Itoa(i+1)},
-		}
-		if _, err := f.js.PublishMsg(testCtx(t), &nats.Msg{Subject: dlq.NATSSubject(prefix, tn), Header: h, Data: []byte(fmt.Sprintf("v%02d", i))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s := f.spillLog(t)
-	if st := s.Stats(); st.Migrated != 30 {
-		t.Fatalf("migrated %d records, want 30", st.Migrated)
-	}
-	if _, err := f.js.Stream(testCtx(t), park); !errors.Is(err, jetstream.ErrStreamNotFound) {
-		t.Fatalf("the park stream is still there: %v", err)
-	}
-	p := homePartition(f.stream, f.durable)
-	lanes, err := f.spillLog(t).Pending(testCtx(t), p)
-	if err != nil || len(lanes) != 3 {
-		t.Fatalf("Pending after the move = %v, %v", lanes, err)
-	}
-	for ti, tn := range tenants {
-		got := readLane(t, s, consumer.SpillLane{Tenant: tn, Partition: p})
-		if len(got) != 10 {
-			t.Fatalf("tenant %q: %d records", tn, len(got))
-		}
-		for k, m := range got {
-			i := ti + 3*k
-			want := &consumer.Message{
-				Value: []byte(fmt.Sprintf("v%02d", i)), Topic: f.subject + ".x", Stream: f.stream, Partition: p, Offset: int64(i + 1),
-				Time:    time.Unix(1700000000, int64(i)).UTC(),
-				Headers: []consumer.Header{{Key: "Nats-Msg-Id", Value: []byte("orig-" + strconv.Itoa(i))}, {Key: "trace", Value: []byte("t" + strconv.Itoa(i))}},
-			}
-			sameMessage(t, fmt.Sprintf("tenant %q record %d", tn, k), m, want)
-		}
-	}
-}
-
 // TestSpillRefusesForeignStream: a stream of live data named as the spill
 // stream is refused, untouched.
 func TestSpillRefusesForeignStream(t *testing.T) {
@@ -373,13 +314,12 @@ func TestSpillRefusesForeignStream(t *testing.T) {
 		t.Fatalf("NewSpillLog on a live stream = %v, want ErrNotSpill", err)
 	}
 	for name, opt := range map[string]SpillOption{
-		"nil":            nil,
-		"wild prefix":    WithSpillStream("S", "a.*"),
-		"dotted stream":  WithSpillStream("S.T", "a.b"),
-		"bucket":         WithSpillBodyBucket("a b"),
-		"timeout":        WithSpillTimeout(0),
-		"logger":         WithSpillLogger(nil),
-		"park migration": WithParkMigration("P", "x.>"),
+		"nil":           nil,
+		"wild prefix":   WithSpillStream("S", "a.*"),
+		"dotted stream": WithSpillStream("S.T", "a.b"),
+		"bucket":        WithSpillBodyBucket("a b"),
+		"timeout":       WithSpillTimeout(0),
+		"logger":        WithSpillLogger(nil),
 	} {
 		if _, err := NewSpillLog(testCtx(t), f.js, f.stream, f.durable, opt); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
