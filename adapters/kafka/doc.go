@@ -127,8 +127,8 @@
 // limit over it) and advances the cursor only after the republish was
 // acknowledged, so a crash mid-replay may duplicate a message, never lose
 // one. Purge advances the cursor; with DeleteDrained it also deletes a
-// drained per-tenant topic. The inspector reads with kafka-go's
-// Client.Fetch, which keeps a null header value apart from an empty one.
+// drained per-tenant topic. The inspector reads with the source's record
+// decoder, which keeps a null header value apart from an empty one.
 //
 // Copies of one dead letter (same source topic, partition and offset) are
 // shown, counted and replayed once. The cursor can only pass a prefix of

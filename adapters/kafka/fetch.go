@@ -3,33 +3,27 @@ package kafka
 // Fetching a source partition. Each assigned partition has a fetcher of its
 // own: one connection to the partition's leader (found with a Metadata
 // request to a bootstrap broker, never creating the topic), over which it
-// sends its own Fetch requests, encoded with franz-go's kmsg (conn.go), and
-// whose record batches it decodes itself (records.go) and copies into the
-// engine's messages a slice at a time (messages.go). The response buffer is
-// reused from fetch to fetch. kafka-go (group membership, commits, offsets,
-// metadata checks) is not on this path: its Client.Fetch decoded through a
-// page buffer and allocated three times per message.
+// sends its own Fetch requests and decodes their record batches
+// (internal/wire), then copies the records into the engine's messages a
+// slice at a time (messages.go). The response buffer is pooled between
+// fetches. kafka-go (group membership, commits, offsets, metadata checks)
+// is not on this path: its Client.Fetch decoded through a page buffer and
+// allocated three times per message.
 //
-// A fetch asks for one partition at the highest Fetch version in [4, 11]
-// that the leader supports (v12 is flexible, v13 names topics by ID), reads
-// uncommitted (transaction markers are skipped, aborted records delivered,
-// as before), with MinBytes 1 and the source's MaxBytes (for the request
-// and the partition) and MaxWait. It may take MaxWait+fetchSlack; ctx
-// cancellation aborts it at once. An I/O error, or any partition error but
-// OffsetOutOfRange, closes the connection, and the next try finds the
-// leader again; a partition error is a kafka-go Error, so that the
-// classification of liveness.go applies as it did.
+// A fetch asks with MinBytes 1 and the source's MaxBytes and MaxWait (see
+// wire.Fetch). An I/O error, or any partition error but OffsetOutOfRange,
+// closes the connection, and the next try finds the leader again; a
+// partition error is a kafka-go Error, so that the classification of
+// liveness.go applies.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 )
 
@@ -43,7 +37,7 @@ const deliverSlice = 64
 // fetchSlack is how much longer than MaxWait one fetch may take before it
 // is abandoned as hung (a broker that vanished without closing the
 // connection).
-const fetchSlack = 10 * time.Second
+const fetchSlack = wire.Slack
 
 // fetch reads ps and delivers each fetched batch, in offset order, until
 // ctx ends, retrying failures with backoff (100ms doubling up to 5s).
@@ -157,46 +151,32 @@ func partitionBounds(ctx context.Context, cl *kafkago.Client, topic string, part
 type fetcher struct {
 	s       *Source
 	ps      *partition
-	conn    *brokerConn // nil until connected, and after an error
-	epoch   int32       // the leader epoch Metadata gave, -1 if unknown
-	version int16       // of Fetch
-	req     kmsg.FetchRequest
-	resp    kmsg.FetchResponse
-	rd      batchReader
+	conn    *wire.Conn // nil until connected, and after an error
+	epoch   int32      // the leader epoch Metadata gave, -1 if unknown
+	version int16      // of Fetch
+	req     *wire.Fetch
+	rd      wire.BatchReader
 	sb      sliceBuilder
 	// rest is what the last response still held when the engine paused
 	// the partition (the batches from the one being read), kept in conn's
 	// response buffer until it is delivered: a resumed partition goes on
-	// from it instead of fetching it again (with a queue bound smaller than
-	// a response, the engine's pauses made the broker send most records
-	// several times over).
+	// from it instead of fetching it again, so that a queue bound smaller
+	// than a response does not make the broker send records several times.
 	rest   []byte
 	restAt int64 // the offset rest goes on from
 }
 
 func (s *Source) newFetcher(ps *partition) *fetcher {
-	f := &fetcher{s: s, ps: ps, req: kmsg.NewFetchRequest()}
-	maxBytes := int32(min(s.cfg.maxBytes, math.MaxInt32))
-	f.req.MaxWaitMillis = int32(min(max(s.cfg.maxWait.Milliseconds(), 1), math.MaxInt32))
-	f.req.MinBytes = 1
-	f.req.MaxBytes = maxBytes
-	f.req.IsolationLevel = 0 // read uncommitted
-	t := kmsg.NewFetchRequestTopic()
-	t.Topic = s.topic
-	p := kmsg.NewFetchRequestTopicPartition()
-	p.Partition = ps.id.ID
-	p.PartitionMaxBytes = maxBytes
-	t.Partitions = []kmsg.FetchRequestTopicPartition{p}
-	f.req.Topics = []kmsg.FetchRequestTopic{t}
-	return f
+	o := wire.FetchOptions{MinBytes: 1, MaxBytes: s.cfg.maxBytes, MaxWait: s.cfg.maxWait}
+	return &fetcher{s: s, ps: ps, req: wire.NewFetch(s.topic, ps.id.ID, o)}
 }
 
 // drop closes the connection; the next fetch finds the leader again.
 func (f *fetcher) drop() {
 	if f.conn != nil {
 		f.rest = nil
-		f.conn.releaseBuf()
-		f.conn.close()
+		f.conn.ReleaseBuf()
+		f.conn.Close()
 		f.conn = nil
 	}
 }
@@ -205,21 +185,22 @@ func (f *fetcher) drop() {
 func (f *fetcher) connect(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, fetchSlack)
 	defer cancel()
-	addr, epoch, c, err := f.s.leaderOf(cctx, f.ps.id.ID)
+	dial := func(addr string) (*wire.Conn, error) { return wire.Dial(cctx, f.s.cfg.dialer, addr) }
+	addr, epoch, c, err := wire.FindLeader(cctx, f.s.brokers, f.s.topic, f.ps.id.ID, dial, (*wire.Conn).Close)
 	if err != nil {
 		return err
 	}
 	if c == nil {
-		if c, err = dialBroker(cctx, f.s.cfg.dialer, addr); err != nil {
+		if c, err = dial(addr); err != nil {
 			return err
 		}
 	}
-	v := c.version(kmsg.Fetch)
-	if v < 4 {
-		c.close()
-		return fmt.Errorf("kafka: broker %s supports Fetch up to v%d; the source needs v4 (Kafka 0.11) or later", addr, v)
+	v, err := wire.FetchVersion(c)
+	if err != nil {
+		c.Close()
+		return err
 	}
-	f.conn, f.epoch, f.version = c, epoch, min(v, 11)
+	f.conn, f.epoch, f.version = c, epoch, v
 	return nil
 }
 
@@ -227,7 +208,7 @@ func (f *fetcher) connect(ctx context.Context) error {
 // back, in DeliverBatch calls of up to deliverSlice messages, stopping
 // early when the engine pauses it. It returns the offset to fetch next.
 func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispatcher) (int64, error) {
-	if f.conn != nil && f.conn.stale() {
+	if f.conn != nil && f.conn.Stale() {
 		f.drop()
 	}
 	if rest := f.rest; rest != nil {
@@ -240,7 +221,7 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 			next, err = f.deliver(rest, offset, d) // may keep a rest again
 		}
 		if f.rest == nil {
-			f.conn.releaseBuf()
+			f.conn.ReleaseBuf()
 		}
 		if err != nil || next != offset || f.rest != nil {
 			return next, err
@@ -252,52 +233,23 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 			return offset, err
 		}
 	}
-	f.req.Version = f.version
-	rp := &f.req.Topics[0].Partitions[0]
-	rp.FetchOffset = offset
-	rp.CurrentLeaderEpoch = f.epoch
 	conn := f.conn
 	defer func() {
 		if f.rest == nil {
-			conn.releaseBuf() // after deliver copied the records out
+			conn.ReleaseBuf() // after deliver copied the records out
 		}
 	}()
-	if err := conn.roundTrip(ctx, &f.req, &f.resp, f.s.cfg.maxWait+fetchSlack); err != nil {
-		f.drop()
+	batches, _, err := f.req.Send(ctx, conn, f.version, offset, f.epoch)
+	if err != nil {
+		if conn.Stale() {
+			f.drop()
+		}
 		return offset, err
 	}
-	addr := f.conn.addr
-	failed := func(format string, args ...any) error {
-		return fmt.Errorf("kafka: fetch %s/%d at offset %d from %s: "+format, append([]any{f.s.topic, f.ps.id.ID, offset, addr}, args...)...)
-	}
-	if f.resp.ErrorCode != 0 {
-		f.drop()
-		return offset, failed("%w", kafkago.Error(f.resp.ErrorCode))
-	}
-	var part *kmsg.FetchResponseTopicPartition
-	for i := range f.resp.Topics {
-		t := &f.resp.Topics[i]
-		for j := range t.Partitions {
-			if t.Topic == f.s.topic && t.Partitions[j].Partition == f.ps.id.ID {
-				part = &t.Partitions[j]
-			}
-		}
-	}
-	if part == nil {
-		f.drop()
-		return offset, failed("no answer for the partition")
-	}
-	if part.ErrorCode != 0 {
-		err := kafkago.Error(part.ErrorCode)
-		if err != kafkago.OffsetOutOfRange {
-			f.drop() // NotLeaderForPartition, FencedLeaderEpoch, ...: find the leader again
-		}
-		return offset, failed("%w", err)
-	}
 	f.s.watch.seen()
-	next, err := f.deliver(part.RecordBatches, offset, d)
-	if err == nil && next == offset && len(part.RecordBatches) > 0 {
-		err = failed("the first record batch came back cut short (larger than MaxBytes %d?)", f.s.cfg.maxBytes)
+	next, err := f.deliver(batches, offset, d)
+	if err == nil && next == offset && len(batches) > 0 {
+		err = fmt.Errorf("kafka: fetch %s/%d at offset %d from %s: the first record batch came back cut short (larger than MaxBytes %d?)", f.s.topic, f.ps.id.ID, offset, conn.Addr(), f.s.cfg.maxBytes)
 	}
 	return next, err
 }
@@ -308,26 +260,26 @@ func (f *fetcher) fetchOnce(ctx context.Context, offset int64, d consumer.Dispat
 // offset after what it passed.
 func (f *fetcher) deliver(batches []byte, offset int64, d consumer.Dispatcher) (int64, error) {
 	rd, sb := &f.rd, &f.sb
-	rd.reset(batches, offset)
-	defer rd.reset(nil, 0)
+	rd.Reset(batches, offset)
+	defer rd.Reset(nil, 0)
 	defer sb.reset()
 	for {
-		hdrs, ok, err := rd.read(sb.slot(), sb.hdrs)
+		hdrs, ok, err := rd.Read(sb.slot(), sb.hdrs)
 		sb.hdrs = hdrs
 		if !ok {
 			if sb.n > 0 {
 				d.DeliverBatch(sb.build(f.ps.id))
 			}
-			return rd.nextOffset(), err
+			return rd.NextOffset(), err
 		}
 		if sb.add() {
 			d.DeliverBatch(sb.build(f.ps.id))
-			rd.release()
+			rd.Release()
 			if f.ps.paused.Load() {
-				if rest := rd.rest(); len(rest) > 0 {
-					f.rest, f.restAt = rest, rd.nextOffset()
+				if rest := rd.Rest(); len(rest) > 0 {
+					f.rest, f.restAt = rest, rd.NextOffset()
 				}
-				return rd.nextOffset(), nil
+				return rd.NextOffset(), nil
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/flight"
 )
@@ -28,10 +29,6 @@ const (
 	// larger record still comes back whole (a broker returns at least one
 	// batch).
 	fetchMaxBytes = 16 << 20
-	// fetchStalls is how many fetches in a row may return nothing new before
-	// a read gives up on the rest of a partition (a gap, or only control
-	// records left).
-	fetchStalls = 3
 )
 
 // Inspector lists, peeks, replays and purges the dead letters of one
@@ -44,11 +41,12 @@ const (
 // first record of each partition: anything else is refused with an error
 // wrapping dlq.ErrNotDLQ before anything is changed.
 type Inspector struct {
-	source string
-	cfg    sinkConfig
-	tr     *renewingTransport
-	client *kafkago.Client
-	limits flight.Group[int] // source topic -> max.message.bytes, for replays
+	source  string
+	cfg     sinkConfig
+	tr      *renewingTransport
+	client  *kafkago.Client
+	records *wire.Client      // reads the DLQ topics
+	limits  flight.Group[int] // source topic -> max.message.bytes, for replays
 }
 
 // NewInspector returns an Inspector for the dead letters of source, reached
@@ -64,16 +62,18 @@ func NewInspector(brokers []string, source string, opts ...SinkOption) (*Inspect
 	}
 	tr := newRenewingTransport(cfg.dialer)
 	return &Inspector{
-		source: source,
-		cfg:    cfg,
-		tr:     tr,
-		client: &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
+		source:  source,
+		cfg:     cfg,
+		tr:      tr,
+		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
+		records: wire.NewClient(cfg.dialer, brokers),
 	}, nil
 }
 
 // Close closes the inspector's idle connections.
 func (in *Inspector) Close() error {
 	in.tr.cur.Load().CloseIdleConnections()
+	in.records.Close()
 	return nil
 }
 

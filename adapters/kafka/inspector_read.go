@@ -7,12 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/dlq"
 )
 
@@ -280,105 +280,9 @@ func commitOffsets(ctx context.Context, cl *kafkago.Client, group, topic string,
 	return nil
 }
 
-// fetched is one record read from a partition.
-type fetched struct {
-	offset  int64
-	time    time.Time
-	key     []byte
-	value   []byte
-	headers []dlq.Header
-}
-
 // readPartition calls fn for each record of topic/partition in [from, to)
-// until fn returns an error. It reads with kafka-go's Client.Fetch, whose
-// decoder keeps a header value's null (nil) apart from an empty one.
+// until fn returns an error.
 func (in *Inspector) readPartition(ctx context.Context, topic string, partition int, from, to int64, fn func(*fetched) error) error {
-	offset := from
-	for stalls := 0; offset < to && stalls < fetchStalls; {
-		resp, err := in.client.Fetch(ctx, &kafkago.FetchRequest{
-			Topic: topic, Partition: partition, Offset: offset,
-			MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: 100 * time.Millisecond,
-		})
-		if err == nil {
-			err = resp.Error
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("kafka: read %s/%d at %d: %w", topic, partition, offset, err)
-		}
-		before := offset
-		err = eachRecord(resp.Records, func(r *kafkago.Record) error {
-			if r.Offset < offset || r.Offset >= to {
-				return nil
-			}
-			m, err := readRecord(r)
-			if err != nil {
-				return err
-			}
-			offset = r.Offset + 1
-			return fn(m)
-		})
-		if err != nil {
-			return err
-		}
-		if offset == before {
-			stalls++ // only control records or a gap left: give up on the rest
-		} else {
-			stalls = 0
-		}
-	}
-	return nil
-}
-
-// eachRecord calls fn for each record of rr and closes it.
-func eachRecord(rr kafkago.RecordReader, fn func(*kafkago.Record) error) error {
-	if c, ok := rr.(io.Closer); ok {
-		defer c.Close()
-	}
-	for {
-		r, err := rr.ReadRecord()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("kafka: decode records: %w", err)
-		}
-		if err := fn(r); err != nil {
-			return err
-		}
-	}
-}
-
-func readRecord(r *kafkago.Record) (*fetched, error) {
-	m := &fetched{offset: r.Offset, time: r.Time}
-	var err error
-	if m.key, err = readBytes(r.Key); err != nil {
-		return nil, err
-	}
-	if m.value, err = readBytes(r.Value); err != nil {
-		return nil, err
-	}
-	if len(r.Headers) > 0 {
-		m.headers = make([]dlq.Header, len(r.Headers))
-		for i, h := range r.Headers {
-			m.headers[i] = dlq.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return m, nil
-}
-
-// readBytes reads a record's key or value, keeping nil (null) apart from
-// empty.
-func readBytes(b kafkago.Bytes) ([]byte, error) {
-	if b == nil {
-		return nil, nil
-	}
-	defer b.Close()
-	out := make([]byte, b.Len())
-	if _, err := io.ReadFull(b, out); err != nil {
-		return nil, fmt.Errorf("kafka: read record: %w", err)
-	}
-	return out, nil
+	o := wire.FetchOptions{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: 100 * time.Millisecond}
+	return readRange(ctx, in.records, topic, partition, from, to, o, fn)
 }

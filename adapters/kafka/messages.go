@@ -14,6 +14,7 @@ package kafka
 import (
 	"time"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 )
 
@@ -23,14 +24,14 @@ const largeValue = 4 << 10
 
 // sliceBuilder gathers the records of the slice being read.
 type sliceBuilder struct {
-	recs [deliverSlice]fetchedRecord
+	recs [deliverSlice]wire.Record
 	n    int
-	hdrs []recordHeader // the headers of recs, in order
-	keys []byte         // scratch: the header keys of the slice
+	hdrs []wire.Header // the headers of recs, in order
+	keys []byte        // scratch: the header keys of the slice
 }
 
 // slot is where the next record is read.
-func (b *sliceBuilder) slot() *fetchedRecord { return &b.recs[b.n] }
+func (b *sliceBuilder) slot() *wire.Record { return &b.recs[b.n] }
 
 // add takes the record read into slot, whose headers are already at the
 // end of b.hdrs; it reports whether the slice is full.
@@ -45,11 +46,11 @@ func (b *sliceBuilder) build(p consumer.Partition) []*consumer.Message {
 	recs := b.recs[:b.n]
 	arena, keys := 0, 0
 	for i := range recs {
-		arena += small(recs[i].key) + small(recs[i].value)
+		arena += small(recs[i].Key) + small(recs[i].Value)
 	}
 	for _, h := range b.hdrs {
-		arena += small(h.value)
-		keys += len(h.key)
+		arena += small(h.Value)
+		keys += len(h.Key)
 	}
 	ms := make([]consumer.Message, len(recs))
 	out := make([]*consumer.Message, len(recs))
@@ -63,7 +64,7 @@ func (b *sliceBuilder) build(p consumer.Partition) []*consumer.Message {
 		hs = make([]consumer.Header, len(b.hdrs))
 		b.keys = b.keys[:0]
 		for _, h := range b.hdrs {
-			b.keys = append(b.keys, h.key...)
+			b.keys = append(b.keys, h.Key...)
 		}
 		ks = string(b.keys)
 	}
@@ -71,19 +72,19 @@ func (b *sliceBuilder) build(p consumer.Partition) []*consumer.Message {
 	for i := range recs {
 		r := &recs[i]
 		m := &ms[i]
-		m.Topic, m.Partition, m.Offset, m.Time = p.Topic, p, r.offset, time.UnixMilli(r.time)
-		m.Key, buf = place(buf, r.key)
-		m.Value, buf = place(buf, r.value)
-		if r.headers > 0 {
-			mh := hs[h : h+r.headers : h+r.headers]
+		m.Topic, m.Partition, m.Offset, m.Time = p.Topic, p, r.Offset, time.UnixMilli(r.Time)
+		m.Key, buf = place(buf, r.Key)
+		m.Value, buf = place(buf, r.Value)
+		if r.Headers > 0 {
+			mh := hs[h : h+r.Headers : h+r.Headers]
 			for j := range mh {
 				src := &b.hdrs[h+j]
-				mh[j].Key = ks[k : k+len(src.key)]
-				k += len(src.key)
-				mh[j].Value, buf = place(buf, src.value)
+				mh[j].Key = ks[k : k+len(src.Key)]
+				k += len(src.Key)
+				mh[j].Value, buf = place(buf, src.Value)
 			}
 			m.Headers = mh
-			h += r.headers
+			h += r.Headers
 		}
 		out[i] = m
 	}

@@ -11,6 +11,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/flight"
@@ -168,6 +169,7 @@ type SpillLog struct {
 	log     *slog.Logger
 	tr      *kafkago.Transport
 	client  *kafkago.Client
+	records *wire.Client // reads the spill topics
 
 	sources flight.Group[spillSource] // the source topic -> its shape and settings
 	topics  flight.Group[spillTopic]  // spill topic -> what the log knows of it
@@ -259,6 +261,7 @@ func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOptio
 		s.cursor = group + DefaultSpillGroupSuffix
 	}
 	s.client = &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: s.tr}
+	s.records = wire.NewClient(cfg.dialer, brokers)
 	return s, nil
 }
 
@@ -282,6 +285,7 @@ func (s *SpillLog) Stats() SpillStats {
 // Close closes the log's idle connections.
 func (s *SpillLog) Close() error {
 	s.tr.CloseIdleConnections()
+	s.records.Close()
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
 )
@@ -173,7 +174,7 @@ func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consume
 			names = append(names, sp.topic)
 		}
 	}
-	// Read will fetch these: make sure our metadata cache knows them.
+	// Read asks for their bounds through kafka-go: load them into its cache.
 	refreshCache(ctx, s.client, names...)
 	lanes := make([]consumer.SpillLane, 0, len(names))
 	for _, t := range names {
@@ -250,7 +251,7 @@ func (s *SpillLog) tenantOf(ctx context.Context, topic, tok string, p int) (stri
 		return tenant, err
 	}
 	return s.tenants.Do(ctx, topic, func(ctx context.Context) (string, error) {
-		first, last, err := partitionBounds(ctx, s.client, topic, p)
+		first, last, err := s.bounds(ctx, topic, p)
 		if err != nil {
 			return "", err
 		}
@@ -276,46 +277,15 @@ func (s *SpillLog) tenantOf(ctx context.Context, topic, tok string, p int) (stri
 // scan calls fn for each record of topic/p in [from, to) until fn returns
 // false.
 func (s *SpillLog) scan(ctx context.Context, topic string, p int, from, to int64, fn func(*fetched) bool) error {
-	refreshed := false
-	for stalls := 0; from < to && stalls < fetchStalls; {
-		resp, err := s.client.Fetch(ctx, &kafkago.FetchRequest{
-			Topic: topic, Partition: p, Offset: from, MinBytes: 0, MaxBytes: int64(s.cfg.fetchBytes), MaxWait: fetchSlack,
-		})
-		if err == nil && resp.Error != nil {
-			err = resp.Error
-			closeRecords(resp.Records)
+	o := wire.FetchOptions{MaxBytes: s.cfg.fetchBytes, MaxWait: fetchSlack}
+	err := readRange(ctx, s.records, topic, p, from, to, o, func(f *fetched) error {
+		if !fn(f) {
+			return errFull
 		}
-		if cacheMiss(err) && !refreshed {
-			// Listed a moment ago, but unknown to our metadata cache.
-			refreshCache(ctx, s.client, topic)
-			refreshed = true
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("kafka: read spill %s/%d at %d: %w", topic, p, from, err)
-		}
-		before := from
-		from, err = walkRecords(resp.Records, from, func(r *kafkago.Record) error {
-			f, err := readRecord(r)
-			if err != nil {
-				return err
-			}
-			if !fn(f) {
-				return errFull
-			}
-			return nil
-		})
-		if errors.Is(err, errFull) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if from == before {
-			stalls++
-		} else {
-			stalls = 0
-		}
+		return nil
+	})
+	if errors.Is(err, errFull) {
+		return nil
 	}
-	return nil
+	return err
 }

@@ -10,6 +10,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 )
 
@@ -72,55 +73,13 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	}
 	var out, extra []*consumer.Message
 	skipTo := int64(-1) // past the records at the cursor that are not ours
-	refreshed := false
 	began := time.Now()
 	var skipping error
 	for stalls := 0; len(out) == 0 && stalls < fetchStalls; {
-		resp, err := s.client.Fetch(ctx, &kafkago.FetchRequest{
-			Topic: topic, Partition: p, Offset: from,
-			MinBytes: 0, MaxBytes: s.fetchSize(limit), MaxWait: fetchSlack,
-		})
-		if err == nil && resp.Error != nil {
-			err = resp.Error
-			closeRecords(resp.Records)
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, kafkago.UnknownTopicOrPartition):
-			return nil, nil // nothing was ever spilled (or the topic was deleted)
-		case cacheMiss(err) && !refreshed:
-			// Our metadata cache does not know the topic yet (another
-			// process created it): ask the cluster.
-			live, lerr := liveTopics(ctx, s.cfg.dialer, s.brokers)
-			if lerr != nil {
-				return nil, lerr
-			}
-			if _, ok := live[topic]; !ok {
-				return nil, nil
-			}
-			refreshCache(ctx, s.client, topic)
-			refreshed = true
-			continue
-		case errors.Is(err, kafkago.OffsetOutOfRange):
-			first, last, berr := partitionBounds(ctx, s.client, topic, p)
-			if berr != nil {
-				return nil, berr
-			}
-			if from >= last {
-				return nil, nil
-			}
-			s.lost(topic, p, from, first)
-			from = first
-			continue
-		default:
-			return nil, fmt.Errorf("kafka: read spill %s/%d at %d: %w", topic, p, from, err)
-		}
 		before := from
-		from, err = walkRecords(resp.Records, from, func(r *kafkago.Record) error {
-			f, err := readRecord(r)
-			if err != nil {
-				return err
-			}
+		o := wire.FetchOptions{MinBytes: 0, MaxBytes: s.fetchSize(limit), MaxWait: fetchSlack}
+		next, hw, err := s.records.Fetch(ctx, topic, int32(p), from, o, func(r *wire.Record, hs []wire.Header) error {
+			f := fetchedOf(r, hs)
 			s.noteRecord(f)
 			sp, ok := decodeSpill(f, s.source)
 			if !ok || sp.group != s.group || sp.tenant != "" && sp.tenant != lane.Tenant {
@@ -137,17 +96,30 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 			}
 			return nil
 		})
-		if err != nil {
-			if len(out) > 0 {
-				break // return what was read; the next Read meets the error again
+		switch {
+		case err == nil:
+		case errors.Is(err, kafkago.UnknownTopicOrPartition):
+			return nil, nil // nothing was ever spilled (or the topic was deleted)
+		case errors.Is(err, kafkago.OffsetOutOfRange):
+			first, last, berr := s.bounds(ctx, topic, p)
+			if berr != nil {
+				return nil, berr
 			}
-			return nil, fmt.Errorf("kafka: read spill %s/%d: %w", topic, p, err)
+			if from >= last {
+				return nil, nil
+			}
+			s.lost(topic, p, from, first)
+			from = first
+			continue
+		default:
+			return nil, fmt.Errorf("kafka: read spill %s/%d at %d: %w", topic, p, from, err)
 		}
-		if from >= resp.HighWatermark {
+		from = next
+		if from >= hw {
 			break
 		}
 		if from == before {
-			stalls++ // only control records or a gap: give up for now
+			stalls++ // a gap: give up for now
 		} else {
 			stalls = 0
 		}
@@ -177,6 +149,26 @@ func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64
 	return out, nil
 }
 
+// bounds returns the first and the next offset of topic/p. kafka-go routes
+// the request through its metadata cache, which may not know a topic
+// another process made a moment ago: on such a miss it asks the cluster
+// and, if the topic exists, loads it into the cache and asks again.
+func (s *SpillLog) bounds(ctx context.Context, topic string, p int) (first, last int64, err error) {
+	first, last, err = partitionBounds(ctx, s.client, topic, p)
+	if !cacheMiss(err) {
+		return first, last, err
+	}
+	live, lerr := liveTopics(ctx, s.cfg.dialer, s.brokers)
+	if lerr != nil {
+		return 0, 0, lerr
+	}
+	if _, ok := live[topic]; !ok {
+		return 0, 0, fmt.Errorf("kafka: offsets of %s/%d: %w", topic, p, kafkago.UnknownTopicOrPartition)
+	}
+	refreshCache(ctx, s.client, topic)
+	return partitionBounds(ctx, s.client, topic, p)
+}
+
 // lost logs that entries of topic/p from from up to first were removed
 // before they were re-fed (retention, or a deleted and remade topic).
 func (s *SpillLog) lost(topic string, p int, from, first int64) {
@@ -191,7 +183,7 @@ func (s *SpillLog) lost(topic string, p int, from, first int64) {
 // (the topic was deleted and made again). exists is false when there is no
 // such topic.
 func (s *SpillLog) start(ctx context.Context, topic string, p int) (off int64, exists bool, err error) {
-	first, last, err := partitionBounds(ctx, s.client, topic, p)
+	first, last, err := s.bounds(ctx, topic, p)
 	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
 		return 0, false, nil
 	}
@@ -216,14 +208,13 @@ func (s *SpillLog) start(ctx context.Context, topic string, p int) (off int64, e
 // fetchSize is the MaxBytes of a fetch that should bring limit records:
 // twice what that many records took lately (at least 16 KiB, at most
 // SpillFetchBytes). A re-feed that asks for one record while its tenant is
-// parked must not fetch (and decode into kafka-go's 64 KiB pages) a whole
-// SpillFetchBytes each time.
-func (s *SpillLog) fetchSize(limit int) int64 {
+// parked must not fetch a whole SpillFetchBytes each time.
+func (s *SpillLog) fetchSize(limit int) int {
 	per := s.recordBytes.Load()
 	if per <= 0 {
-		return int64(s.cfg.fetchBytes)
+		return s.cfg.fetchBytes
 	}
-	return min(max(2*int64(limit)*per, 16<<10), int64(s.cfg.fetchBytes))
+	return int(min(max(2*int64(limit)*per, 16<<10), int64(s.cfg.fetchBytes)))
 }
 
 // noteRecord folds a fetched record's size into the running average

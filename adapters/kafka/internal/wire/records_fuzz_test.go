@@ -1,4 +1,4 @@
-package kafka
+package wire
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire/wiretest"
 )
 
 // FuzzDecodeRecordBatches decodes arbitrary bytes (never a panic, offsets
@@ -21,48 +21,42 @@ func FuzzDecodeRecordBatches(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, from int64) {
 		got, next, _ := decodeAll(data, from, 1<<20)
 		last := from - 1
-		for _, m := range got {
-			if m.Offset <= last {
-				t.Fatalf("offset %d after %d (from %d)", m.Offset, last, from)
+		for _, r := range got {
+			if r.Offset <= last {
+				t.Fatalf("offset %d after %d (from %d)", r.Offset, last, from)
 			}
-			last = m.Offset
+			last = r.Offset
 		}
 		if next < from || len(got) > 0 && next <= last {
-			t.Fatalf("next offset %d (from %d, last delivered %d)", next, from, last)
+			t.Fatalf("next offset %d (from %d, last returned %d)", next, from, last)
 		}
 
 		bs := batchesFrom(data)
 		var enc []byte
-		var want []*consumer.Message
 		start := from
 		if len(bs) > 0 {
-			start = bs[0].base + int64(len(data)%3) // sometimes inside the first batch
+			start = bs[0].Base + int64(len(data)%3) // sometimes inside the first batch
 		}
-		at := start
 		for _, b := range bs {
-			enc = b.encode(t, enc)
-			w := b.want(at)
-			want = append(want, w...)
-			if len(w) > 0 {
-				at = w[len(w)-1].Offset + 1
-			}
+			enc = b.Encode(t, enc)
 		}
+		want := wantAll(bs, start)
 		got, next, err := decodeAll(enc, start, 0)
 		if err != nil {
 			t.Fatalf("well-formed batches: %v", err)
 		}
-		if err := sameMessages(got, want); err != nil {
+		if err := sameRecords(got, want); err != nil {
 			t.Fatalf("round trip: %v", err)
 		}
 		// Paused every few records and resumed from the reader's rest (a
-		// fetcher the engine pauses mid-response): the same messages and
-		// the same next offset.
+		// fetcher paused mid-response): the same records and the same next
+		// offset.
 		every := 1 + int(from&7)
 		paused, pnext, err := decodePaused(enc, start, 0, every)
 		if err != nil {
 			t.Fatalf("well-formed batches, paused every %d: %v", every, err)
 		}
-		if err := sameMessages(paused, want); err != nil {
+		if err := sameRecords(paused, want); err != nil {
 			t.Fatalf("paused every %d: %v", every, err)
 		}
 		if pnext != next {
@@ -73,7 +67,7 @@ func FuzzDecodeRecordBatches(f *testing.F) {
 
 // batchesFrom builds well-formed batches whose shape and contents come
 // from data.
-func batchesFrom(data []byte) []testBatch {
+func batchesFrom(data []byte) []batch {
 	take := func(n int) []byte {
 		n = min(n, len(data))
 		out := data[:n:n]
@@ -96,27 +90,27 @@ func batchesFrom(data []byte) []testBatch {
 			return bytes.Clone(take(n % 40))
 		}
 	}
-	var out []testBatch
+	var out []batch
 	base := int64(num()) * 1000
 	for len(data) > 0 && len(out) < 4 {
-		b := testBatch{base: base, codec: codecs[num()%len(codecs)], lastDelta: -1, firstTime: int64(num()) << 30}
+		b := batch{Base: base, Codec: wiretest.Codecs[num()%len(wiretest.Codecs)], LastDelta: -1, FirstTime: int64(num()) << 30}
 		flags := num()
-		b.control, b.logAppendTime = flags&1 != 0, flags&2 != 0
-		b.maxTime = b.firstTime + int64(flags)
+		b.Control, b.LogAppendTime = flags&1 != 0, flags&2 != 0
+		b.MaxTime = b.FirstTime + int64(flags)
 		delta := int32(0)
 		for range num()%6 + 1 {
 			r := kmsg.Record{OffsetDelta: delta, TimestampDelta64: int64(num()) - 100, Key: bytesOrNull(), Value: bytesOrNull()}
 			for range num() % 4 {
 				r.Headers = append(r.Headers, kmsg.Header{Key: string(take(num() % 8)), Value: bytesOrNull()})
 			}
-			b.recs = append(b.recs, r)
+			b.Recs = append(b.Recs, r)
 			delta += int32(num()%3) + 1
 		}
 		if extra := num() % 3; extra > 0 {
-			b.lastDelta = delta - 1 + int32(extra) // compacted away at the end
+			b.LastDelta = delta - 1 + int32(extra) // compacted away at the end
 		}
 		out = append(out, b)
-		base += int64(max(b.lastDelta, delta)) + 1
+		base += int64(max(b.LastDelta, delta)) + 1
 	}
 	return out
 }
@@ -126,13 +120,13 @@ func batchesFrom(data []byte) []testBatch {
 // for batchesFrom.
 func fuzzSeeds(t testing.TB) [][]byte {
 	var seeds [][]byte
-	for _, codec := range codecs {
-		data := testBatch{base: 10, codec: codec, lastDelta: -1, firstTime: 1000, recs: []kmsg.Record{
+	for _, codec := range wiretest.Codecs {
+		data := batch{Base: 10, Codec: codec, LastDelta: -1, FirstTime: 1000, Recs: []kmsg.Record{
 			rec(0, nil, nil), rec(1, []byte{}, []byte{}),
 			rec(2, []byte("k"), []byte("v"), kmsg.Header{Key: "null"}, kmsg.Header{Key: "empty", Value: []byte{}}, kmsg.Header{Key: "t", Value: []byte("acme")}),
-		}}.encode(t, nil)
-		data = testBatch{base: 13, codec: codec, control: true, lastDelta: -1, recs: []kmsg.Record{rec(0, []byte{0, 0, 0, 0}, []byte{0, 0, 0, 0, 0, 0})}}.encode(t, data)
-		data = testBatch{base: 14, codec: codec, logAppendTime: true, maxTime: 77, lastDelta: 5, recs: []kmsg.Record{rec(1, nil, []byte("x"))}}.encode(t, data)
+		}}.Encode(t, nil)
+		data = batch{Base: 13, Codec: codec, Control: true, LastDelta: -1, Recs: []kmsg.Record{rec(0, []byte{0, 0, 0, 0}, []byte{0, 0, 0, 0, 0, 0})}}.Encode(t, data)
+		data = batch{Base: 14, Codec: codec, LogAppendTime: true, MaxTime: 77, LastDelta: 5, Recs: []kmsg.Record{rec(1, nil, []byte("x"))}}.Encode(t, data)
 		seeds = append(seeds, data, data[:len(data)-9])
 	}
 	r := rand.New(rand.NewPCG(1, 2))

@@ -1,13 +1,11 @@
-package kafka
+package wire
 
 // Decoding the record batches of a fetch response (message format v2,
-// magic 2, Kafka 0.11 and later) for the source's fetch path (fetch.go).
-// Records are returned one at a time with their keys, values and headers
-// pointing into the response (or into the decompressed copy of a
-// compressed batch); fetch.go copies what it delivers out of them (see
-// messages.go). Everything is bounds-checked: malformed input is an error,
-// never a panic, and no length or count read from the input sizes an
-// allocation.
+// magic 2, Kafka 0.11 and later). Records are returned one at a time with
+// their keys, values and headers pointing into the response (or into the
+// decompressed copy of a compressed batch); callers copy out what they
+// keep. Everything is bounds-checked: malformed input is an error, never a
+// panic, and no length or count read from the input sizes an allocation.
 
 import (
 	"bytes"
@@ -21,13 +19,13 @@ import (
 	"github.com/segmentio/kafka-go/compress"
 )
 
-// errMalformed is wrapped by every error for a record batch that cannot be
+// ErrMalformed is wrapped by every error for a record batch that cannot be
 // decoded (bad lengths, bad CRC, an unknown codec, a corrupt record).
-var errMalformed = errors.New("kafka: malformed record batch")
+var ErrMalformed = errors.New("kafka: malformed record batch")
 
-// errLegacyFormat is wrapped by the error for a message set in the legacy
-// message format (v0/v1, magic 0 or 1), which the source does not read.
-var errLegacyFormat = errors.New("kafka: legacy message format (magic 0/1) is not supported; the topic must use message format v2 (Kafka 0.11+)")
+// ErrLegacyFormat is wrapped by the error for a message set in the legacy
+// message format (v0/v1, magic 0 or 1), which the decoder does not read.
+var ErrLegacyFormat = errors.New("kafka: legacy message format (magic 0/1) is not supported; the topic must use message format v2 (Kafka 0.11+)")
 
 const (
 	// batchHeaderLen is a v2 batch's header: baseOffset (8), batchLength
@@ -54,29 +52,31 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// record is one decoded data record. key, value and the headers point into
-// the fetch response or batchReader's decompressed buffer; nil is null.
-type fetchedRecord struct {
-	offset  int64
-	time    int64 // milliseconds since the epoch
-	key     []byte
-	value   []byte
-	headers int // how many headers read appended
+// A Record is one decoded data record. Key, Value and the headers point
+// into the fetch response or the BatchReader's decompressed buffer; nil is
+// null, apart from empty.
+type Record struct {
+	Offset  int64
+	Time    int64 // milliseconds since the epoch
+	Key     []byte
+	Value   []byte
+	Headers int // how many headers Read appended
 }
 
-// recordHeader is a record header; value nil is null.
-type recordHeader struct {
-	key, value []byte
+// A Header is a record header; Value nil is null.
+type Header struct {
+	Key, Value []byte
 }
 
-// batchReader reads the data records of a fetch response's record batches
-// in order. A truncated last batch (a broker cuts the response at MaxBytes)
-// ends the records cleanly.
-type batchReader struct {
+// A BatchReader reads the data records of a fetch response's record
+// batches in order. A truncated last batch (a broker cuts the response at
+// MaxBytes) ends the records cleanly. The zero value is ready for Reset.
+type BatchReader struct {
 	buf  []byte // the batches after the current one
-	next int64  // the offset after every record passed so far (see read)
+	next int64  // the offset after every record passed so far (see Read)
 
-	maxInflated int    // 0: defaultMaxInflated
+	// MaxInflated bounds one batch's decompressed records; 0 means 256 MiB.
+	MaxInflated int
 	inflated    []byte // decompressed records of the current batch and earlier ones
 	// reuse says no record handed out since the last release points into
 	// inflated, so the next compressed batch may overwrite it.
@@ -84,7 +84,7 @@ type batchReader struct {
 	src   bytes.Reader
 
 	// The current batch.
-	cur           []byte // it and the batches after it (see rest)
+	cur           []byte // it and the batches after it (see Rest)
 	recs          []byte // its records not yet read
 	left          int32  // how many
 	inBatch       bool
@@ -97,10 +97,10 @@ type batchReader struct {
 	compressed    bool
 }
 
-// reset starts reading batches b for records at offset from or later.
-// reset(nil, 0) drops the references to the last response, and a
+// Reset starts reading batches b for records at offset from or later.
+// Reset(nil, 0) drops the references to the last response, and a
 // decompression buffer grown past 8 MiB.
-func (r *batchReader) reset(b []byte, from int64) {
+func (r *BatchReader) Reset(b []byte, from int64) {
 	r.buf, r.next = b, from
 	r.cur, r.recs, r.left, r.inBatch = nil, nil, 0, false
 	r.reuse = true
@@ -112,32 +112,32 @@ func (r *batchReader) reset(b []byte, from int64) {
 	}
 }
 
-// release tells r that no record it returned is referenced any more (they
+// Release tells r that no record it returned is referenced any more (they
 // were copied out), so its decompression buffer may be reused.
-func (r *batchReader) release() { r.reuse = true }
+func (r *BatchReader) Release() { r.reuse = true }
 
-// nextOffset is the offset to fetch after the records read so far: past the
+// NextOffset is the offset to fetch after the records read so far: past the
 // last record returned, past skipped control records, and past the end of
 // every batch read to its end (a compacted batch may hold fewer records
 // than its offset range).
-func (r *batchReader) nextOffset() int64 { return r.next }
+func (r *BatchReader) NextOffset() int64 { return r.next }
 
-// rest returns the batches not read to their end: the current one, whole
-// (reset(rest, nextOffset) passes over its records already read), and those
+// Rest returns the batches not read to their end: the current one, whole
+// (Reset(Rest(), NextOffset()) passes over its records already read), and those
 // after it. It is nil at the end and after an error.
-func (r *batchReader) rest() []byte {
+func (r *BatchReader) Rest() []byte {
 	if r.inBatch {
 		return r.cur
 	}
 	return r.buf
 }
 
-// read reads the next data record at nextOffset or later into rec,
+// Read reads the next data record at NextOffset or later into rec,
 // appending its headers to hdrs. ok is false at the end of the batches.
-// Records below nextOffset (a batch may start before the fetch offset) and
+// Records below NextOffset (a batch may start before the fetch offset) and
 // control records (a transaction's markers) are passed over, the latter
-// moving nextOffset past them. After an error the reader is done.
-func (r *batchReader) read(rec *fetchedRecord, hdrs []recordHeader) (_ []recordHeader, ok bool, err error) {
+// moving NextOffset past them. After an error the reader is done.
+func (r *BatchReader) Read(rec *Record, hdrs []Header) (_ []Header, ok bool, err error) {
 	for {
 		if r.left == 0 {
 			if r.inBatch {
@@ -157,15 +157,15 @@ func (r *batchReader) read(rec *fetchedRecord, hdrs []recordHeader) (_ []recordH
 		n := len(hdrs)
 		hdrs, err = r.readRecord(rec, hdrs)
 		if err != nil {
-			*rec = fetchedRecord{}
+			*rec = Record{}
 			return hdrs[:n], false, err
 		}
 		r.left--
-		if rec.offset < r.next {
+		if rec.Offset < r.next {
 			hdrs = hdrs[:n]
 			continue
 		}
-		r.next = rec.offset + 1
+		r.next = rec.Offset + 1
 		if r.control {
 			hdrs = hdrs[:n]
 			continue
@@ -178,13 +178,13 @@ func (r *batchReader) read(rec *fetchedRecord, hdrs []recordHeader) (_ []recordH
 }
 
 // fail ends the reader with an error about the current batch.
-func (r *batchReader) fail(format string, args ...any) error {
+func (r *BatchReader) fail(format string, args ...any) error {
 	r.buf, r.cur, r.recs, r.left, r.inBatch = nil, nil, nil, 0, false
-	return fmt.Errorf("%w at offset %d: %s", errMalformed, r.base, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w at offset %d: %s", ErrMalformed, r.base, fmt.Sprintf(format, args...))
 }
 
 // startBatch reads the next batch's header; false at the end.
-func (r *batchReader) startBatch() (bool, error) {
+func (r *BatchReader) startBatch() (bool, error) {
 	b := r.buf
 	if len(b) < batchLengthEnd {
 		r.buf = nil
@@ -205,7 +205,7 @@ func (r *batchReader) startBatch() (bool, error) {
 	switch magic := int8(b[magicAt]); {
 	case magic == 0 || magic == 1:
 		r.buf = nil
-		return false, fmt.Errorf("%w: a message set at offset %d has magic %d", errLegacyFormat, r.base, magic)
+		return false, fmt.Errorf("%w: a message set at offset %d has magic %d", ErrLegacyFormat, r.base, magic)
 	case magic != 2:
 		return false, r.fail("unknown magic %d", magic)
 	}
@@ -251,11 +251,11 @@ func (r *batchReader) startBatch() (bool, error) {
 
 // inflate decompresses a batch's records onto r.inflated, from its start
 // when no record handed out points into it.
-func (r *batchReader) inflate(codec compress.Compression, recs []byte) ([]byte, error) {
+func (r *BatchReader) inflate(codec compress.Compression, recs []byte) ([]byte, error) {
 	if r.reuse {
 		r.inflated = r.inflated[:0]
 	}
-	limit := r.maxInflated
+	limit := r.MaxInflated
 	if limit <= 0 {
 		limit = defaultMaxInflated
 	}
@@ -293,7 +293,7 @@ func appendAll(dst []byte, rd io.Reader, limit int) ([]byte, error) {
 }
 
 // readRecord reads one record of the current batch into rec.
-func (r *batchReader) readRecord(rec *fetchedRecord, hdrs []recordHeader) ([]recordHeader, error) {
+func (r *BatchReader) readRecord(rec *Record, hdrs []Header) ([]Header, error) {
 	length, n := varint(r.recs)
 	if n <= 0 || length < 0 || length > int64(len(r.recs)-n) {
 		return hdrs, r.fail("bad record length (%d records and %d bytes left)", r.left, len(r.recs))
@@ -314,20 +314,20 @@ func (r *batchReader) readRecord(rec *fetchedRecord, hdrs []recordHeader) ([]rec
 		return hdrs, r.fail("bad record offset delta")
 	}
 	p += n
-	rec.offset = r.base + offDelta
-	if offDelta >= 0 && rec.offset < r.base || offDelta < 0 && rec.offset > r.base || rec.offset == math.MaxInt64 {
+	rec.Offset = r.base + offDelta
+	if offDelta >= 0 && rec.Offset < r.base || offDelta < 0 && rec.Offset > r.base || rec.Offset == math.MaxInt64 {
 		return hdrs, r.fail("record offset out of range")
 	}
 	if r.logAppendTime {
-		rec.time = r.maxTime
+		rec.Time = r.maxTime
 	} else {
-		rec.time = r.baseTime + tsDelta
+		rec.Time = r.baseTime + tsDelta
 	}
 	var err error
-	if rec.key, p, err = varBytes(body, p, true); err != nil {
+	if rec.Key, p, err = varBytes(body, p, true); err != nil {
 		return hdrs, r.fail("record key: %v", err)
 	}
-	if rec.value, p, err = varBytes(body, p, true); err != nil {
+	if rec.Value, p, err = varBytes(body, p, true); err != nil {
 		return hdrs, r.fail("record value: %v", err)
 	}
 	count, n := varint(body[p:])
@@ -336,11 +336,11 @@ func (r *batchReader) readRecord(rec *fetchedRecord, hdrs []recordHeader) ([]rec
 	}
 	p += n
 	for range count {
-		var h recordHeader
-		if h.key, p, err = varBytes(body, p, false); err != nil {
+		var h Header
+		if h.Key, p, err = varBytes(body, p, false); err != nil {
 			return hdrs, r.fail("record header key: %v", err)
 		}
-		if h.value, p, err = varBytes(body, p, true); err != nil {
+		if h.Value, p, err = varBytes(body, p, true); err != nil {
 			return hdrs, r.fail("record header value: %v", err)
 		}
 		hdrs = append(hdrs, h)
@@ -348,7 +348,7 @@ func (r *batchReader) readRecord(rec *fetchedRecord, hdrs []recordHeader) ([]rec
 	if p != len(body) {
 		return hdrs, r.fail("%d bytes after a record's headers", len(body)-p)
 	}
-	rec.headers = int(count)
+	rec.Headers = int(count)
 	return hdrs, nil
 }
 

@@ -1,81 +1,17 @@
 package kafka
 
-// Reading records fetched with kafka-go's Client.Fetch, whose decoder keeps
-// a header value's null apart from an empty one (kafka-go's Conn.ReadBatch
-// reads both as nil). The spill log reads its topics this way (spill_read.go,
-// spill_pending.go); the source's own fetch path is fetch.go. Also here: the
-// kafka-go metadata helpers both use.
+// Metadata through kafka-go: what its cache knows, and what the cluster
+// says directly.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 )
-
-// walkRecords calls fn, in order, for each data record of rr at offset from
-// or later, and closes rr. It returns the offset after the last record it
-// passed, control records included (a transaction's commit markers take
-// offsets too), so that a fetch holding only control records still moves
-// on. An error of fn stops the walk; the returned offset is then the one
-// after the last record fn accepted.
-func walkRecords(rr kafkago.RecordReader, from int64, fn func(*kafkago.Record) error) (int64, error) {
-	defer closeRecords(rr)
-	next := from
-	var readers []kafkago.RecordReader
-	if st, ok := rr.(*protocol.RecordStream); ok {
-		readers = st.Records
-	} else {
-		readers = []kafkago.RecordReader{rr}
-	}
-	for _, sub := range readers {
-		_, control := sub.(*protocol.ControlBatch)
-		for {
-			r, err := sub.ReadRecord()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return next, fmt.Errorf("kafka: decode records: %w", err)
-			}
-			if r.Offset < next {
-				closeRecord(r)
-				continue // a batch may start before the fetch offset
-			}
-			if control {
-				closeRecord(r)
-				next = r.Offset + 1
-				continue
-			}
-			err = fn(r)
-			closeRecord(r)
-			if err != nil {
-				return next, err
-			}
-			next = r.Offset + 1
-		}
-	}
-	return next, nil
-}
-
-func closeRecord(r *kafkago.Record) {
-	if r.Key != nil {
-		r.Key.Close()
-	}
-	if r.Value != nil {
-		r.Value.Close()
-	}
-}
-
-func closeRecords(rr kafkago.RecordReader) {
-	if c, ok := rr.(io.Closer); ok {
-		_ = c.Close()
-	}
-}
 
 // cacheMiss reports whether err is kafka-go's transport failing to route a
 // request because its cached metadata (refreshed every 6s) does not know

@@ -1,14 +1,4 @@
-package kafka
-
-// A connection to one broker for the requests the source sends itself (see
-// fetch.go): Fetch to a partition's leader, and Metadata to find that
-// leader. Requests are encoded and responses decoded with franz-go's kmsg,
-// one at a time. It connects as the configured kafka-go Dialer does: its
-// DialFunc (or a net.Dialer from LocalAddr, FallbackDelay and KeepAlive),
-// Resolver, Timeout and Deadline, TLS (ServerName from the host when
-// unset), ClientID and SASL mechanism (SaslHandshake v1, then
-// SaslAuthenticate). Every version used is below the protocol's flexible
-// versions.
+package wire
 
 import (
 	"context"
@@ -33,9 +23,19 @@ import (
 // what actually arrives, never to a size prefix alone.
 const maxResponse = 1 << 30
 
-// brokerConn is one connection to one broker. It is not safe for
-// concurrent use.
-type brokerConn struct {
+// Slack is how much longer than the broker's own wait (none but a Fetch's
+// MaxWait) a request may take before it is abandoned as hung: a broker that
+// vanished without closing the connection.
+const Slack = 10 * time.Second
+
+// A Conn is one connection to one broker. Requests are encoded and
+// responses decoded with franz-go's kmsg, one at a time. It connects as a
+// kafka-go Dialer does: its DialFunc (or a net.Dialer from LocalAddr,
+// FallbackDelay and KeepAlive), Resolver, Timeout and Deadline, TLS
+// (ServerName from the host when unset), ClientID and SASL mechanism
+// (SaslHandshake v1, then SaslAuthenticate). Every version used is below
+// the protocol's flexible versions. A Conn is not safe for concurrent use.
+type Conn struct {
 	addr     string
 	nc       net.Conn
 	format   *kmsg.RequestFormatter
@@ -46,12 +46,12 @@ type brokerConn struct {
 	expires time.Time
 	broken  bool // an I/O error or a cancelled exchange: close it
 	wbuf    []byte
-	rbuf    []byte // the last response, from respBufs until releaseBuf
+	rbuf    []byte // the last response, from respBufs until ReleaseBuf
 }
 
-// dialBroker connects to addr as d would, asks the broker's API versions
-// and authenticates.
-func dialBroker(ctx context.Context, d *kafkago.Dialer, addr string) (*brokerConn, error) {
+// Dial connects to addr as d would, asks the broker's API versions and
+// authenticates.
+func Dial(ctx context.Context, d *kafkago.Dialer, addr string) (*Conn, error) {
 	if d.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
@@ -70,14 +70,14 @@ func dialBroker(ctx context.Context, d *kafkago.Dialer, addr string) (*brokerCon
 	if id == "" {
 		id = kafkago.DefaultClientID
 	}
-	c := &brokerConn{addr: addr, nc: nc, format: kmsg.NewRequestFormatter(kmsg.FormatterClientID(id))}
+	c := &Conn{addr: addr, nc: nc, format: kmsg.NewRequestFormatter(kmsg.FormatterClientID(id))}
 	if err := c.apiVersions(ctx); err != nil {
-		c.close()
+		c.Close()
 		return nil, err
 	}
 	if d.SASLMechanism != nil {
 		if err := c.authenticate(ctx, d.SASLMechanism); err != nil {
-			c.close()
+			c.Close()
 			return nil, err
 		}
 	}
@@ -145,25 +145,31 @@ func resolveAddr(ctx context.Context, addr string, r kafkago.Resolver) (string, 
 	return net.JoinHostPort(host, port), nil
 }
 
-func (c *brokerConn) close() { _ = c.nc.Close() }
+// Addr is the broker's address, as dialled.
+func (c *Conn) Addr() string { return c.addr }
 
-// stale reports whether c should be closed before its next request.
-func (c *brokerConn) stale() bool {
+// Close closes the connection.
+func (c *Conn) Close() { _ = c.nc.Close() }
+
+// Stale reports whether c should be closed before its next request: an
+// exchange failed or was cancelled, or the broker's SASL session ends soon.
+func (c *Conn) Stale() bool {
 	return c.broken || !c.expires.IsZero() && time.Now().After(c.expires)
 }
 
-// version returns the broker's highest version of the API key, -1 if none.
-func (c *brokerConn) version(key kmsg.Key) int16 {
+// Version returns the broker's highest version of the API key, -1 if none.
+func (c *Conn) Version(key kmsg.Key) int16 {
 	if int(key) < len(c.versions) {
 		return c.versions[key]
 	}
 	return -1
 }
 
-// roundTrip sends req and decodes the answer into resp, within timeout (or
+// RoundTrip sends req and decodes the answer into resp, within timeout (or
 // ctx's deadline, if sooner). Cancelling ctx aborts a blocked read or
-// write. After an error the connection is broken; the caller closes it.
-func (c *brokerConn) roundTrip(ctx context.Context, req kmsg.Request, resp kmsg.Response, timeout time.Duration) error {
+// write. After an error c is Stale; the caller closes it. What resp decoded
+// may point into c's response buffer until ReleaseBuf.
+func (c *Conn) RoundTrip(ctx context.Context, req kmsg.Request, resp kmsg.Response, timeout time.Duration) error {
 	name := kmsg.NameForKey(req.Key())
 	if err := ctx.Err(); err != nil {
 		c.broken = true
@@ -193,7 +199,7 @@ func (c *brokerConn) roundTrip(ctx context.Context, req kmsg.Request, resp kmsg.
 	return nil
 }
 
-func (c *brokerConn) exchange(req kmsg.Request, resp kmsg.Response) error {
+func (c *Conn) exchange(req kmsg.Request, resp kmsg.Response) error {
 	c.corr++
 	c.wbuf = c.format.AppendRequest(c.wbuf[:0], req, c.corr)
 	if _, err := c.nc.Write(c.wbuf); err != nil {
@@ -246,9 +252,9 @@ func getRespBuf() []byte {
 	return nil
 }
 
-// releaseBuf gives c's response buffer back; what the last response decoded
+// ReleaseBuf gives c's response buffer back; what the last response decoded
 // into must not be read afterwards.
-func (c *brokerConn) releaseBuf() {
+func (c *Conn) ReleaseBuf() {
 	if cap(c.rbuf) == 0 {
 		return
 	}
@@ -256,6 +262,10 @@ func (c *brokerConn) releaseBuf() {
 	c.rbuf = nil
 	respBufs.Put(&b)
 }
+
+// Buffered reports whether c holds a response buffer: from a RoundTrip
+// until ReleaseBuf.
+func (c *Conn) Buffered() bool { return c.rbuf != nil }
 
 // readFull reads n bytes into buf, growing it with what arrives (at most
 // doubling it at a time) rather than to n at once.
@@ -300,10 +310,10 @@ func skipTags(b []byte) ([]byte, error) {
 
 // apiVersions learns the broker's API versions (ApiVersions v0, which
 // every broker answers).
-func (c *brokerConn) apiVersions(ctx context.Context) error {
+func (c *Conn) apiVersions(ctx context.Context) error {
 	req := kmsg.NewPtrApiVersionsRequest()
 	resp := req.ResponseKind().(*kmsg.ApiVersionsResponse)
-	if err := c.roundTrip(ctx, req, resp, fetchSlack); err != nil {
+	if err := c.RoundTrip(ctx, req, resp, Slack); err != nil {
 		return err
 	}
 	if resp.ErrorCode != 0 {
@@ -326,15 +336,15 @@ func (c *brokerConn) apiVersions(ctx context.Context) error {
 // UnsupportedSASLMechanism, IllegalSASLState: terminal for the source); a
 // broker that closes the connection instead counts as
 // SASLAuthenticationFailed, as in kafka-go.
-func (c *brokerConn) authenticate(ctx context.Context, mech sasl.Mechanism) error {
-	if c.version(kmsg.SASLHandshake) < 1 || c.version(kmsg.SASLAuthenticate) < 0 {
+func (c *Conn) authenticate(ctx context.Context, mech sasl.Mechanism) error {
+	if c.Version(kmsg.SASLHandshake) < 1 || c.Version(kmsg.SASLAuthenticate) < 0 {
 		return fmt.Errorf("kafka: SASL with %s: the broker supports no SaslHandshake v1 and SaslAuthenticate: %w", c.addr, kafkago.UnsupportedSASLMechanism)
 	}
 	hs := kmsg.NewPtrSASLHandshakeRequest()
 	hs.Version = 1
 	hs.Mechanism = mech.Name()
 	hsResp := hs.ResponseKind().(*kmsg.SASLHandshakeResponse)
-	if err := c.roundTrip(ctx, hs, hsResp, fetchSlack); err != nil {
+	if err := c.RoundTrip(ctx, hs, hsResp, Slack); err != nil {
 		return err
 	}
 	if hsResp.ErrorCode != 0 {
@@ -346,14 +356,14 @@ func (c *brokerConn) authenticate(ctx context.Context, mech sasl.Mechanism) erro
 	if err != nil {
 		return fmt.Errorf("kafka: SASL %s with %s could not start: %w", mech.Name(), c.addr, err)
 	}
-	version := min(c.version(kmsg.SASLAuthenticate), 1)
+	version := min(c.Version(kmsg.SASLAuthenticate), 1)
 	for done := false; !done; {
 		req := kmsg.NewPtrSASLAuthenticateRequest()
 		req.Version = version
 		req.SASLAuthBytes = state
 		resp := req.ResponseKind().(*kmsg.SASLAuthenticateResponse)
 		started := time.Now()
-		if err := c.roundTrip(ctx, req, resp, fetchSlack); err != nil {
+		if err := c.RoundTrip(ctx, req, resp, Slack); err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return fmt.Errorf("kafka: SASL %s with %s: the broker closed the connection: %w", mech.Name(), c.addr, kafkago.SASLAuthenticationFailed)
 			}
@@ -376,11 +386,11 @@ func (c *brokerConn) authenticate(ctx context.Context, mech sasl.Mechanism) erro
 	return nil
 }
 
-// leader asks the broker which broker leads topic/part: its address, and
+// Leader asks the broker which broker leads topic/part: its address, and
 // the leader epoch (-1 when the broker's Metadata is older than v7). The
 // request never creates the topic.
-func (c *brokerConn) leader(ctx context.Context, topic string, part int32) (string, int32, error) {
-	v := min(c.version(kmsg.Metadata), 8)
+func (c *Conn) Leader(ctx context.Context, topic string, part int32) (string, int32, error) {
+	v := min(c.Version(kmsg.Metadata), 8)
 	if v < 1 {
 		return "", -1, fmt.Errorf("kafka: broker %s supports no Metadata v1", c.addr)
 	}
@@ -391,7 +401,7 @@ func (c *brokerConn) leader(ctx context.Context, topic string, part int32) (stri
 	req.Topics = []kmsg.MetadataRequestTopic{rt}
 	req.AllowAutoTopicCreation = false
 	resp := req.ResponseKind().(*kmsg.MetadataResponse)
-	if err := c.roundTrip(ctx, req, resp, fetchSlack); err != nil {
+	if err := c.RoundTrip(ctx, req, resp, Slack); err != nil {
 		return "", -1, err
 	}
 	where := fmt.Sprintf("kafka: leader of %s/%d (metadata from %s)", topic, part, c.addr)
@@ -431,22 +441,24 @@ func (c *brokerConn) leader(ctx context.Context, topic string, part int32) (stri
 	return "", -1, fmt.Errorf("%s: leader %d is not among the brokers: %w", where, p.Leader, kafkago.LeaderNotAvailable)
 }
 
-// leaderOf finds the leader of the source topic's partition part, asking
-// the bootstrap brokers in turn (from a random one) until one answers. When
-// the broker that answered is the leader itself, its connection is returned
-// for the fetches (no second dial); otherwise conn is nil.
-func (s *Source) leaderOf(ctx context.Context, part int32) (addr string, epoch int32, conn *brokerConn, err error) {
+// FindLeader finds the leader of topic/part, asking the brokers in turn
+// (from a random one) until one answers; it takes each connection from get
+// and hands it to put when done with it. When the broker that answered is
+// the leader itself, its connection is returned (no second dial);
+// otherwise conn is nil. An error is the cluster's answer (a kafka-go
+// Error), ctx's, or every broker's failure joined.
+func FindLeader(ctx context.Context, brokers []string, topic string, part int32, get func(addr string) (*Conn, error), put func(*Conn)) (addr string, epoch int32, conn *Conn, err error) {
 	var errs []error
-	start := rand.IntN(len(s.brokers))
-	for i := range s.brokers {
-		var c *brokerConn
-		c, err = dialBroker(ctx, s.cfg.dialer, s.brokers[(start+i)%len(s.brokers)])
+	start := rand.IntN(len(brokers))
+	for i := range brokers {
+		var c *Conn
+		c, err = get(brokers[(start+i)%len(brokers)])
 		if err == nil {
-			addr, epoch, err = c.leader(ctx, s.topic, part)
+			addr, epoch, err = c.Leader(ctx, topic, part)
 			if err == nil && addr == c.addr {
 				return addr, epoch, c, nil
 			}
-			c.close()
+			put(c)
 			if err == nil {
 				return addr, epoch, nil, nil
 			}
@@ -457,5 +469,5 @@ func (s *Source) leaderOf(ctx context.Context, part int32) (addr string, epoch i
 		}
 		errs = append(errs, err)
 	}
-	return "", -1, nil, fmt.Errorf("kafka: find the leader of %s/%d: %w", s.topic, part, errors.Join(errs...))
+	return "", -1, nil, fmt.Errorf("kafka: find the leader of %s/%d: %w", topic, part, errors.Join(errs...))
 }
