@@ -293,7 +293,7 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		dlqSink, err := kafkaad.NewSink([]string{cfg.DLQAddr})
+		dlqSink, err := kafkaad.NewDLQ([]string{cfg.DLQAddr}, cfg.Topic)
 		if err != nil {
 			return err
 		}

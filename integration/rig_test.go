@@ -341,7 +341,7 @@ func (r *rig) deadLetters(ctx context.Context) (map[string]int, error) {
 	var in dlq.Inspector
 	switch r.kind {
 	case "kafka":
-		ki, err := kafkaad.NewInspector([]string{r.dlq.Addr}, r.topic)
+		ki, err := kafkaad.NewDLQ([]string{r.dlq.Addr}, r.topic)
 		if err != nil {
 			return nil, err
 		}

@@ -11,15 +11,15 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/flight"
 )
 
-// SinkOption configures a Sink or an Inspector. Each option checks its own
-// argument.
-type SinkOption func(*sinkConfig) error
+// DLQOption configures a DLQ. Each option checks its own argument.
+type DLQOption func(*dlqConfig) error
 
-type sinkConfig struct {
+type dlqConfig struct {
 	dialer      *kafkago.Dialer
 	shared      string
 	partitions  int
@@ -28,23 +28,23 @@ type sinkConfig struct {
 	deleteDrain bool
 }
 
-func defaultSinkConfig() sinkConfig {
-	return sinkConfig{
+func defaultDLQConfig() dlqConfig {
+	return dlqConfig{
 		dialer:      kafkago.DefaultDialer,
 		partitions:  1,
 		replication: -1,
-		cursorGroup: DefaultCursorGroup,
+		cursorGroup: DefaultDLQCursorGroup,
 	}
 }
 
-// DefaultCursorGroup is the consumer group whose committed offsets mark
+// DefaultDLQCursorGroup is the consumer group whose committed offsets mark
 // how far each DLQ topic was replayed or purged.
-const DefaultCursorGroup = "ringfence-dlq"
+const DefaultDLQCursorGroup = "ringfence-dlq"
 
-// SinkDialer sets the dialer (TLS, SASL, timeouts). Default: kafka-go's
+// DLQDialer sets the dialer (TLS, SASL, timeouts). Default: kafka-go's
 // DefaultDialer.
-func SinkDialer(d *kafkago.Dialer) SinkOption {
-	return func(c *sinkConfig) error {
+func DLQDialer(d *kafkago.Dialer) DLQOption {
+	return func(c *dlqConfig) error {
 		if d == nil {
 			return invalid("nil dialer")
 		}
@@ -53,12 +53,12 @@ func SinkDialer(d *kafkago.Dialer) SinkOption {
 	}
 }
 
-// SinkSharedTopic writes every tenant's dead letters to the one topic
-// name, partitioned by tenant (the original key is kept). In an Inspector,
-// it reads that topic and keeps one cursor group per tenant. Default: a
-// topic per tenant, dlq.KafkaTopic(source, tenant).
-func SinkSharedTopic(name string) SinkOption {
-	return func(c *sinkConfig) error {
+// DLQSharedTopic puts every tenant's dead letters in the one topic name,
+// partitioned by tenant (the original key is kept), and keeps one cursor
+// group per tenant. Default: a topic per tenant, dlq.KafkaTopic(source,
+// tenant).
+func DLQSharedTopic(name string) DLQOption {
+	return func(c *dlqConfig) error {
 		if err := validTopic(name); err != nil {
 			return err
 		}
@@ -67,10 +67,10 @@ func SinkSharedTopic(name string) SinkOption {
 	}
 }
 
-// SinkPartitions sets the partition count of DLQ topics the sink creates.
+// DLQPartitions sets the partition count of the DLQ topics it creates.
 // Default: 1 (a tenant's dead letters stay in order).
-func SinkPartitions(n int) SinkOption {
-	return func(c *sinkConfig) error {
+func DLQPartitions(n int) DLQOption {
+	return func(c *dlqConfig) error {
 		if n < 1 {
 			return invalid("partitions %d is not positive", n)
 		}
@@ -79,10 +79,10 @@ func SinkPartitions(n int) SinkOption {
 	}
 }
 
-// SinkReplication sets the replication factor of DLQ topics the sink
+// DLQReplication sets the replication factor of the DLQ topics it
 // creates. Default: -1, the broker's default.
-func SinkReplication(n int) SinkOption {
-	return func(c *sinkConfig) error {
+func DLQReplication(n int) DLQOption {
+	return func(c *dlqConfig) error {
 		if n < 1 && n != -1 {
 			return invalid("replication factor %d is neither positive nor -1", n)
 		}
@@ -91,10 +91,10 @@ func SinkReplication(n int) SinkOption {
 	}
 }
 
-// CursorGroup sets the consumer group an Inspector keeps its cursors in.
-// Default: DefaultCursorGroup.
-func CursorGroup(name string) SinkOption {
-	return func(c *sinkConfig) error {
+// DLQCursorGroup sets the consumer group the cursors are kept in.
+// Default: DefaultDLQCursorGroup.
+func DLQCursorGroup(name string) DLQOption {
+	return func(c *dlqConfig) error {
 		if name == "" {
 			return invalid("empty cursor group")
 		}
@@ -103,85 +103,130 @@ func CursorGroup(name string) SinkOption {
 	}
 }
 
-// DeleteDrained lets Inspector.Purge delete a per-tenant DLQ topic once it
-// is drained. Only use it while no consumer writes to that tenant's DLQ: a
+// DLQDeleteDrained lets Purge delete a per-tenant DLQ topic once it is
+// drained. Only use it while no consumer writes to that tenant's DLQ: a
 // record written between the purge and the delete would be lost. Default:
 // off.
-func DeleteDrained() SinkOption {
-	return func(c *sinkConfig) error {
+func DLQDeleteDrained() DLQOption {
+	return func(c *dlqConfig) error {
 		c.deleteDrain = true
 		return nil
 	}
 }
 
-func buildSinkConfig(brokers []string, opts []SinkOption) (sinkConfig, error) {
-	cfg := defaultSinkConfig()
-	if len(brokers) == 0 {
-		return cfg, invalid("no brokers")
-	}
-	for _, b := range brokers {
-		if b == "" || !strings.Contains(b, ":") {
-			return cfg, invalid("broker %q is not host:port", b)
-		}
-	}
-	for _, o := range opts {
-		if o == nil {
-			return cfg, invalid("nil option")
-		}
-		if err := o(&cfg); err != nil {
-			return cfg, err
-		}
-	}
-	return cfg, nil
-}
-
-// Sink writes dead-letter records to Kafka. Write returns only after every
-// in-sync replica acknowledged the record. Sink is safe for concurrent use.
+// A DLQ writes the dead letters of one source topic and lists, peeks,
+// replays and purges them: it implements dlq.Sink and dlq.Inspector. Each
+// tenant has a topic of its own, dlq.KafkaTopic(source, tenant) =
+// "<source>.dlq.<token>", or all share one (DLQSharedTopic). Write returns
+// only after every in-sync replica acknowledged the record.
 //
 // Each DLQ topic is created on its first dead letter, sized from its
 // source topic (see Write), and marked with a MarkerDLQ record. Creating
-// one tenant's topic never holds up another tenant's dead letters: the
-// sink keeps no lock across a network call, and concurrent first writes to
-// one topic share a single creation.
-type Sink struct {
-	cfg    sinkConfig
-	tr     *kafkago.Transport
-	client *kafkago.Client
+// one tenant's topic never holds up another tenant's dead letters: the DLQ
+// keeps no lock across a network call, and concurrent first writes to one
+// topic share a single creation.
+//
+// kafka-go has no DeleteRecords call, so removing a dead letter advances a
+// committed cursor instead: the offsets of the consumer group
+// DefaultDLQCursorGroup on the DLQ topic (one group per tenant,
+// "<group>.<token>", on a shared topic). Counts and peeks start at the
+// cursor. Copies of one dead letter (same source topic, partition and
+// offset) are shown, counted and replayed once: after Replay or Purge a
+// record with ringfence-marker: moved lists the dead letters moved, so
+// their copies further on stay hidden.
+//
+// A topic is read as a DLQ only when every record read in it carries
+// ringfence- headers (a dead letter or a marker), including the first
+// record of each partition: anything else is refused with an error
+// wrapping dlq.ErrNotDLQ before anything is changed.
+//
+// DLQ is safe for concurrent use, but two DLQs replaying the same tenant
+// at once may both republish a record.
+type DLQ struct {
+	source  string
+	cfg     dlqConfig
+	tr      *renewingTransport
+	client  *kafkago.Client
+	records *wire.Client // reads the DLQ topics
 
-	sources flight.Group[int]      // source topic -> its max.message.bytes
-	topics  flight.Group[dlqTopic] // DLQ topic -> what the sink knows of it
+	limits flight.Group[int]      // source topic -> its max.message.bytes
+	topics flight.Group[dlqTopic] // DLQ topic -> what the DLQ knows of it
 }
 
-// dlqTopic is what a Sink knows of one of its DLQ topics.
+// dlqTopic is what a DLQ knows of one of its DLQ topics.
 type dlqTopic struct {
 	limit      int // max.message.bytes
 	partitions int
 }
 
-// NewSink returns a Sink writing through brokers (host:port).
-func NewSink(brokers []string, opts ...SinkOption) (*Sink, error) {
-	cfg, err := buildSinkConfig(brokers, opts)
-	if err != nil {
+var (
+	_ dlq.Sink      = (*DLQ)(nil)
+	_ dlq.Inspector = (*DLQ)(nil)
+)
+
+// NewDLQ returns the DLQ of source, reached through brokers (host:port).
+// It validates its arguments and options; nothing connects until the
+// first call.
+func NewDLQ(brokers []string, source string, opts ...DLQOption) (*DLQ, error) {
+	cfg := defaultDLQConfig()
+	if len(brokers) == 0 {
+		return nil, invalid("no brokers")
+	}
+	for _, b := range brokers {
+		if b == "" || !strings.Contains(b, ":") {
+			return nil, invalid("broker %q is not host:port", b)
+		}
+	}
+	if err := validTopic(source); err != nil {
 		return nil, err
 	}
-	tr := transportFor(cfg.dialer)
-	return &Sink{
-		cfg:    cfg,
-		tr:     tr,
-		client: &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("nil option")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	tr := newRenewingTransport(cfg.dialer)
+	return &DLQ{
+		source:  source,
+		cfg:     cfg,
+		tr:      tr,
+		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
+		records: wire.NewClient(cfg.dialer, brokers),
 	}, nil
 }
 
-// Topic returns the DLQ topic that r goes to.
-func (s *Sink) Topic(r *dlq.Record) string {
-	if s.cfg.shared != "" {
-		return s.cfg.shared
+// Close closes the DLQ's idle connections.
+func (q *DLQ) Close() error {
+	q.tr.cur.Load().CloseIdleConnections()
+	q.records.Close()
+	return nil
+}
+
+// Source returns the source topic.
+func (q *DLQ) Source() string { return q.source }
+
+// Topic returns the DLQ topic of tenant.
+func (q *DLQ) Topic(tenant string) string {
+	if q.cfg.shared != "" {
+		return q.cfg.shared
+	}
+	return dlq.KafkaTopic(q.source, tenant)
+}
+
+// topicOf returns the DLQ topic that r goes to: its own source topic's.
+func (q *DLQ) topicOf(r *dlq.Record) string {
+	if q.cfg.shared != "" {
+		return q.cfg.shared
 	}
 	return dlq.KafkaTopic(r.Source, r.Bucket())
 }
 
 // Write writes r to its tenant's DLQ topic and returns once the broker
-// acknowledged it.
+// acknowledged it. The topic is that of r's own source topic (r.Source):
+// the DLQ's source when the engine reading it writes r.
 //
 // A dead letter must fit wherever its message fitted. On first use of a DLQ
 // topic Write reads the source topic's max.message.bytes (or the broker's
@@ -192,11 +237,11 @@ func (s *Sink) Topic(r *dlq.Record) string {
 // the record cannot be written as it is: larger than a produce request may
 // carry (100 MiB), or larger than the topic accepts while the broker
 // refuses to raise its limit. Every other error is transient.
-func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
+func (q *DLQ) Write(ctx context.Context, r *dlq.Record) error {
 	if r.Source == "" {
 		return errors.New("kafka: dead letter without a source topic")
 	}
-	topic := s.Topic(r)
+	topic := q.topicOf(r)
 	if err := validTopic(topic); err != nil {
 		return fmt.Errorf("kafka: dead-letter topic for source %q: %w", r.Source, err)
 	}
@@ -206,16 +251,16 @@ func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
 		return fmt.Errorf("kafka: dead letter for %s is %d bytes, more than a produce request may carry (%d): %w", topic, need, maxTopicLimit, dlq.ErrUnwritable)
 	}
 	for attempt := 0; ; attempt++ {
-		t, err := s.topic(ctx, topic, r.Source)
+		t, err := q.topic(ctx, topic, r.Source)
 		if err != nil {
 			return err
 		}
 		if need > t.limit {
-			if t, err = s.raise(ctx, topic, t, need); err != nil {
+			if t, err = q.raise(ctx, topic, t, need); err != nil {
 				return err
 			}
 		}
-		err = produceRecords(ctx, s.client, topic, partitionFor(dlq.TenantToken(r.Bucket()), t.partitions), msg)
+		err = produceRecords(ctx, q.client, topic, partitionFor(dlq.TenantToken(r.Bucket()), t.partitions), msg)
 		if err == nil {
 			return nil
 		}
@@ -224,7 +269,7 @@ func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
 		}
 		// The topic's limit may have been lowered since it was read: read
 		// it again, raise it if needed, and try once more.
-		s.topics.Forget(topic, nil)
+		q.topics.Forget(topic, nil)
 		if attempt > 0 {
 			return fmt.Errorf("kafka: write dead letter to %s: the broker refuses a %d-byte record although the topic's max.message.bytes is %d (is the broker's socket.request.max.bytes lower?): %w: %w", topic, need, t.limit, dlq.ErrUnwritable, err)
 		}
@@ -232,42 +277,36 @@ func (s *Sink) Write(ctx context.Context, r *dlq.Record) error {
 }
 
 // raise sets topic's max.message.bytes to need.
-func (s *Sink) raise(ctx context.Context, topic string, t dlqTopic, need int) (dlqTopic, error) {
-	if err := setTopicLimit(ctx, s.client, topic, need); err != nil {
+func (q *DLQ) raise(ctx context.Context, topic string, t dlqTopic, need int) (dlqTopic, error) {
+	if err := setTopicLimit(ctx, q.client, topic, need); err != nil {
 		if refused(err) {
 			return t, fmt.Errorf("kafka: dead letter is %d bytes, more than %s accepts (max.message.bytes %d), and the limit may not be raised: %w: %w", need, topic, t.limit, dlq.ErrUnwritable, err)
 		}
 		return t, err
 	}
 	t.limit = need
-	s.topics.Set(topic, t)
+	q.topics.Set(topic, t)
 	return t, nil
 }
 
-// Close closes the sink's idle connections.
-func (s *Sink) Close() error {
-	s.tr.CloseIdleConnections()
-	return nil
-}
-
-// topic returns what the sink knows of topic, creating it on first use.
-func (s *Sink) topic(ctx context.Context, topic, source string) (dlqTopic, error) {
-	return s.topics.Do(ctx, topic, func(ctx context.Context) (dlqTopic, error) {
-		src, err := s.sources.Do(ctx, source, func(ctx context.Context) (int, error) {
-			return topicLimit(ctx, s.client, source)
+// topic returns what the DLQ knows of topic, creating it on first use.
+func (q *DLQ) topic(ctx context.Context, topic, source string) (dlqTopic, error) {
+	return q.topics.Do(ctx, topic, func(ctx context.Context) (dlqTopic, error) {
+		src, err := q.limits.Do(ctx, source, func(ctx context.Context) (int, error) {
+			return topicLimit(ctx, q.client, source)
 		})
 		if err != nil {
 			return dlqTopic{}, err
 		}
-		return s.ensureTopic(ctx, topic, source, dlqLimit(src))
+		return q.ensureTopic(ctx, topic, source, dlqLimit(src))
 	})
 }
 
 // ensureTopic creates topic with max.message.bytes limit, or reads the
 // settings of the existing topic, and marks it as a DLQ when it is empty.
-func (s *Sink) ensureTopic(ctx context.Context, topic, source string, limit int) (dlqTopic, error) {
-	t := dlqTopic{limit: limit, partitions: s.cfg.partitions}
-	created, err := createTopicWith(ctx, s.client, topic, s.cfg.partitions, s.cfg.replication,
+func (q *DLQ) ensureTopic(ctx context.Context, topic, source string, limit int) (dlqTopic, error) {
+	t := dlqTopic{limit: limit, partitions: q.cfg.partitions}
+	created, err := createTopicWith(ctx, q.client, topic, q.cfg.partitions, q.cfg.replication,
 		kafkago.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(limit)})
 	if err != nil {
 		return t, err
@@ -275,10 +314,10 @@ func (s *Sink) ensureTopic(ctx context.Context, topic, source string, limit int)
 	empty := created
 	if !created {
 		// An existing topic keeps its settings: read them.
-		if t.limit, err = topicLimit(ctx, s.client, topic); err != nil {
+		if t.limit, err = topicLimit(ctx, q.client, topic); err != nil {
 			return t, err
 		}
-		starts, ends, err := bounds(ctx, s.client, topic)
+		starts, ends, err := bounds(ctx, q.client, topic)
 		if err != nil {
 			return t, err
 		}
@@ -288,7 +327,7 @@ func (s *Sink) ensureTopic(ctx context.Context, topic, source string, limit int)
 		}
 	}
 	if empty {
-		if err := s.mark(ctx, topic, source, t.partitions); err != nil {
+		if err := q.mark(ctx, topic, source, t.partitions); err != nil {
 			return t, err
 		}
 	}
@@ -297,13 +336,13 @@ func (s *Sink) ensureTopic(ctx context.Context, topic, source string, limit int)
 
 // mark writes a MarkerDLQ record into every partition of a new DLQ topic,
 // so that an inspector can tell it is one before it holds a dead letter.
-func (s *Sink) mark(ctx context.Context, topic, source string, partitions int) error {
+func (q *DLQ) mark(ctx context.Context, topic, source string, partitions int) error {
 	hs := []kafkago.Header{{Key: dlq.HeaderMarker, Value: []byte(dlq.MarkerDLQ)}}
-	if s.cfg.shared == "" {
+	if q.cfg.shared == "" {
 		hs = append(hs, kafkago.Header{Key: dlq.HeaderSource, Value: []byte(source)})
 	}
 	for p := range partitions {
-		if err := produceRecords(ctx, s.client, topic, p, kafkago.Message{Headers: hs, Time: time.Now()}); err != nil {
+		if err := produceRecords(ctx, q.client, topic, p, kafkago.Message{Headers: hs, Time: time.Now()}); err != nil {
 			return fmt.Errorf("kafka: mark %s as a DLQ: %w", topic, err)
 		}
 	}

@@ -13,9 +13,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/dlq"
-	"github.com/ringfence/ringfence/internal/flight"
 )
 
 const (
@@ -31,65 +29,19 @@ const (
 	fetchMaxBytes = 16 << 20
 )
 
-// Inspector lists, peeks, replays and purges the dead letters of one
-// source topic. "Removing" a record advances a committed cursor (see the
-// package documentation). Inspector is safe for concurrent use, but two
-// inspectors replaying the same tenant at once may both republish a record.
-//
-// A topic is read as a DLQ only when every record the Inspector reads in it
-// carries ringfence- headers (a dead letter or a marker), including the
-// first record of each partition: anything else is refused with an error
-// wrapping dlq.ErrNotDLQ before anything is changed.
-type Inspector struct {
-	source  string
-	cfg     sinkConfig
-	tr      *renewingTransport
-	client  *kafkago.Client
-	records *wire.Client      // reads the DLQ topics
-	limits  flight.Group[int] // source topic -> max.message.bytes, for replays
-}
-
-// NewInspector returns an Inspector for the dead letters of source, reached
-// through brokers (host:port). It takes the Sink's options (the shared
-// topic, the dialer) and CursorGroup and DeleteDrained.
-func NewInspector(brokers []string, source string, opts ...SinkOption) (*Inspector, error) {
-	cfg, err := buildSinkConfig(brokers, opts)
-	if err != nil {
-		return nil, err
-	}
-	if err := validTopic(source); err != nil {
-		return nil, err
-	}
-	tr := newRenewingTransport(cfg.dialer)
-	return &Inspector{
-		source:  source,
-		cfg:     cfg,
-		tr:      tr,
-		client:  &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr},
-		records: wire.NewClient(cfg.dialer, brokers),
-	}, nil
-}
-
-// Close closes the inspector's idle connections.
-func (in *Inspector) Close() error {
-	in.tr.cur.Load().CloseIdleConnections()
-	in.records.Close()
-	return nil
-}
-
-// bounds is the package's bounds of topic through the inspector's client.
+// bounds is the package's bounds of topic through the DLQ's client.
 // kafka-go's Transport answers Metadata from a cache it refreshes every
-// 6s, so a topic another client made since (a Sink writing a tenant's
-// first dead letter, or writing it again after DeleteDrained) is unknown
-// to it until then: on UnknownTopicOrPartition the inspector renews its
+// 6s, so a topic another client made since (a DLQ writing a tenant's
+// first dead letter, or writing it again after DLQDeleteDrained) is unknown
+// to it until then: on UnknownTopicOrPartition the DLQ renews its
 // transport, whose first Metadata comes from the broker, and asks once
-// more. An inspector that lives long (the ops console's) would otherwise
+// more. A DLQ that lives long (the ops console's) would otherwise
 // show no dead letters for a tenant that has some.
-func (in *Inspector) bounds(ctx context.Context, topic string) (starts, ends map[int]int64, err error) {
-	starts, ends, err = bounds(ctx, in.client, topic)
+func (q *DLQ) bounds(ctx context.Context, topic string) (starts, ends map[int]int64, err error) {
+	starts, ends, err = bounds(ctx, q.client, topic)
 	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
-		in.tr.renew()
-		starts, ends, err = bounds(ctx, in.client, topic)
+		q.tr.renew()
+		starts, ends, err = bounds(ctx, q.client, topic)
 	}
 	return starts, ends, err
 }
@@ -119,18 +71,18 @@ func (t *renewingTransport) renew() {
 // Topics returns the source's DLQ topics that exist: the per-tenant topics
 // "<source>.dlq.<token>", or the shared topic. None means that nothing was
 // ever dead-lettered from this source (or the source is misspelt).
-func (in *Inspector) Topics(ctx context.Context) ([]string, error) {
-	if in.cfg.shared == "" {
-		return in.tenantTopics(ctx)
+func (q *DLQ) Topics(ctx context.Context) ([]string, error) {
+	if q.cfg.shared == "" {
+		return q.tenantTopics(ctx)
 	}
-	_, ends, err := in.bounds(ctx, in.cfg.shared)
+	_, ends, err := q.bounds(ctx, q.cfg.shared)
 	if errors.Is(err, kafkago.UnknownTopicOrPartition) || err == nil && len(ends) == 0 {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return []string{in.cfg.shared}, nil
+	return []string{q.cfg.shared}, nil
 }
 
 // entry is one dead-letter record with where it lives.
@@ -208,21 +160,21 @@ func records(ls []deadLetter) []dlq.Record {
 
 // Tenants lists every tenant with dead letters past the cursor, sorted by
 // raw key. Copies of one message count once in Count.
-func (in *Inspector) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
+func (q *DLQ) Tenants(ctx context.Context) ([]dlq.TenantSummary, error) {
 	byTenant := map[string][]entry{}
-	if in.cfg.shared != "" {
-		all, err := in.readShared(ctx)
+	if q.cfg.shared != "" {
+		all, err := q.readShared(ctx)
 		if err != nil {
 			return nil, err
 		}
 		byTenant = all
 	} else {
-		topics, err := in.tenantTopics(ctx)
+		topics, err := q.tenantTopics(ctx)
 		if err != nil {
 			return nil, err
 		}
 		for _, topic := range topics {
-			v, err := in.read(ctx, topic, in.cfg.cursorGroup, nil)
+			v, err := q.read(ctx, topic, q.cfg.cursorGroup, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -275,8 +227,8 @@ func summarize(tenant string, es []entry) dlq.TenantSummary {
 
 // Peek returns up to n of the tenant's oldest dead letters past the cursor
 // (n <= 0: all), one record per dead letter with its copies listed.
-func (in *Inspector) Peek(ctx context.Context, tenant string, n int) ([]dlq.Record, error) {
-	v, err := in.tenantView(ctx, tenant)
+func (q *DLQ) Peek(ctx context.Context, tenant string, n int) ([]dlq.Record, error) {
+	v, err := q.tenantView(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -293,8 +245,8 @@ func (in *Inspector) Peek(ctx context.Context, tenant string, n int) ([]dlq.Reco
 // After each chunk is acknowledged it writes a MarkerMoved record listing
 // the chunk's dead letters (so their other copies are not shown again) and
 // advances the cursor past every record that is done.
-func (in *Inspector) Replay(ctx context.Context, tenant string, opt dlq.ReplayOptions) ([]dlq.Record, error) {
-	v, err := in.tenantView(ctx, tenant)
+func (q *DLQ) Replay(ctx context.Context, tenant string, opt dlq.ReplayOptions) ([]dlq.Record, error) {
+	v, err := q.tenantView(ctx, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -312,20 +264,20 @@ func (in *Inspector) Replay(ctx context.Context, tenant string, opt dlq.ReplayOp
 		chunk := letters[:min(replayChunk, len(letters))]
 		letters = letters[len(chunk):]
 		recs := records(chunk)
-		if err := in.republish(ctx, recs); err != nil {
+		if err := q.republish(ctx, recs); err != nil {
 			return moved, err
 		}
 		ls := make(map[letter]bool, len(chunk))
 		for _, l := range chunk {
 			ls[l.l] = true
 		}
-		if err := in.markMoved(ctx, v, token, ls); err != nil {
+		if err := q.markMoved(ctx, v, token, ls); err != nil {
 			return moved, fmt.Errorf("%w (republished, still in the DLQ: a later replay will duplicate them)", err)
 		}
 		for l := range ls {
 			done[l] = true
 		}
-		if err := in.advance(ctx, v, done); err != nil {
+		if err := q.advance(ctx, v, done); err != nil {
 			return moved, err // marked moved: not shown again, nothing duplicated
 		}
 		moved = append(moved, recs...)
@@ -335,7 +287,7 @@ func (in *Inspector) Replay(ctx context.Context, tenant string, opt dlq.ReplayOp
 
 // republish writes recs to their source topics and partitions and waits
 // for the acknowledgements.
-func (in *Inspector) republish(ctx context.Context, recs []dlq.Record) error {
+func (q *DLQ) republish(ctx context.Context, recs []dlq.Record) error {
 	type dest struct {
 		topic     string
 		partition int
@@ -348,10 +300,10 @@ func (in *Inspector) republish(ctx context.Context, recs []dlq.Record) error {
 		r := &recs[i]
 		d := dest{topic: r.Source, partition: int(r.Partition)}
 		if d.topic == "" {
-			d.topic = in.source
+			d.topic = q.source
 		}
-		limit, err := in.limits.Do(ctx, d.topic, func(ctx context.Context) (int, error) {
-			return topicLimit(ctx, in.client, d.topic)
+		limit, err := q.limits.Do(ctx, d.topic, func(ctx context.Context) (int, error) {
+			return topicLimit(ctx, q.client, d.topic)
 		})
 		if err != nil {
 			return err
@@ -386,7 +338,7 @@ func (in *Inspector) republish(ctx context.Context, recs []dlq.Record) error {
 				size += s
 				n++
 			}
-			if err := produceRecords(ctx, in.client, d.topic, d.partition, msgs[:n]...); err != nil {
+			if err := produceRecords(ctx, q.client, d.topic, d.partition, msgs[:n]...); err != nil {
 				return fmt.Errorf("kafka: replay to %s/%d: %w", d.topic, d.partition, err)
 			}
 			msgs = msgs[n:]
@@ -397,7 +349,7 @@ func (in *Inspector) republish(ctx context.Context, recs []dlq.Record) error {
 
 // markMoved writes MarkerMoved records listing ls into the partitions of
 // v's topic that hold a copy of them.
-func (in *Inspector) markMoved(ctx context.Context, v view, token string, ls map[letter]bool) error {
+func (q *DLQ) markMoved(ctx context.Context, v view, token string, ls map[letter]bool) error {
 	ids := map[int][]string{}
 	seen := map[int]map[letter]bool{}
 	for i := range v.all {
@@ -421,7 +373,7 @@ func (in *Inspector) markMoved(ctx context.Context, v view, token string, ls map
 			part := list[:min(markerIDs, len(list))]
 			list = list[len(part):]
 			m := kafkago.Message{Headers: hs, Value: []byte(strings.Join(part, "\n")), Time: time.Now()}
-			if err := produceRecords(ctx, in.client, v.topic, p, m); err != nil {
+			if err := produceRecords(ctx, q.client, v.topic, p, m); err != nil {
 				return fmt.Errorf("kafka: mark dead letters moved in %s/%d: %w", v.topic, p, err)
 			}
 		}
@@ -450,31 +402,31 @@ func movedLetters(hs []dlq.Header, value []byte) []letter {
 // copies, and returns how many dead letters there were. It writes a
 // MarkerMoved record listing them, so that a copy written later (a
 // redelivery dead-lettered again) is not shown, and advances the cursor.
-// With DeleteDrained, a drained per-tenant topic is deleted instead of
+// With DLQDeleteDrained, a drained per-tenant topic is deleted instead of
 // marked.
-func (in *Inspector) Purge(ctx context.Context, tenant string) (int, error) {
-	v, err := in.tenantView(ctx, tenant)
+func (q *DLQ) Purge(ctx context.Context, tenant string) (int, error) {
+	v, err := q.tenantView(ctx, tenant)
 	if err != nil {
 		return 0, err
 	}
 	letters := collapse(v.all)
-	deleting := in.cfg.deleteDrain && in.cfg.shared == "" && v.topic != ""
+	deleting := q.cfg.deleteDrain && q.cfg.shared == "" && v.topic != ""
 	if len(v.all) > 0 {
 		done := make(map[letter]bool, len(letters))
 		for _, l := range letters {
 			done[l.l] = true
 		}
 		if len(letters) > 0 && !deleting {
-			if err := in.markMoved(ctx, v, dlq.TenantToken(tenant), done); err != nil {
+			if err := q.markMoved(ctx, v, dlq.TenantToken(tenant), done); err != nil {
 				return 0, err
 			}
 		}
-		if err := in.advance(ctx, v, done); err != nil {
+		if err := q.advance(ctx, v, done); err != nil {
 			return 0, err
 		}
 	}
 	if deleting {
-		if err := in.deleteDrained(ctx, v); err != nil {
+		if err := q.deleteDrained(ctx, v); err != nil {
 			return len(letters), err
 		}
 	}
@@ -485,8 +437,8 @@ func (in *Inspector) Purge(ctx context.Context, tenant string) (int, error) {
 // The cursor is first reset to 0 so that a topic of the same name created
 // later is read from its start whether or not the broker drops the
 // deleted topic's offsets.
-func (in *Inspector) deleteDrained(ctx context.Context, v view) error {
-	_, ends, err := bounds(ctx, in.client, v.topic)
+func (q *DLQ) deleteDrained(ctx context.Context, v view) error {
+	_, ends, err := bounds(ctx, q.client, v.topic)
 	if err != nil {
 		return err
 	}
@@ -499,10 +451,10 @@ func (in *Inspector) deleteDrained(ctx context.Context, v view) error {
 	for p := range ends {
 		zero[p] = 0
 	}
-	if err := in.commit(ctx, v.group, v.topic, zero); err != nil {
+	if err := q.commit(ctx, v.group, v.topic, zero); err != nil {
 		return err
 	}
-	resp, err := in.client.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{v.topic}})
+	resp, err := q.client.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{v.topic}})
 	if err != nil {
 		return fmt.Errorf("kafka: delete drained %s: %w", v.topic, err)
 	}
@@ -511,8 +463,3 @@ func (in *Inspector) deleteDrained(ctx context.Context, v view) error {
 	}
 	return nil
 }
-
-var (
-	_ dlq.Sink      = (*Sink)(nil)
-	_ dlq.Inspector = (*Inspector)(nil)
-)

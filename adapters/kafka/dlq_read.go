@@ -17,22 +17,22 @@ import (
 )
 
 // tenantView reads the tenant's records past its cursor.
-func (in *Inspector) tenantView(ctx context.Context, tenant string) (view, error) {
+func (q *DLQ) tenantView(ctx context.Context, tenant string) (view, error) {
 	keep := func(r *dlq.Record) bool { return r.Bucket() == tenant }
-	if in.cfg.shared != "" {
-		group := in.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
-		v, err := in.read(ctx, in.cfg.shared, group, keep)
+	if q.cfg.shared != "" {
+		group := q.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
+		v, err := q.read(ctx, q.cfg.shared, group, keep)
 		if errors.Is(err, kafkago.UnknownTopicOrPartition) {
 			return view{}, nil
 		}
 		return v, err
 	}
-	topic := dlq.KafkaTopic(in.source, tenant)
+	topic := dlq.KafkaTopic(q.source, tenant)
 	if err := validTopic(topic); err != nil {
 		return view{}, err
 	}
 	// A hashed token is shared in theory only; keep the tenant's own.
-	v, err := in.read(ctx, topic, in.cfg.cursorGroup, keep)
+	v, err := q.read(ctx, topic, q.cfg.cursorGroup, keep)
 	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
 		return view{}, nil
 	}
@@ -41,8 +41,8 @@ func (in *Inspector) tenantView(ctx context.Context, tenant string) (view, error
 
 // readShared groups the shared topic's records by tenant, each from its
 // own cursor.
-func (in *Inspector) readShared(ctx context.Context) (map[string][]entry, error) {
-	v, err := in.read(ctx, in.cfg.shared, "", nil)
+func (q *DLQ) readShared(ctx context.Context) (map[string][]entry, error) {
+	v, err := q.read(ctx, q.cfg.shared, "", nil)
 	if errors.Is(err, kafkago.UnknownTopicOrPartition) {
 		return map[string][]entry{}, nil
 	}
@@ -58,8 +58,8 @@ func (in *Inspector) readShared(ctx context.Context) (map[string][]entry, error)
 		tenant := e.rec.Bucket()
 		cur, ok := cursors[tenant]
 		if !ok {
-			group := in.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
-			if cur, err = in.cursor(ctx, group, v.topic, v.ends); err != nil {
+			group := q.cfg.cursorGroup + "." + dlq.TenantToken(tenant)
+			if cur, err = q.cursor(ctx, group, v.topic, v.ends); err != nil {
 				return nil, err
 			}
 			cursors[tenant] = cur
@@ -73,24 +73,24 @@ func (in *Inspector) readShared(ctx context.Context) (map[string][]entry, error)
 
 // tenantTopics lists the source's per-tenant DLQ topics. kafka-go's
 // transport would answer from its metadata cache, up to 6s behind a topic
-// a Sink made since (a tenant's first dead letter), so the listing renews
+// a DLQ made since (a tenant's first dead letter), so the listing renews
 // the transport first: its first Metadata comes from the broker. A
 // listing is an operator's request (the CLI's list, a console page), not a
 // loop, so one new connection each is cheap.
-func (in *Inspector) tenantTopics(ctx context.Context) ([]string, error) {
-	in.tr.renew()
-	resp, err := in.client.Metadata(ctx, &kafkago.MetadataRequest{})
+func (q *DLQ) tenantTopics(ctx context.Context) ([]string, error) {
+	q.tr.renew()
+	resp, err := q.client.Metadata(ctx, &kafkago.MetadataRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("kafka: list topics: %w", err)
 	}
 	var out []string
 	for _, t := range resp.Topics {
 		src, tok, ok := dlq.SplitKafkaTopic(t.Name)
-		if !ok || src != in.source {
+		if !ok || src != q.source {
 			continue
 		}
 		if _, _, err := dlq.ParseTenantToken(tok); err != nil {
-			continue // not a topic the sink names
+			continue // not a topic a DLQ names
 		}
 		out = append(out, t.Name)
 	}
@@ -103,16 +103,16 @@ func (in *Inspector) tenantTopics(ctx context.Context) ([]string, error) {
 // moved when a MarkerMoved record of the topic lists it. It fails with
 // dlq.ErrNotDLQ when a record it reads, or the first record of a
 // partition, carries no ringfence- header.
-func (in *Inspector) read(ctx context.Context, topic, group string, keep func(*dlq.Record) bool) (view, error) {
+func (q *DLQ) read(ctx context.Context, topic, group string, keep func(*dlq.Record) bool) (view, error) {
 	v := view{topic: topic, group: group}
-	starts, ends, err := in.bounds(ctx, topic)
+	starts, ends, err := q.bounds(ctx, topic)
 	if err != nil {
 		return v, err
 	}
 	v.ends = ends
 	cur := map[int]int64{}
 	if group != "" {
-		if cur, err = in.cursor(ctx, group, topic, ends); err != nil {
+		if cur, err = q.cursor(ctx, group, topic, ends); err != nil {
 			return v, err
 		}
 	}
@@ -126,14 +126,14 @@ func (in *Inspector) read(ctx context.Context, topic, group string, keep func(*d
 		from := max(starts[p], cur[p])
 		if from > starts[p] && starts[p] < ends[p] {
 			// The cursor skips the partition's first record: check it too.
-			err := in.readPartition(ctx, topic, p, starts[p], starts[p]+1, func(m *fetched) error {
+			err := q.readPartition(ctx, topic, p, starts[p], starts[p]+1, func(m *fetched) error {
 				return checkRingfence(topic, p, m)
 			})
 			if err != nil {
 				return v, err
 			}
 		}
-		err := in.readPartition(ctx, topic, p, from, ends[p], func(m *fetched) error {
+		err := q.readPartition(ctx, topic, p, from, ends[p], func(m *fetched) error {
 			if err := checkRingfence(topic, p, m); err != nil {
 				return err
 			}
@@ -212,12 +212,12 @@ func bounds(ctx context.Context, cl *kafkago.Client, topic string) (starts, ends
 // cursor returns group's committed offset per partition of topic (absent
 // or -1 read as 0). A cursor past the partition's end is stale (the topic
 // was deleted and made again) and reads as 0.
-func (in *Inspector) cursor(ctx context.Context, group, topic string, ends map[int]int64) (map[int]int64, error) {
+func (q *DLQ) cursor(ctx context.Context, group, topic string, ends map[int]int64) (map[int]int64, error) {
 	req := &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{}}
 	for p := range ends {
 		req.Topics[topic] = append(req.Topics[topic], p)
 	}
-	resp, err := in.client.OffsetFetch(ctx, req)
+	resp, err := q.client.OffsetFetch(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: cursor of %s on %s: %w", group, topic, err)
 	}
@@ -242,7 +242,7 @@ func (in *Inspector) cursor(ctx context.Context, group, topic string, ends map[i
 // advance moves v's cursor, on each partition, up to the first record
 // whose dead letter is neither done nor moved (past every record read when
 // there is none).
-func (in *Inspector) advance(ctx context.Context, v view, done map[letter]bool) error {
+func (q *DLQ) advance(ctx context.Context, v view, done map[letter]bool) error {
 	next := map[int]int64{}
 	for p, end := range v.ends {
 		next[p] = end
@@ -253,11 +253,11 @@ func (in *Inspector) advance(ctx context.Context, v view, done map[letter]bool) 
 			next[e.partition] = min(next[e.partition], e.offset)
 		}
 	}
-	return in.commit(ctx, v.group, v.topic, next)
+	return q.commit(ctx, v.group, v.topic, next)
 }
 
-func (in *Inspector) commit(ctx context.Context, group, topic string, offsets map[int]int64) error {
-	return commitOffsets(ctx, in.client, group, topic, offsets)
+func (q *DLQ) commit(ctx context.Context, group, topic string, offsets map[int]int64) error {
+	return commitOffsets(ctx, q.client, group, topic, offsets)
 }
 
 // commitOffsets commits offsets of topic's partitions for group, outside
@@ -282,7 +282,7 @@ func commitOffsets(ctx context.Context, cl *kafkago.Client, group, topic string,
 
 // readPartition calls fn for each record of topic/partition in [from, to)
 // until fn returns an error.
-func (in *Inspector) readPartition(ctx context.Context, topic string, partition int, from, to int64, fn func(*fetched) error) error {
+func (q *DLQ) readPartition(ctx context.Context, topic string, partition int, from, to int64, fn func(*fetched) error) error {
 	o := wire.FetchOptions{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: 100 * time.Millisecond}
-	return readRange(ctx, in.records, topic, partition, from, to, o, fn)
+	return readRange(ctx, q.records, topic, partition, from, to, o, fn)
 }

@@ -97,7 +97,7 @@
 //
 // Sink writes dead-letter records to a topic per tenant,
 // dlq.KafkaTopic(source, tenant) = "<source>.dlq.<token>", created on first
-// use, or to one shared topic keyed by tenant (SinkSharedTopic). It returns
+// use, or to one shared topic keyed by tenant (DLQSharedTopic). It returns
 // only once every in-sync replica acknowledged the record.
 //
 // A message the broker accepted can be dead-lettered. On a DLQ topic's
@@ -121,12 +121,12 @@
 // Inspector lists, peeks, replays and purges them. kafka-go has no
 // DeleteRecords call, so removing a record from a DLQ advances a committed
 // cursor instead: the offsets of the consumer group "ringfence-dlq"
-// (DefaultCursorGroup) on the DLQ topic. Counts and peeks start at the
+// (DefaultDLQCursorGroup) on the DLQ topic. Counts and peeks start at the
 // cursor. Replay republishes a dead letter to its source topic (with its
 // redrive count raised, unless that would push a message at the topic's
 // limit over it) and advances the cursor only after the republish was
 // acknowledged, so a crash mid-replay may duplicate a message, never lose
-// one. Purge advances the cursor; with DeleteDrained it also deletes a
+// one. Purge advances the cursor; with DLQDeleteDrained it also deletes a
 // drained per-tenant topic. The inspector reads with the source's record
 // decoder, which keeps a null header value apart from an empty one.
 //
@@ -144,7 +144,7 @@
 // of live data that happens to be named "<source>.dlq.<token>", with an
 // error wrapping dlq.ErrNotDLQ, before anything is changed.
 //
-// On a shared DLQ topic (SinkSharedTopic) each tenant has its own cursor
+// On a shared DLQ topic (DLQSharedTopic) each tenant has its own cursor
 // group, "ringfence-dlq.<token>", so replaying or purging one tenant never
 // hides another's records.
 //

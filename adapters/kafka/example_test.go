@@ -18,11 +18,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sink, err := kafka.NewSink(brokers) // orders.dlq.<tenant>, created on first use
+	dead, err := kafka.NewDLQ(brokers, "orders") // orders.dlq.<tenant>, created on first use
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer sink.Close()
+	defer dead.Close()
 	// orders.spill.<tenant>, created on first use; cursors in the group
 	// billing.ringfence-spill.
 	spill, err := kafka.NewSpillLog(brokers, "orders", "billing")
@@ -32,7 +32,7 @@ func Example() {
 	defer spill.Close()
 	c, err := consumer.New(consumer.Config{
 		Tenant: consumer.FromHeader("tenant"),
-		DLQ:    sink,
+		DLQ:    dead,
 		Spill:  spill,
 		Group:  src.Group(),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {

@@ -18,7 +18,7 @@ import (
 // long as the message itself (a key taken from the message key or a
 // header). So a DLQ topic is created with twice its source's limit plus
 // dlqHeadroom, and a record that still does not fit raises the topic's
-// limit (see Sink.Write).
+// limit (see DLQ.Write).
 const (
 	// defaultMaxMessageBytes is Kafka's default message.max.bytes, used
 	// when neither the topic's nor the broker's limit can be read.

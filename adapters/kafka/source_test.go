@@ -343,16 +343,16 @@ func TestSourceEmptyHeaderValuesEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink, err := NewSink(c.Addrs())
+	q, err := NewDLQ(c.Addrs(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sink.Close()
+	defer q.Close()
 	seen := make(chan []consumer.Header, 2)
 	cons, err := consumer.New(consumer.Config{
 		Scope:  scope.New(consumertest.FastPolicy(), scope.Options[string]{}),
 		Tenant: consumer.FromHeader("tenant"),
-		DLQ:    sink,
+		DLQ:    q,
 		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
 			seen <- slices.Clone(m.Headers)
 			return policy.Permanent(errors.New("refused"))
@@ -378,15 +378,10 @@ func TestSourceEmptyHeaderValuesEndToEnd(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the message never reached the handler")
 	}
-	in, err := NewInspector(c.Addrs(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
 	for tenant, want := range map[string][]kafkago.Header{"acme": acme, "": none} {
 		var recs []dlq.Record
 		eventually(t, ctx, fmt.Sprintf("the dead letter of %q", tenant), func() bool {
-			recs, err = in.Peek(ctx, tenant, 0)
+			recs, err = q.Peek(ctx, tenant, 0)
 			return err == nil && len(recs) == 1
 		})
 		if !sameHeaders(recs[0].Headers, want) {

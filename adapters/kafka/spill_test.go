@@ -186,11 +186,11 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 		}
 	}
 	// The hashed topics carry the full key in every record.
-	rec := fetchAt(t, c.Addrs(), SpillTopic(h.source, hashedA), 0)
-	if v, ok := headerOf(rec.Headers, SpillHeaderTenant); !ok || string(v) != hashedA {
+	rec := recordAt(t, c.Addrs(), SpillTopic(h.source, hashedA), 0)
+	if v, ok := headerOf(rec.headers, SpillHeaderTenant); !ok || string(v) != hashedA {
 		t.Fatalf("hashed topic's record carries tenant %q (%v), want the full key", v, ok)
 	}
-	if _, ok := headerOf(fetchAt(t, c.Addrs(), SpillTopic(h.source, "a.b"), 0).Headers, SpillHeaderTenant); ok {
+	if _, ok := headerOf(recordAt(t, c.Addrs(), SpillTopic(h.source, "a.b"), 0).headers, SpillHeaderTenant); ok {
 		t.Fatal("a plain token's record carries the tenant header (the topic name says it)")
 	}
 }
@@ -202,7 +202,7 @@ func firstValue(ms []*consumer.Message) string {
 	return string(ms[0].Value)
 }
 
-func headerOf(hs []kafkago.Header, key string) ([]byte, bool) {
+func headerOf(hs []dlq.Header, key string) ([]byte, bool) {
 	for _, h := range hs {
 		if h.Key == key {
 			return h.Value, true

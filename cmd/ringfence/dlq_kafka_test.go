@@ -26,7 +26,7 @@ func seedKafka(t *testing.T) string {
 	t.Helper()
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
 	addr := c.Addrs()[0]
-	sink, err := rfkafka.NewSink(c.Addrs())
+	sink, err := rfkafka.NewDLQ(c.Addrs(), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func openKafkaInspector(ctx context.Context, f *dlqFlags) (dlq.Inspector, func()
 	if err := kafkaHandshake(ctx, f.kafka); err != nil {
 		return nil, nil, err
 	}
-	in, err := rfkafka.NewInspector([]string{f.kafka}, f.topic)
+	in, err := rfkafka.NewDLQ([]string{f.kafka}, f.topic)
 	if err != nil {
 		return nil, nil, err
 	}

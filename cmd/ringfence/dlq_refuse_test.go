@@ -189,7 +189,7 @@ func TestDLQJSONIsLossless(t *testing.T) {
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sink, err := rfkafka.NewSink(c.Addrs())
+	sink, err := rfkafka.NewDLQ(c.Addrs(), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestDLQLsNamesTheNoTenantBucketAndSortsByKey(t *testing.T) {
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sink, err := rfkafka.NewSink(c.Addrs())
+	sink, err := rfkafka.NewDLQ(c.Addrs(), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ type dlqBroker struct {
 func kafkaBroker(t *testing.T) dlqBroker {
 	t.Helper()
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
-	sink, err := rfkafka.NewSink(c.Addrs())
+	sink, err := rfkafka.NewDLQ(c.Addrs(), "orders")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,16 +92,16 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sink, err := kafka.NewSink(brokers) // orders.dlq.<tenant>, created on first use
+	q, err := kafka.NewDLQ(brokers, "orders") // orders.dlq.<tenant>, created on first use
 	if err != nil {
 		return err
 	}
-	defer sink.Close()
+	defer q.Close()
 	c, err := consumer.New(consumer.Config{
 		Scope:   scope.New(template, scope.Options[string]{}),
 		Handler: handler,
 		Tenant:  consumer.FromKey(),
-		DLQ:     sink,
+		DLQ:     q,
 		Group:   src.Group(),
 		OnEvent: func(e consumer.Event) {
 			if e.Kind == consumer.EventParked {
@@ -132,12 +132,7 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "globex parked while its provider was down: %v\n", parked.Load() > 0)
 
 	// Read the dead letters back from Kafka.
-	insp, err := kafka.NewInspector(brokers, "orders")
-	if err != nil {
-		return err
-	}
-	defer insp.Close()
-	sums, err := insp.Tenants(ctx)
+	sums, err := q.Tenants(ctx)
 	if err != nil {
 		return err
 	}

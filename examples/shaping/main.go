@@ -88,12 +88,12 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sink, err := kafka.NewSink(brokers)
+	q, err := kafka.NewDLQ(brokers, "jobs")
 	if err != nil {
 		return err
 	}
-	defer sink.Close()
-	c, err := consumer.New(consumer.Config{Scope: tenants, Handler: handler, Tenant: consumer.FromKey(), DLQ: sink, Group: src.Group()})
+	defer q.Close()
+	c, err := consumer.New(consumer.Config{Scope: tenants, Handler: handler, Tenant: consumer.FromKey(), DLQ: q, Group: src.Group()})
 	if err != nil {
 		return err
 	}
@@ -109,11 +109,6 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 
-	insp, err := kafka.NewInspector(brokers, "jobs")
-	if err != nil {
-		return err
-	}
-	defer insp.Close()
 	for _, t := range []string{"acme", "globex"} {
 		ts, _ := c.Tenant(t)
 		class := "standard"
@@ -122,7 +117,7 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "%-7s %-8s deadline %-6v handled %d  dead-lettered %d\n",
 			t, class, tenants.For(t).Policy().Deadline, ts.Handled, ts.DeadLettered)
-		recs, err := insp.Peek(ctx, t, 0)
+		recs, err := q.Peek(ctx, t, 0)
 		if err != nil {
 			return err
 		}

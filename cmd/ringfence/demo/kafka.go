@@ -82,17 +82,12 @@ func (b *kafkaBroker) Open(ctx context.Context, run string, partitions int) (Top
 	if err := resp.Errors[run]; err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
 		return nil, fmt.Errorf("create topic: %w", err)
 	}
-	sink, err := kafka.NewSink(b.addrs)
+	q, err := kafka.NewDLQ(b.addrs, run)
 	if err != nil {
-		return nil, err
-	}
-	insp, err := kafka.NewInspector(b.addrs, run)
-	if err != nil {
-		sink.Close()
 		return nil, err
 	}
 	return &kafkaTopic{
-		b: b, name: run, sink: sink, insp: insp, parts: partitions,
+		b: b, name: run, dlq: q, parts: partitions,
 		admin: cl,
 		w: &kafkago.Writer{
 			Addr:         kafkago.TCP(b.addrs...),
@@ -111,8 +106,7 @@ type kafkaTopic struct {
 	parts int
 	w     *kafkago.Writer
 	admin *kafkago.Client
-	sink  *kafka.Sink
-	insp  *kafka.Inspector
+	dlq   *kafka.DLQ
 }
 
 // PartitionOf is where the Writer's Hash balancer puts tenant's messages.
@@ -193,10 +187,10 @@ const kafkaSessionTimeout = 5 * time.Second
 func (t *kafkaTopic) RedeliveryAfter() time.Duration { return kafkaSessionTimeout }
 
 func (t *kafkaTopic) Tenant() consumer.TenantFunc { return consumer.FromKey() }
-func (t *kafkaTopic) Sink() dlq.Sink              { return t.sink }
+func (t *kafkaTopic) Sink() dlq.Sink              { return t.dlq }
 
 func (t *kafkaTopic) DeadLetters(ctx context.Context, tenants []string) ([]dlq.Record, error) {
-	sums, err := t.insp.Tenants(ctx)
+	sums, err := t.dlq.Tenants(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +203,7 @@ func (t *kafkaTopic) DeadLetters(ctx context.Context, tenants []string) ([]dlq.R
 		if !want[s.Tenant] {
 			continue
 		}
-		recs, err := t.insp.Peek(ctx, s.Tenant, 0)
+		recs, err := t.dlq.Peek(ctx, s.Tenant, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -219,5 +213,5 @@ func (t *kafkaTopic) DeadLetters(ctx context.Context, tenants []string) ([]dlq.R
 }
 
 func (t *kafkaTopic) Close() error {
-	return errors.Join(t.w.Close(), t.sink.Close(), t.insp.Close())
+	return errors.Join(t.w.Close(), t.dlq.Close())
 }
