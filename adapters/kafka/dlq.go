@@ -121,24 +121,34 @@ func DLQDeleteDrained() DLQOption {
 // only after every in-sync replica acknowledged the record.
 //
 // Each DLQ topic is created on its first dead letter, sized from its
-// source topic (see Write), and marked with a MarkerDLQ record. Creating
-// one tenant's topic never holds up another tenant's dead letters: the DLQ
-// keeps no lock across a network call, and concurrent first writes to one
-// topic share a single creation.
+// source topic (see Write), and marked: a record with the header
+// ringfence-marker: dlq in each partition, so that it is known as a DLQ
+// before it holds a dead letter (Kafka topics take no custom
+// configuration, so the mark is a record). Creating one tenant's topic
+// never holds up another tenant's dead letters: the DLQ keeps no lock
+// across a network call, and concurrent first writes to one topic share a
+// single creation.
 //
 // kafka-go has no DeleteRecords call, so removing a dead letter advances a
 // committed cursor instead: the offsets of the consumer group
 // DefaultDLQCursorGroup on the DLQ topic (one group per tenant,
-// "<group>.<token>", on a shared topic). Counts and peeks start at the
-// cursor. Copies of one dead letter (same source topic, partition and
-// offset) are shown, counted and replayed once: after Replay or Purge a
-// record with ringfence-marker: moved lists the dead letters moved, so
-// their copies further on stay hidden.
+// "<group>.<token>", on a shared topic, so that replaying or purging one
+// tenant never hides another's records). Counts and peeks start at the
+// cursor. Replay republishes a dead letter to its source topic and
+// advances the cursor only after the republish was acknowledged, so a
+// crash mid-replay may duplicate a message, never lose one. Copies of one
+// dead letter (same source topic, partition and offset) are shown, counted
+// and replayed once: the cursor can only pass a prefix of the log, so
+// after Replay or Purge a record with ringfence-marker: moved lists the
+// dead letters moved, and their copies further on (and copies written
+// later) stay hidden while it is past the cursor.
 //
 // A topic is read as a DLQ only when every record read in it carries
 // ringfence- headers (a dead letter or a marker), including the first
-// record of each partition: anything else is refused with an error
-// wrapping dlq.ErrNotDLQ before anything is changed.
+// record of each partition (which accepts a DLQ topic with no marker but
+// only dead letters): anything else, such as a topic of live data named
+// "<source>.dlq.<token>", is refused with an error wrapping dlq.ErrNotDLQ
+// before anything is changed.
 //
 // DLQ is safe for concurrent use, but two DLQs replaying the same tenant
 // at once may both republish a record.

@@ -7,8 +7,8 @@ package kafka
 // (internal/wire), then copies the records into the engine's messages a
 // slice at a time (messages.go). The response buffer is pooled between
 // fetches. kafka-go (group membership, commits, offsets, metadata checks)
-// is not on this path: its Client.Fetch decoded through a page buffer and
-// allocated three times per message.
+// is not on this path: its Client.Fetch decodes through a page buffer and
+// allocates per message (BenchmarkConsume guards the difference).
 //
 // A fetch asks with MinBytes 1 and the source's MaxBytes and MaxWait (see
 // wire.Fetch). An I/O error, or any partition error but OffsetOutOfRange,

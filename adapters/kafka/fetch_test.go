@@ -210,7 +210,7 @@ func storedCodec(t testing.TB, addrs []string, topic string) int16 {
 
 // Keys, values and header values keep null apart from empty end to end,
 // as franz-go produces them.
-func TestFetchNullAndEmpty(t *testing.T) {
+func TestFetchKeepsNullApartFromEmpty(t *testing.T) {
 	t.Parallel()
 	topic := uniq("nulls")
 	c := startStrictCluster(t, kfake.SeedTopics(1, topic))
@@ -375,7 +375,7 @@ func TestFetchConnectionDroppedAndCancelled(t *testing.T) {
 
 // SASL PLAIN: the source consumes with the right password; with a wrong
 // one its fetcher fails with the terminal error the group join gives.
-func TestFetchSASL(t *testing.T) {
+func TestFetchAuthenticatesWithSASL(t *testing.T) {
 	t.Parallel()
 	topic := uniq("sasl")
 	c := startStrictCluster(t, kfake.SeedTopics(1, topic), kfake.EnableSASL(), kfake.Superuser("PLAIN", "admin", "secret"))
@@ -401,7 +401,7 @@ func TestFetchSASL(t *testing.T) {
 
 // The fetcher connects with the dialer's TLS config, taking the server
 // name from the broker's host (the broker speaks only TLS).
-func TestFetchTLS(t *testing.T) {
+func TestFetchConnectsWithTLS(t *testing.T) {
 	t.Parallel()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -435,7 +435,7 @@ func TestFetchTLS(t *testing.T) {
 
 // The fetcher uses the highest Fetch version in [4, 11] the broker offers,
 // and refuses a broker older than Kafka 0.11.
-func TestFetchVersion(t *testing.T) {
+func TestFetchUsesTheHighestVersionFrom4To11(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name string

@@ -48,7 +48,7 @@ func (l *logRecorder) count(s string) int {
 	return n
 }
 
-func TestTerminalClassification(t *testing.T) {
+func TestWhichErrorsAreTerminal(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		err      error
@@ -79,7 +79,7 @@ func TestTerminalClassification(t *testing.T) {
 	}
 }
 
-func TestTopicWatch(t *testing.T) {
+func TestUnknownTopicIsTerminalAfterItsGrace(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	steps := []struct {

@@ -110,7 +110,7 @@ func TestMessagesCopyOutOfTheResponse(t *testing.T) {
 
 // A slice of messages without headers costs three allocations (messages,
 // pointers, arena); with headers, two more.
-func TestSliceAllocations(t *testing.T) {
+func TestSliceCostsFixedAllocations(t *testing.T) {
 	value := bytes.Repeat([]byte("v"), 100)
 	var plain, headed []kmsg.Record
 	for i := range deliverSlice {

@@ -18,11 +18,46 @@ import (
 // ErrAlreadyRunning: Run was called a second time on a Source.
 var ErrAlreadyRunning = errors.New("kafka: source already running")
 
-// Source is a consumer.Source reading one topic as a member of a Kafka
-// consumer group. Every assigned partition is fetched by its own goroutine
-// so that Pause stops that partition only; the engine's watermarks are
-// committed by one committer per generation. Source is safe for concurrent
-// use; Run may be called once.
+// A Source consumes one topic as a member of a Kafka consumer group: a
+// consumer.Source. It is safe for concurrent use; Run may be called once.
+//
+// kafka-go's group Reader merges every partition into one queue and
+// commits only the highest offset it was given, so it can neither pause
+// one partition nor leave a parked message uncommitted. Source is built on
+// kafka-go's lower-level ConsumerGroup and Generation instead: each
+// assigned partition is fetched by a goroutine of its own over its own
+// connection to the partition's leader (Pause stops that one only, and a
+// long poll of one partition holds up no other), and one committer per
+// generation commits the engine's watermarks (the lowest unsettled offset
+// of each partition) every CommitInterval, on revocation and on shutdown.
+//
+// A fetcher finds its leader with a Metadata request (which never creates
+// the topic), connects as the WithDialer Dialer does (its DialFunc or net
+// settings, Resolver, TLS, ClientID and SASL mechanism) and sends Fetch
+// requests, reading uncommitted. It decodes the record batches itself:
+// each batch's CRC-32C checked, gzip, snappy, lz4 and zstd decompressed,
+// transaction markers skipped, null keys, values and header values kept
+// apart from empty ones; a topic in the legacy v0/v1 format is an error,
+// retried. A leader change, a stale leader epoch or a dropped connection
+// closes the connection, and the next try (after a backoff of 100ms
+// doubling to 5s) finds the leader again.
+//
+// Each fetch is handed to the engine with DeliverBatch in slices of at
+// most 64 messages, and once the engine pauses the partition the fetcher
+// stops after the slice, so the engine's per-partition bounds hold within
+// one slice. The rest of the response (at most MaxBytes a paused
+// partition) is delivered on Resume before the next fetch, so a pause does
+// not make the broker send again what it sent. A slice's messages are
+// copied out of the response into one allocation for the messages and one
+// for their bytes (values over 4 KiB get their own), so a message the
+// engine keeps for long pins at most its slice's small neighbours.
+//
+// A broker outage is never terminal: the source keeps trying to join the
+// group (every JoinBackoff) and to reach each partition leader, and picks
+// up a restarted cluster. A member that the group gave no partition checks
+// the topic every quarter of UnknownTopicTimeout (at most 5s) and rejoins
+// when the topic has partitions no member was given (created after the
+// group leader looked), so that the group assigns them.
 type Source struct {
 	brokers []string
 	topic   string

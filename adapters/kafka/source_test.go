@@ -60,7 +60,7 @@ func TestNewSourceValidates(t *testing.T) {
 	}
 }
 
-func TestSourceRunTwice(t *testing.T) {
+func TestSourceRefusesASecondRun(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t, kfake.SeedTopics(1, "twice"))
 	src, err := NewSource(c.Addrs(), "twice", uniq("g"), fastOpts()...)
@@ -322,7 +322,7 @@ func TestSourceCommitsAfterRunReturned(t *testing.T) {
 
 // Header values reach the handler and the dead letters as they were
 // produced: an empty value stays empty (not nil) and a null one stays nil,
-// for a tenant header "" (the no-tenant bucket) too (issue 15 item 5).
+// for a tenant header "" (the no-tenant bucket) too.
 func TestSourceEmptyHeaderValuesEndToEnd(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)

@@ -151,12 +151,64 @@ func SpillLogger(l *slog.Logger) SpillOption {
 	}
 }
 
-// SpillLog is a consumer.SpillLog on Kafka: one topic per source topic and
-// tenant, "<source>.spill.<token>" (see SpillTopic), with as many
-// partitions as the source. The lane of tenant T and source partition p is
-// partition p of T's spill topic, so whoever owns source partition p owns
-// its lanes. See the package documentation, "Spill", for what it costs and
-// how it is bounded.
+// A SpillLog keeps the messages a tenant could not make progress with, in
+// order, in a topic of the tenant's own: a consumer.SpillLog. When a
+// tenant's breaker stays open past its parked bound, a message of it holds
+// its partition's commit for StuckAfter, or its backlog passes its share
+// of the partition, the engine appends its messages and settles the
+// originals only once every in-sync replica acknowledged them, so the
+// source partition's commit moves on; once the tenant recovers the engine
+// reads them back, oldest first, before the tenant's live messages, and
+// commits the spill cursor past what it settled.
+//
+// The spill topic of tenant T for source S is SpillTopic(S, T) =
+// "S.spill.<token>", the token being dlq.TenantToken(T): a key made of
+// [A-Za-z0-9-] is its own token, every other byte is escaped as _hh, and a
+// key whose token would pass 180 characters is hashed (its records then
+// carry the full key in SpillHeaderTenant). Source topics longer than
+// MaxSpillSourceLen are refused, so that every token fits. A spill topic
+// has the source's partition count: the lane of T in source partition p is
+// partition p, and whoever owns source partition p owns its lanes. It is
+// created on its first spill (single-flight per topic, no lock shared
+// between tenants) with the source's partition count and replication
+// factor, max.message.bytes twice the source's plus 64 KiB (the message
+// plus the ringfence-spill- headers, which may hold a tenant key as long
+// as the message), cleanup.policy=delete and the source's retention.ms
+// (SpillRetention). An existing spill topic keeps its settings; one with
+// fewer partitions than the source is grown; a record that does not fit
+// raises its max.message.bytes.
+//
+// A spill record is the original's key, value and headers byte for byte
+// followed by the SpillHeader* headers (see SpillHeaderCount); its Kafka
+// timestamp is the time of the spill, so retention counts from then.
+// Append sends a batch in as few produce requests as the topic's limit
+// allows, one record batch each, sized exactly, with acks=all.
+//
+// The cursor of a lane is the committed offset, on partition p of the
+// spill topic, of the consumer group "<group>.ringfence-spill"
+// (SpillCursorGroup), committed outside any generation; no member ever
+// joins it. Two consumer groups reading one source share its spill topics:
+// each writes its group into its records, reads back only its own, and
+// keeps its own cursor.
+//
+// What it costs. A Commit removes nothing (Kafka has no DeleteRecords): a
+// spilled record stays on the broker's disk until retention deletes its
+// segment, re-fed or not. A tenant that spills R bytes a second holds up
+// to R x retention.ms of disk, times the replication factor. Every tenant
+// that ever spilled keeps a topic (with the source's partition count), and
+// Pending lists the cluster's topics.
+//
+// How it is bounded. Disk per spill topic is bounded by its retention.ms;
+// the default, the source's, lets a spilled message live at least as long
+// as the source would have kept it unconsumed. A message that is not
+// re-fed within retention is gone: set SpillRetention to outlast your
+// longest outage; Read logs at Error level, and SpillStats.Lost counts, a
+// cursor found below the log start. Topics are bounded by the tenants that
+// spill. The package never deletes a spill topic (a consumer could append
+// to it between the check that it is drained and the deletion): delete
+// drained ones (Backlog reports them with Total 0) while no consumer of
+// the source runs. Memory is bounded by SpillReadAhead plus one fetch
+// (SpillFetchBytes) per concurrent Read.
 //
 // SpillLog is safe for concurrent use. It holds no lock across a network
 // call: creating one tenant's topic holds up no other tenant.

@@ -14,7 +14,7 @@ func aheadMsgs(from int64, n int) []*consumer.Message {
 	return out
 }
 
-func TestReadAhead(t *testing.T) {
+func TestReadAheadKeepsEntriesForTheNextRead(t *testing.T) {
 	t.Parallel()
 	p, q := consumer.Partition{Topic: "s"}, consumer.Partition{Topic: "s", ID: 1}
 	a, b, c := consumer.SpillLane{Tenant: "a", Partition: p}, consumer.SpillLane{Tenant: "b", Partition: p}, consumer.SpillLane{Tenant: "c", Partition: q}

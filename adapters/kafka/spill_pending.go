@@ -149,10 +149,12 @@ func (s *SpillLog) cursors(ctx context.Context, parts map[string][]int) (map[top
 // Pending returns the lanes of source partition p whose spill partition p
 // holds records past the cursor: the tenants an earlier process, or the
 // previous owner of p, spilled and did not finish. It costs one listing of
-// the cluster's topics, one OffsetFetch and ListOffsets of partition p of
-// every spill topic of the source (see survey),
-// and for a hashed token one fetch, once per topic, to read the tenant's
-// full key from SpillHeaderTenant.
+// the cluster's topics (asking a broker directly: kafka-go's metadata
+// cache, refreshed every 6s, may not know a spill topic another process
+// made a moment ago), one OffsetFetch and ListOffsets of partition p of
+// every spill topic of the source (see survey), and for a hashed token one
+// fetch, once per topic, to read the tenant's full key from
+// SpillHeaderTenant.
 //
 // A lane whose records past the cursor are all another group's is named
 // too; its first Read moves the cursor past them.

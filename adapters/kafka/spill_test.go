@@ -287,7 +287,7 @@ func readAllSpill(t testing.TB, log *SpillLog, lane consumer.SpillLane) []*consu
 // back only its own records, and a group whose lane holds only the other's
 // records is named by Pending once, after which its cursor has moved past
 // them.
-func TestSpillGroupsApart(t *testing.T) {
+func TestSpillKeepsConsumerGroupsApart(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)
@@ -344,7 +344,7 @@ func TestSpillGroupsApart(t *testing.T) {
 // A spill topic is created like its source (partitions, a max.message.bytes
 // with room for the headers, never compacted, the source's retention), and
 // an existing one that has fewer partitions than the source grows.
-func TestSpillTopicSettings(t *testing.T) {
+func TestSpillTopicIsMadeLikeItsSource(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)
@@ -443,7 +443,7 @@ func FuzzSpillRecord(f *testing.F) {
 
 // Pending over more spill topics than one ListOffsets call asks about
 // names exactly the lanes with records past their cursor.
-func TestSpillPendingManyTenants(t *testing.T) {
+func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)

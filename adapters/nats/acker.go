@@ -21,9 +21,8 @@ const ackLinger = time.Millisecond
 //
 // Why: JetStream processes each ack under the consumer's lock, the lock its
 // delivery loop takes too. Acks sent one by one as each handler returns
-// interleave with deliveries and contend on that lock (measured with
-// BenchmarkConsume and a mutex profile of the in-process server); sent back
-// to back they take it in a run. Nothing changes for at-least-once: a
+// interleave with deliveries and contend on that lock; sent back to back
+// they take it in a run (BenchmarkConsume guards this). Nothing changes for at-least-once: a
 // message is acked only after the engine settled it, and an ack lost in a
 // crash before it went out is a redelivery, as any ack lost in flight is.
 //

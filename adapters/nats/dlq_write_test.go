@@ -377,7 +377,7 @@ func FuzzBody(f *testing.F) {
 	})
 }
 
-func TestTooLarge(t *testing.T) {
+func TestWhichErrorsMeanTooLarge(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		err  error

@@ -101,7 +101,7 @@ func (f *fixture) publishRetry(t testing.TB, subject, value string) {
 	for range 600 {
 		// Each try gets a few seconds of its own: a publish sent just
 		// before the client noticed the restart is lost, and its wait for
-		// a PubAck must not spend the whole test's context (it did, in CI).
+		// a PubAck must not spend the whole test's context.
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, err = f.js.Publish(actx, subject, []byte(value))
 		cancel()
@@ -136,10 +136,8 @@ func testCtx(t testing.TB) context.Context {
 }
 
 // listBodies names the objects in store. A List runs a watcher that can
-// hang when deletes race with it (a throwaway test deleting 6 objects
-// while listing, under -race with the 2 cores busy: 7-12 of ~235 lists
-// took over 3s; one in CI held a test's whole 30s): each try gets 5s, and
-// one that runs out is tried again, for at most 30s.
+// hang when deletes race with it: each try gets 5s, and one that runs out
+// is tried again, for at most 30s.
 func listBodies(t testing.TB, store jetstream.ObjectStore, bucket string) []string {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -189,7 +187,6 @@ type loop struct {
 	assigned map[consumer.Partition]int
 	revoked  map[consumer.Partition]int
 	settled  atomic.Int64
-	paused   atomic.Int64
 }
 
 func newLoop(src consumer.Source, tenant consumer.TenantFunc, hold func(string) bool) *loop {

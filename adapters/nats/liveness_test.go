@@ -53,7 +53,7 @@ func (l *logRecorder) count(s string) int {
 	return n
 }
 
-func TestClassify(t *testing.T) {
+func TestWhichErrorsAreTerminal(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		err  error

@@ -33,10 +33,9 @@ type Source struct {
 	mu sync.Mutex // guards the fields below; held for no call out
 	// held is the messages the engine holds, by stream sequence, in
 	// shards by sequence: Settle, on the engine's workers, takes only its
-	// message's shard, where one lock had the consume goroutine wait for
-	// the workers' settles (a contended unlock per message in the NATS
-	// engine row's profile). An insert (onMsg) takes mu and then the
-	// shard; revokeAll takes mu and then every shard.
+	// message's shard, so that the consume goroutine does not wait on one
+	// lock for the workers' settles. An insert (onMsg) takes mu and then
+	// the shard; revokeAll takes mu and then every shard.
 	held    [heldShards]heldShard
 	paused  bool
 	resumed chan struct{} // closed by Resume while paused
@@ -271,10 +270,9 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 }
 
 // onMsg runs on the consume goroutine, one message at a time, and hands
-// each to the engine with Deliver. (Batching them for DeliverBatch through
-// a staging goroutine was measured with BenchmarkConsume: 7.0-8.6 µs per
-// message either way, no gain to pay a goroutine hop and a second buffer
-// for.)
+// each to the engine with Deliver. Batching them for DeliverBatch would
+// take a staging goroutine (a hop and a second buffer) for no gain in
+// BenchmarkConsume.
 func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream.Msg) {
 	seq, ts, ok := ackSeqTime(msg.Reply())
 	if !ok { // not the ack subject layout we know: let nats.go parse it
@@ -406,16 +404,15 @@ func (s *Source) extendLoop(ctx context.Context) {
 }
 
 // ackSeqTime reads the stream sequence and timestamp from a JetStream ack
-// subject without allocating (jetstream.Msg.Metadata costs about a
-// microsecond). Layouts, as in nats.go's parser:
+// subject without allocating (jetstream.Msg.Metadata allocates). Layouts,
+// as in nats.go's parser:
 //
 //	v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
 //	v2: $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<token>]
 func ackSeqTime(reply string) (seq uint64, ts int64, ok bool) {
-	// One pass for the dots, then the two numbers by hand: strings.Count,
-	// a strings.Cut per token and strconv.ParseUint took ~170 ns a message
-	// on the consume goroutine (a NATS engine row's profile), where every
-	// message waits for the one before.
+	// One pass for the dots, then the two numbers by hand: this runs on
+	// the consume goroutine, where every message waits for the one before
+	// (BenchmarkConsume guards it).
 	const prefix = "$JS.ACK."
 	if len(reply) < len(prefix) || reply[:len(prefix)] != prefix {
 		return 0, 0, false

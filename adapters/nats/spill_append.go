@@ -26,16 +26,11 @@ const (
 )
 
 // atomicMinMsgs is the smallest append sent as an atomic batch. The server
-// stages each atomic batch in a store of its own (made and removed per
-// batch: ~5-8 ms of mostly kernel time on this project's 2-core test
-// machine), so a small batch costs far more that way than one record at a
-// time with a PubAck each (~80 us a record). BenchmarkSpillLog, 128-byte
-// records, wall time a record, atomic vs one at a time: batches of 16: 531
-// vs 89 us; 64: 118 vs 73 us; 256: 49 vs 84 us (CPU a record, server
-// included: 16: ~160 vs ~90 us; 64: ~50 vs ~80 us). A lane's appends are
-// what arrived while its last append was out, so a tenant spilling 2,000
-// messages a second would append ~15 at a time at 7 ms a batch. Both ways
-// land a prefix of the batch, in order.
+// stages each atomic batch in a store of its own, made and removed per
+// batch, so a small batch costs more that way than one record at a time
+// with a PubAck each, and a large one less; BenchmarkSpillLog guards the
+// crossing. A lane's appends are what arrived while its last append was
+// out, so most are small. Both ways land a prefix of the batch, in order.
 const atomicMinMsgs = 64
 
 // spillRec is one record ready to publish.

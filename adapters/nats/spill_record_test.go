@@ -95,7 +95,7 @@ func FuzzSpillRecord(f *testing.F) {
 	})
 }
 
-func TestCarriableHeaders(t *testing.T) {
+func TestWhichHeadersNATSCarriesExactly(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string

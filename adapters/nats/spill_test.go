@@ -103,11 +103,11 @@ func sameMessage(t *testing.T, what string, got, want *consumer.Message) {
 	}
 }
 
-// TestSpillMaxPayload spills messages at the server's max payload (with
+// TestSpillKeepsMaxPayloadMessagesByteForByte spills messages at the server's max payload (with
 // headers, including Nats- ones the stream must not act on): they are
 // stored out of line, read back byte for byte, and their bodies deleted
 // when the lane is committed.
-func TestSpillMaxPayload(t *testing.T) {
+func TestSpillKeepsMaxPayloadMessagesByteForByte(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, 5*time.Second, 100)
 	s := f.spillLog(t)
@@ -161,11 +161,11 @@ func TestSpillMaxPayload(t *testing.T) {
 	}
 }
 
-// TestSpillHostileTenants: keys that look like other tenants' tokens,
+// TestSpillHostileTenantsStayApart: keys that look like other tenants' tokens,
 // wildcards, paths, white space, CR/LF, non-UTF-8 and over-long keys each
 // get a subject of their own under the prefix, read back only their own
 // messages, and come back from Pending exactly, also from a new SpillLog.
-func TestSpillHostileTenants(t *testing.T) {
+func TestSpillHostileTenantsStayApart(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, 5*time.Second, 100)
 	s := f.spillLog(t)
@@ -222,10 +222,10 @@ func TestSpillHostileTenants(t *testing.T) {
 	}
 }
 
-// TestSpillDuplicateAppend: appending a batch again (a retry after a lost
+// TestSpillStoresAnAppendedBatchOnce: appending a batch again (a retry after a lost
 // acknowledgement, or a redelivery) stores nothing twice, in both append
 // modes, and a batch of old and new messages stores the new ones in order.
-func TestSpillDuplicateAppend(t *testing.T) {
+func TestSpillStoresAnAppendedBatchOnce(t *testing.T) {
 	t.Parallel()
 	for _, atomicMode := range []bool{true, false} {
 		t.Run(fmt.Sprintf("atomic=%v", atomicMode), func(t *testing.T) {
@@ -262,11 +262,11 @@ func TestSpillDuplicateAppend(t *testing.T) {
 	}
 }
 
-// TestSpillAtomicOnlyLarge: on a stream that takes atomic batches, an
+// TestSpillAppendsOnlyLargeBatchesAtomically: on a stream that takes atomic batches, an
 // append of fewer than atomicMinMsgs records goes one record at a time
 // (an atomic batch costs the server a store of its own) and a larger one
 // as one atomic batch; both land in order.
-func TestSpillAtomicOnlyLarge(t *testing.T) {
+func TestSpillAppendsOnlyLargeBatchesAtomically(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, 5*time.Second, 100)
 	s := f.spillLog(t)

@@ -216,7 +216,7 @@ func TestDecodeKeepsNullApartFromEmpty(t *testing.T) {
 	}
 }
 
-func TestDecodeErrors(t *testing.T) {
+func TestDecodeRefusesMalformedBatches(t *testing.T) {
 	t.Parallel()
 	good := batch{Base: 7, LastDelta: -1, Recs: []kmsg.Record{rec(0, []byte("k"), []byte("v"))}}.Encode(t, nil)
 	legacy := slices.Clone(good)
@@ -257,7 +257,7 @@ func TestDecodeErrors(t *testing.T) {
 
 // A fetch walk stops where fn says, at the offset of the record it
 // refused, and passes control records.
-func TestWalk(t *testing.T) {
+func TestWalkStopsWhereFnSays(t *testing.T) {
 	t.Parallel()
 	data := batch{Base: 10, LastDelta: -1, Recs: []kmsg.Record{rec(0, nil, []byte("a")), rec(1, nil, []byte("b")), rec(2, nil, []byte("c"))}}.Encode(t, nil)
 	data = batch{Base: 13, Control: true, LastDelta: -1, Recs: []kmsg.Record{rec(0, []byte{0, 0, 0, 1}, []byte{0, 0, 0, 0, 0, 0})}}.Encode(t, data)
