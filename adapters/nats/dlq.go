@@ -60,9 +60,10 @@ const (
 	dlqFormat  = "1"
 )
 
-// DLQ is a JetStream dead-letter queue: one stream (file storage) with one
-// subject per tenant, dlq.NATSSubject(prefix, tenant). It implements
-// dlq.Sink and dlq.Inspector and is safe for concurrent use.
+// A DLQ keeps dead letters in a JetStream stream (file storage), one
+// subject per tenant, dlq.NATSSubject(prefix, tenant), and lists, peeks,
+// replays and purges them: it implements dlq.Sink and dlq.Inspector. It is
+// safe for concurrent use.
 //
 // A record that does not fit one message (the server's max payload, or
 // the stream's max message size), or that holds bytes a NATS message cannot

@@ -17,9 +17,9 @@ import (
 	"github.com/ringfence/ringfence/consumer"
 )
 
-// Source feeds the ringfence engine from a durable JetStream pull consumer.
-// See the package documentation. It is safe for concurrent use; Run may be
-// called once.
+// A Source consumes a durable JetStream pull consumer for the engine: a
+// consumer.Source. See the package documentation. It is safe for
+// concurrent use; Run may be called once.
 type Source struct {
 	js            jetstream.JetStream
 	cons          jetstream.Consumer

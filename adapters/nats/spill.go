@@ -41,11 +41,11 @@ const (
 // ErrNotSpill: a stream named as a spill stream holds something else.
 var ErrNotSpill = errors.New("nats: not a ringfence spill stream")
 
-// SpillLog is the durable per-tenant side log the engine spills to
-// (consumer.SpillLog), on a JetStream stream with file storage: one subject
-// per tenant, "<prefix>.<token>" with the tenant token of dlq.TenantToken,
-// so no key reaches another tenant's subject or a wildcard. It is safe for
-// concurrent use.
+// A SpillLog keeps the messages a tenant could not make progress with, in
+// order, on a JetStream stream with file storage: a consumer.SpillLog. Each
+// tenant has a subject, "<prefix>.<token>" with the tenant token of
+// dlq.TenantToken, so no key reaches another tenant's subject or a
+// wildcard. It is safe for concurrent use.
 //
 // A record is the original message with headers ringfence-spill-subject,
 // -stream, -seq (the original's stream sequence), -time and -tenant, and
