@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
-	"strings"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -179,13 +178,8 @@ var (
 // first call.
 func NewDLQ(brokers []string, source string, opts ...DLQOption) (*DLQ, error) {
 	cfg := defaultDLQConfig()
-	if len(brokers) == 0 {
-		return nil, invalid("no brokers")
-	}
-	for _, b := range brokers {
-		if b == "" || !strings.Contains(b, ":") {
-			return nil, invalid("broker %q is not host:port", b)
-		}
+	if err := validBrokers(brokers); err != nil {
+		return nil, err
 	}
 	if err := validTopic(source); err != nil {
 		return nil, err

@@ -281,26 +281,29 @@ func TestSlowTopicCreationStallsNoOtherTenant(t *testing.T) {
 	}
 }
 
+// tightTopic makes acme's DLQ topic beforehand, with a max.message.bytes
+// of 4 KiB.
+func tightTopic(t *testing.T, h *dlqHarness) string {
+	t.Helper()
+	topic := dlq.KafkaTopic(h.source, "acme")
+	cl := &kafkago.Client{Addr: kafkago.TCP(h.c.Addrs()...)}
+	if _, err := createTopicWith(testCtx(t, 30*time.Second), cl, topic, 1, -1, kafkago.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "4096"}); err != nil {
+		t.Fatal(err)
+	}
+	return topic
+}
+
 // A record larger than its DLQ topic accepts, on a broker that refuses to
 // raise the topic's limit, is ErrUnwritable; a DLQ that is down is not
 // (the engine sets the first aside and retries the second).
 func TestWriteUnwritableOnlyWhenItCannotFit(t *testing.T) {
 	t.Parallel()
-	c := startCluster(t)
+	h := newDLQHarness(t, false)
 	ctx := testCtx(t, 60*time.Second)
-	source := uniq("tight")
-	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
-	if err := createTopic(ctx, cl, source, 1, -1); err != nil {
-		t.Fatal(err)
-	}
-	// An existing DLQ topic with a small limit, and a broker whose policy
-	// refuses to change it.
-	topic := dlq.KafkaTopic(source, "acme")
-	if _, err := createTopicWith(ctx, cl, topic, 1, -1, kafkago.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(4096)}); err != nil {
-		t.Fatal(err)
-	}
-	c.Kfake().ControlKey(kmsg.IncrementalAlterConfigs.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.Kfake().KeepControl()
+	tightTopic(t, h)
+	k := h.c.Kfake()
+	k.ControlKey(kmsg.IncrementalAlterConfigs.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		k.KeepControl()
 		r := req.(*kmsg.IncrementalAlterConfigsRequest)
 		resp := r.ResponseKind().(*kmsg.IncrementalAlterConfigsResponse)
 		for _, res := range r.Resources {
@@ -310,27 +313,22 @@ func TestWriteUnwritableOnlyWhenItCannotFit(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	sink, err := NewDLQ(c.Addrs(), source)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	small := &dlq.Record{Tenant: "acme", Value: []byte("fits"), Source: source, Offset: 1, Reason: dlq.ReasonPermanent}
-	if err := sink.Write(ctx, small); err != nil {
+	q := h.open(t)
+	if err := q.Write(ctx, h.Record("acme", "fits")); err != nil {
 		t.Fatalf("a small record: %v", err)
 	}
-	big := &dlq.Record{Tenant: "acme", Value: make([]byte, 8192), Source: source, Offset: 2, Reason: dlq.ReasonPermanent}
-	err = sink.Write(ctx, big)
+	big := h.Record("acme", "")
+	big.Value = make([]byte, 8192)
+	err := q.Write(ctx, big)
 	if !errors.Is(err, dlq.ErrUnwritable) {
 		t.Fatalf("a record over a limit that may not be raised: %v, want ErrUnwritable", err)
 	}
 	t.Logf("unwritable: %v", err)
 
-	c.Close()
+	h.c.Close()
 	down, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	err = sink.Write(down, &dlq.Record{Tenant: "globex", Value: []byte("x"), Source: source, Offset: 3, Reason: dlq.ReasonPermanent})
-	if err == nil || errors.Is(err, dlq.ErrUnwritable) {
+	if err := q.Write(down, h.Record("globex", "x")); err == nil || errors.Is(err, dlq.ErrUnwritable) {
 		t.Fatalf("a DLQ that is down: %v, want a transient error (not ErrUnwritable)", err)
 	}
 }
@@ -338,26 +336,15 @@ func TestWriteUnwritableOnlyWhenItCannotFit(t *testing.T) {
 // A DLQ topic whose limit is below a record is raised to fit it.
 func TestWriteRaisesItsTopicsLimit(t *testing.T) {
 	t.Parallel()
-	c := startCluster(t)
+	h := newDLQHarness(t, false)
 	ctx := testCtx(t, 60*time.Second)
-	source := uniq("raise")
-	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
-	if err := createTopic(ctx, cl, source, 1, -1); err != nil {
-		t.Fatal(err)
-	}
-	topic := dlq.KafkaTopic(source, "acme")
-	if _, err := createTopicWith(ctx, cl, topic, 1, -1, kafkago.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: "4096"}); err != nil {
-		t.Fatal(err)
-	}
-	sink, err := NewDLQ(c.Addrs(), source)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	if err := sink.Write(ctx, &dlq.Record{Tenant: "acme", Value: make([]byte, 8192), Source: source, Offset: 1, Reason: dlq.ReasonPermanent}); err != nil {
+	topic := tightTopic(t, h)
+	big := h.Record("acme", "")
+	big.Value = make([]byte, 8192)
+	if err := h.open(t).Write(ctx, big); err != nil {
 		t.Fatalf("a record over its topic's limit: %v", err)
 	}
-	if n, err := topicLimit(ctx, cl, topic); err != nil || n <= 8192 {
+	if n, err := topicLimit(ctx, &kafkago.Client{Addr: kafkago.TCP(h.c.Addrs()...)}, topic); err != nil || n <= 8192 {
 		t.Fatalf("topic limit after the write = %d, %v", n, err)
 	}
 }

@@ -17,31 +17,37 @@ var testPart = consumer.Partition{Topic: "t", ID: 3}
 
 var sameBytes = wiretest.SameBytes
 
-// deliverAll decodes batches and builds their messages as a fetcher does,
-// a slice at a time.
-func deliverAll(t testing.TB, data []byte) []*consumer.Message {
-	t.Helper()
-	var r wire.BatchReader
-	var sb sliceBuilder
-	var out []*consumer.Message
+// deliverSlices decodes data as a fetcher does and calls fn with each
+// slice of messages built from it.
+func deliverSlices(tb testing.TB, r *wire.BatchReader, sb *sliceBuilder, data []byte, fn func([]*consumer.Message)) {
 	r.Reset(data, 0)
 	for {
 		hdrs, ok, err := r.Read(sb.slot(), sb.hdrs)
 		sb.hdrs = hdrs
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 		if !ok {
 			if sb.n > 0 {
-				out = append(out, sb.build(testPart)...)
+				fn(sb.build(testPart))
 			}
-			return out
+			return
 		}
 		if sb.add() {
-			out = append(out, sb.build(testPart)...)
+			fn(sb.build(testPart))
 			r.Release()
 		}
 	}
+}
+
+// deliverAll returns every message deliverSlices builds from data.
+func deliverAll(t testing.TB, data []byte) []*consumer.Message {
+	t.Helper()
+	var r wire.BatchReader
+	var sb sliceBuilder
+	var out []*consumer.Message
+	deliverSlices(t, &r, &sb, data, func(ms []*consumer.Message) { out = append(out, ms...) })
+	return out
 }
 
 // Messages keep what the records held, null apart from empty, with the
@@ -125,22 +131,7 @@ func TestSliceCostsFixedAllocations(t *testing.T) {
 		data := wiretest.Batch{LastDelta: -1, Recs: tt.recs}.Encode(t, nil)
 		var r wire.BatchReader
 		var sb sliceBuilder
-		allocs := testing.AllocsPerRun(100, func() {
-			r.Reset(data, 0)
-			for {
-				hdrs, ok, err := r.Read(sb.slot(), sb.hdrs)
-				sb.hdrs = hdrs
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !ok {
-					break
-				}
-				if sb.add() {
-					sb.build(testPart)
-				}
-			}
-		})
+		allocs := testing.AllocsPerRun(100, func() { deliverSlices(t, &r, &sb, data, func([]*consumer.Message) {}) })
 		if allocs != tt.want {
 			t.Errorf("%s: %v allocations per slice, want %v", tt.name, allocs, tt.want)
 		}
@@ -166,21 +157,7 @@ func BenchmarkDecodeDeliver(b *testing.B) {
 	var r wire.BatchReader
 	var sb sliceBuilder
 	for b.Loop() {
-		r.Reset(data, 0)
-		for {
-			hdrs, ok, err := r.Read(sb.slot(), sb.hdrs)
-			sb.hdrs = hdrs
-			if err != nil {
-				b.Fatal(err)
-			}
-			if !ok {
-				break
-			}
-			if sb.add() {
-				sb.build(testPart)
-				r.Release()
-			}
-		}
+		deliverSlices(b, &r, &sb, data, func([]*consumer.Message) {})
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/msg")
 }

@@ -104,13 +104,8 @@ type partition struct {
 // cluster through brokers (host:port). It validates its arguments and
 // options; nothing connects until Run.
 func NewSource(brokers []string, topic, group string, opts ...SourceOption) (*Source, error) {
-	if len(brokers) == 0 {
-		return nil, invalid("no brokers")
-	}
-	for _, b := range brokers {
-		if b == "" || !strings.Contains(b, ":") {
-			return nil, invalid("broker %q is not host:port", b)
-		}
+	if err := validBrokers(brokers); err != nil {
+		return nil, err
 	}
 	if err := validTopic(topic); err != nil {
 		return nil, err
@@ -140,6 +135,19 @@ func NewSource(brokers []string, topic, group string, opts ...SourceOption) (*So
 	empty := map[int32]*partition{}
 	s.parts.Store(&empty)
 	return s, nil
+}
+
+// validBrokers checks that there are brokers, each host:port.
+func validBrokers(brokers []string) error {
+	if len(brokers) == 0 {
+		return invalid("no brokers")
+	}
+	for _, b := range brokers {
+		if b == "" || !strings.Contains(b, ":") {
+			return invalid("broker %q is not host:port", b)
+		}
+	}
+	return nil
 }
 
 // validTopic applies Kafka's topic name rules.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -271,13 +270,8 @@ type spillCounters struct {
 // read by consumer group group, through brokers (host:port). It validates
 // its arguments; nothing connects until the first call.
 func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOption) (*SpillLog, error) {
-	if len(brokers) == 0 {
-		return nil, invalid("no brokers")
-	}
-	for _, b := range brokers {
-		if b == "" || !strings.Contains(b, ":") {
-			return nil, invalid("broker %q is not host:port", b)
-		}
+	if err := validBrokers(brokers); err != nil {
+		return nil, err
 	}
 	if err := validTopic(sourceTopic); err != nil {
 		return nil, err
