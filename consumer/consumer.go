@@ -435,69 +435,80 @@ func (c *Consumer) dropLane(l *lane) *tenant {
 	return c.releaseTenant(l.t)
 }
 
-// requestPause records that the engine wants sh paused for reason (zero:
-// resumed) and applies it, with no lock held.
-func (c *Consumer) requestPause(sh *shard, reason PauseReason) {
+// yield waits a little while another goroutine finishes a call (a Settle,
+// Commit or Pause in progress); these waits happen on revocation and
+// shutdown only.
+func yield() { time.Sleep(50 * time.Microsecond) }
+
+// maintain is housekeeping for one shard, every 100ms: it spills the tenant
+// of a message that holds the partition's commit for longer than
+// StuckAfter, retries set-aside dead letters that are due, lifts a pause
+// whose pressure is gone, and sweeps idle lanes.
+func (c *Consumer) maintain(sh *shard, now int64) {
+	var ev []Event
+	var forget []*tenant
+	var aside []*Message
+	resume := false
 	sh.mu.Lock()
 	if sh.dead {
 		sh.mu.Unlock()
 		return
 	}
-	c.setPause(sh, reason)
-	sh.mu.Unlock()
-	c.syncPause(sh)
-}
-
-// setPause records why the engine wants sh paused (zero: it does not).
-// Called with sh.mu held, so that the wish and the decision behind it
-// change together; syncPause applies it once the lock is released.
-func (c *Consumer) setPause(sh *shard, reason PauseReason) {
-	if reason != 0 && sh.pauseReason == 0 {
-		sh.pausedAt = c.clock()
-	}
-	sh.pauseReason = reason
-	sh.pause.set(reason != 0)
-}
-
-// syncPause makes the Source's pause state follow the engine's last wish,
-// one call at a time and with no lock held.
-func (c *Consumer) syncPause(sh *shard) {
-	for _, paused := range sh.pause.run(func(pause bool) {
-		if pause {
-			c.src.Pause(sh.p)
-		} else {
-			c.src.Resume(sh.p)
-		}
-	}) {
-		if paused {
-			sh.mu.Lock()
-			r := sh.pauseReason
-			sh.mu.Unlock()
-			c.emit(Event{Kind: EventPaused, Partition: sh.p, Pause: r})
-		} else {
-			c.emit(Event{Kind: EventResumedPartition, Partition: sh.p})
+	if c.cfg.Spill != nil && sh.unsettled > 0 {
+		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
+			if l := h.st.lane; !l.spill.on && !l.spill.want {
+				c.requestSpill(l, SpillStuck, &ev)
+			}
 		}
 	}
-}
-
-// commitShard finds sh's commit point (refreshCommit) and passes it to the
-// Source (syncCommit), with no lock held during the call.
-func (c *Consumer) commitShard(sh *shard, now int64, force bool) {
-	sh.mu.Lock()
-	if !sh.dead {
-		sh.refreshCommit(now, force)
+	if len(sh.aside) > 0 && !sh.asideBusy.Load() {
+		for _, m := range sh.aside {
+			if now-m.st.rd().asideAt >= int64(asideRetry) {
+				m.st.wr().asideAt = now
+				aside = append(aside, m)
+			}
+		}
+		if len(aside) > 0 {
+			sh.asideBusy.Store(true)
+		}
+	}
+	switch {
+	case (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound || sh.pauseReason == PauseReadAhead) && c.pressureGone(sh):
+		c.setPause(sh, 0)
+		resume = true
+	case sh.pauseReason == PauseReadAhead && now-sh.pausedAt >= int64(aheadStall):
+		// Its quick lanes stopped moving (their calls hang, or the lanes
+		// wait for workers held elsewhere): holding the partition back
+		// helps no one, so it reads on, up to its other bounds, until
+		// the count is down to half.
+		sh.aheadOff = true
+		c.setPause(sh, 0)
+		resume = true
+	}
+	if len(sh.lanes) > sh.sweepAt {
+		for k, l := range sh.lanes {
+			if l.q.len() == 0 && l.pend.len() == 0 && l.state == laneIdle && !l.spill.on && !l.spill.job && l.spill.refed.n == 0 {
+				if l.seen {
+					l.seen = false
+					continue
+				}
+				delete(sh.lanes, k)
+				forget = append(forget, c.dropLane(l))
+			}
+		}
+		sh.sweepAt = max(1024, 2*len(sh.lanes))
 	}
 	sh.mu.Unlock()
-	c.syncCommit(sh)
-}
-
-// syncCommit passes sh's newest commit point to the Source, with no lock
-// held.
-func (c *Consumer) syncCommit(sh *shard) {
-	if sh.commit.want.Load() <= sh.commit.done.Load() {
-		return
+	if resume {
+		c.syncPause(sh)
 	}
-	if err := sh.commit.run(func(next int64) error { return c.src.Commit(c.bg, sh.p, next) }); err != nil {
-		c.log.Warn("consumer: commit failed; retried at the next advance", "partition", sh.p, "err", err)
+	if len(aside) > 0 {
+		go c.retryAside(sh, aside)
+	}
+	for _, t := range forget {
+		c.unpin(t)
+	}
+	for i := range ev {
+		c.emit(ev[i])
 	}
 }
