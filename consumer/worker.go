@@ -378,6 +378,17 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	if !l.quick {
 		w.turn += j.next // a quick lane's run is one job (see shardTurn)
 	}
+	c.applyResult(sh, w)
+	return c.moveOn(sh, w)
+}
+
+// applyResult applies w.res to the live lane of w.job: it takes out the
+// settled messages, sets the head aside, parks or unparks the lane, marks
+// or clears its suspect head, and notes what flush must do for it. Called
+// by finish with sh.mu held.
+func (c *Consumer) applyResult(sh *shard, w *worker) {
+	r := &w.res
+	l, t := w.job.l, w.job.l.t
 	for _, m := range r.settled {
 		c.removeSettled(sh, l, m)
 	}
@@ -413,7 +424,15 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		w.spills = append(w.spills, l)
 	}
 	c.recount(l)
+}
 
+// moveOn settles what the lane of w.job does next (idle, spilling, waiting,
+// ready, or kept by w for another run) and, unless w keeps it, releases its
+// bulkhead slot and takes the next ready lane of sh. Called by finish with
+// sh.mu held, after applyResult; it reports whether w.job holds a new job.
+func (c *Consumer) moveOn(sh *shard, w *worker) bool {
+	j, r := &w.job, &w.res
+	l, t := j.l, j.l.t
 	switch {
 	case c.draining.Load():
 		l.state = laneIdle
