@@ -6,6 +6,31 @@ import (
 	"time"
 )
 
+// commitState is what a shard keeps to find its commit point (the
+// watermark) and pass it to Source.Commit. Guarded by the shard's mu, but
+// src (see commitSync).
+type commitState struct {
+	// unsettled counts the partition's live messages not yet settled:
+	// those in its lanes (q's live ones and pend) and aside. Their
+	// offsets are not kept in a list: the commit point is found by a scan
+	// of the lanes, and only after the oldest may have settled (see
+	// refreshCommit).
+	unsettled int
+	// oldestAt is the offset of the oldest unsettled message at the last
+	// scan, or -1 if there was none; stale is set when a message at or
+	// below it settles (or any, after a scan that found none): the next
+	// tick scans again. scannedAt is the engine clock of the last scan.
+	oldestAt  int64
+	stale     bool
+	scannedAt int64
+	// late holds the unsettled live messages delivered after a message of
+	// a higher offset (a broker's redelivery): the only ones out of offset
+	// order in their lanes.
+	late []*Message
+	next int64      // offset after the last delivered message; -1 before any
+	src  commitSync // the points passed to Source.Commit
+}
+
 // oldest returns the partition's oldest unsettled live message, or nil:
 // the first live message of a lane's queue (re-fed ones come first), else
 // the front of its pend (newer than its queue), a set-aside one, or a late
@@ -13,7 +38,7 @@ import (
 // one of least offset. Called with sh.mu held.
 func (sh *shard) oldest() *Message {
 	o := sh.oldestInOrder()
-	for _, m := range sh.late {
+	for _, m := range sh.commit.late {
 		if o == nil || m.Offset < o.Offset {
 			o = m
 		}
@@ -25,7 +50,7 @@ func (sh *shard) oldest() *Message {
 // held.
 func (sh *shard) oldestInOrder() *Message {
 	var o *Message
-	for _, m := range sh.aside {
+	for _, m := range sh.aside.msgs {
 		if !m.st.late && (o == nil || m.Offset < o.Offset) {
 			o = m
 		}
@@ -42,15 +67,15 @@ func (sh *shard) oldestInOrder() *Message {
 // point for a new scan if m may have been the oldest (see refreshCommit).
 // Called with sh.mu held.
 func (sh *shard) settled(m *Message) {
-	sh.unsettled--
-	if len(sh.late) > 0 && m.st.late {
+	sh.commit.unsettled--
+	if len(sh.commit.late) > 0 && m.st.late {
 		m.st.late = false
-		if i := slices.Index(sh.late, m); i >= 0 {
-			sh.late = slices.Delete(sh.late, i, i+1)
+		if i := slices.Index(sh.commit.late, m); i >= 0 {
+			sh.commit.late = slices.Delete(sh.commit.late, i, i+1)
 		}
 	}
-	if !sh.stale && (sh.oldestAt < 0 || m.Offset <= sh.oldestAt) {
-		sh.stale = true
+	if !sh.commit.stale && (sh.commit.oldestAt < 0 || m.Offset <= sh.commit.oldestAt) {
+		sh.commit.stale = true
 	}
 }
 
@@ -73,16 +98,16 @@ const (
 // the caller passes the point on with syncCommit once unlocked (see
 // commitShard).
 func (sh *shard) refreshCommit(now int64, force bool) {
-	if !force && (!sh.stale || now-sh.scannedAt < min(int64(tick)*int64(len(sh.lanes)/scanLanes), int64(scanMax))) {
+	if !force && (!sh.commit.stale || now-sh.commit.scannedAt < min(int64(tick)*int64(len(sh.lanes)/scanLanes), int64(scanMax))) {
 		return
 	}
-	sh.stale, sh.scannedAt = false, now
-	p := sh.next
-	sh.oldestAt = -1
+	sh.commit.stale, sh.commit.scannedAt = false, now
+	p := sh.commit.next
+	sh.commit.oldestAt = -1
 	if m := sh.oldest(); m != nil {
-		p, sh.oldestAt = m.Offset, m.Offset
+		p, sh.commit.oldestAt = m.Offset, m.Offset
 	}
-	sh.commit.raise(p)
+	sh.commit.src.raise(p)
 }
 
 // commitShard finds sh's commit point (refreshCommit) and passes it to the
@@ -99,10 +124,10 @@ func (c *Consumer) commitShard(sh *shard, now int64, force bool) {
 // syncCommit passes sh's newest commit point to the Source, with no lock
 // held.
 func (c *Consumer) syncCommit(sh *shard) {
-	if sh.commit.want.Load() <= sh.commit.done.Load() {
+	if sh.commit.src.want.Load() <= sh.commit.src.done.Load() {
 		return
 	}
-	if err := sh.commit.run(func(next int64) error { return c.src.Commit(c.bg, sh.p, next) }); err != nil {
+	if err := sh.commit.src.run(func(next int64) error { return c.src.Commit(c.bg, sh.p, next) }); err != nil {
 		c.log.Warn("consumer: commit failed; retried at the next advance", "partition", sh.p, "err", err)
 	}
 }
@@ -184,7 +209,7 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) {
 			break
 		}
 	}
-	sh.queued--
+	sh.count.queued--
 	if l.parked {
 		c.addParked(l, -1)
 	}

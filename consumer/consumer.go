@@ -380,11 +380,11 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	clear(sh.lanes)
 	sh.none = nil
-	sh.aside = nil
+	sh.aside.msgs = nil
 	sh.ready.reset()
-	sh.unsettled, sh.oldestAt, sh.stale, sh.late = 0, -1, false, nil
-	sh.queued = 0
-	sh.quickQueued, sh.aheadLanes = 0, 0
+	sh.commit.unsettled, sh.commit.oldestAt, sh.commit.stale, sh.commit.late = 0, -1, false, nil
+	sh.count.queued = 0
+	sh.count.quickQueued, sh.count.aheadLanes = 0, 0
 	if sh.inRing {
 		c.sched.leave(sh)
 	}
@@ -399,8 +399,8 @@ func (c *Consumer) Revoked(p Partition) {
 			yield()
 		}
 	}
-	sh.commit.stop()
-	if sh.pause.stop() && !c.draining.Load() {
+	sh.commit.src.stop()
+	if sh.pause.src.stop() && !c.draining.Load() {
 		// The pause was the engine's, for state it just dropped.
 		c.src.Resume(p)
 	}
@@ -454,34 +454,34 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 		sh.mu.Unlock()
 		return
 	}
-	if c.cfg.Spill != nil && sh.unsettled > 0 {
+	if c.cfg.Spill != nil && sh.commit.unsettled > 0 {
 		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
 			if l := h.st.lane; !l.spill.on && !l.spill.want {
 				c.requestSpill(l, SpillStuck, &ev)
 			}
 		}
 	}
-	if len(sh.aside) > 0 && !sh.asideBusy.Load() {
-		for _, m := range sh.aside {
+	if len(sh.aside.msgs) > 0 && !sh.aside.busy.Load() {
+		for _, m := range sh.aside.msgs {
 			if now-m.st.rd().asideAt >= int64(asideRetry) {
 				m.st.wr().asideAt = now
 				aside = append(aside, m)
 			}
 		}
 		if len(aside) > 0 {
-			sh.asideBusy.Store(true)
+			sh.aside.busy.Store(true)
 		}
 	}
 	switch {
-	case (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound || sh.pauseReason == PauseReadAhead) && c.pressureGone(sh):
+	case (sh.pause.reason == PauseQueueFull || sh.pause.reason == PauseSpillUnavailable || sh.pause.reason == PauseParkedBound || sh.pause.reason == PauseReadAhead) && c.pressureGone(sh):
 		c.setPause(sh, 0)
 		resume = true
-	case sh.pauseReason == PauseReadAhead && now-sh.pausedAt >= int64(aheadStall):
+	case sh.pause.reason == PauseReadAhead && now-sh.pause.at >= int64(aheadStall):
 		// Its quick lanes stopped moving (their calls hang, or the lanes
 		// wait for workers held elsewhere): holding the partition back
 		// helps no one, so it reads on, up to its other bounds, until
 		// the count is down to half.
-		sh.aheadOff = true
+		sh.pause.aheadOff = true
 		c.setPause(sh, 0)
 		resume = true
 	}

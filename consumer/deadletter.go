@@ -2,10 +2,19 @@ package consumer
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringfence/ringfence/dlq"
 )
+
+// asideState holds a partition's messages whose dead letter cannot be
+// written (see setAside): out of their lanes, still unsettled (counted in
+// commit.unsettled and count.queued). Guarded by the shard's mu, but busy.
+type asideState struct {
+	msgs []*Message
+	busy atomic.Bool // a retry of msgs runs (retryAside)
+}
 
 // deadLetter writes m to its tenant's DLQ and settles it. While the DLQ
 // fails, m stays unsettled at the head of its lane and the write is retried
@@ -94,7 +103,7 @@ func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
 	}
 	m.st.aside = true
 	m.st.wr().asideAt = c.clock()
-	sh.aside = append(sh.aside, m)
+	sh.aside.msgs = append(sh.aside.msgs, m)
 }
 
 // asideRetry is how often a set-aside dead letter is tried again.
@@ -104,7 +113,7 @@ const asideRetry = time.Minute
 // that are due, settling those that succeed. Run by housekeeping on its own
 // goroutine, with no lock held.
 func (c *Consumer) retryAside(sh *shard, ms []*Message) {
-	defer sh.asideBusy.Store(false)
+	defer sh.aside.busy.Store(false)
 	var done []*Message
 	for _, m := range ms {
 		l := m.st.lane
@@ -124,13 +133,13 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 	sh.mu.Lock()
 	if !sh.dead {
 		for _, m := range done {
-			for i, x := range sh.aside {
+			for i, x := range sh.aside.msgs {
 				if x == m {
-					sh.aside = append(sh.aside[:i], sh.aside[i+1:]...)
+					sh.aside.msgs = append(sh.aside.msgs[:i], sh.aside.msgs[i+1:]...)
 					break
 				}
 			}
-			sh.queued--
+			sh.count.queued--
 			sh.settled(m) // the next tick commits past it
 		}
 	}

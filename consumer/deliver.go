@@ -99,19 +99,19 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 		none := m.st.rd().tenantErr != nil
 		l := sh.laneFor(keys[i], none)
 		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now
-		sh.unsettled++
-		if m.Offset >= sh.next {
-			sh.next = m.Offset + 1
+		sh.commit.unsettled++
+		if m.Offset >= sh.commit.next {
+			sh.commit.next = m.Offset + 1
 		} else {
 			// A redelivery after later messages (JetStream after
 			// AckWait): oldest cannot find it by the lanes' order.
 			m.st.late = true
-			sh.late = append(sh.late, m)
+			sh.commit.late = append(sh.commit.late, m)
 		}
 		if !l.seen {
 			l.seen = true
 		}
-		sh.queued++
+		sh.count.queued++
 		t := l.t
 		if l.spill.on {
 			m.st.spilled = true
@@ -129,25 +129,25 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 				c.makeReady(l)
 			}
 			switch {
-			case l.parked && (t.parked.Load() >= int64(sh.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
-				if !c.requestSpill(l, SpillParked, &ev) && sh.pauseReason == 0 {
+			case l.parked && (t.parked.Load() >= int64(sh.bounds.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
+				if !c.requestSpill(l, SpillParked, &ev) && sh.pause.reason == 0 {
 					pause = PauseParkedBound
 				}
-			case !none && l.q.len() > sh.maxQueuedTenant:
+			case !none && l.q.len() > sh.bounds.maxQueuedTenant:
 				c.requestSpill(l, SpillBacklog, &ev)
 			}
 		}
-		if sh.queued >= sh.maxQueued && sh.pauseReason == 0 && pause == 0 {
+		if sh.count.queued >= sh.bounds.maxQueued && sh.pause.reason == 0 && pause == 0 {
 			pause = PauseQueueFull
 			if l.spill.on && l.spill.fails > 0 {
 				pause = PauseSpillUnavailable
 			}
 		}
 	}
-	if pause == 0 && sh.pauseReason == 0 && c.aheadFull(sh) {
+	if pause == 0 && sh.pause.reason == 0 && c.aheadFull(sh) {
 		pause = PauseReadAhead
 	}
-	if pause != 0 && sh.pauseReason == 0 {
+	if pause != 0 && sh.pause.reason == 0 {
 		c.setPause(sh, pause)
 	}
 	sh.mu.Unlock()
@@ -171,14 +171,14 @@ func (c *Consumer) recount(l *lane) {
 	sh := l.sh
 	switch {
 	case n > 0 && l.rq == 0:
-		sh.aheadLanes++
+		sh.count.aheadLanes++
 	case n == 0 && l.rq > 0:
-		sh.aheadLanes--
+		sh.count.aheadLanes--
 	}
-	sh.quickQueued += n - l.rq
+	sh.count.quickQueued += n - l.rq
 	l.rq = n
-	if sh.aheadOff && sh.quickQueued <= c.aheadLimit(sh)/2 {
-		sh.aheadOff = false
+	if sh.pause.aheadOff && sh.count.quickQueued <= c.aheadLimit(sh)/2 {
+		sh.pause.aheadOff = false
 	}
 }
 
@@ -193,13 +193,13 @@ const aheadPerLane = 8
 // (BenchmarkEngine at 1000 tenants: ~7% slower than with the partition's
 // queue bound alone). Called with sh.mu held.
 func (c *Consumer) aheadLimit(sh *shard) int {
-	return max(sh.readAhead, aheadPerLane*sh.aheadLanes)
+	return max(sh.bounds.readAhead, aheadPerLane*sh.count.aheadLanes)
 }
 
 // aheadFull reports whether sh holds as many messages of quick tenants as
 // it may (and the bound applies). Called with sh.mu held.
 func (c *Consumer) aheadFull(sh *shard) bool {
-	return sh.readAhead > 0 && !sh.aheadOff && sh.quickQueued >= c.aheadLimit(sh)
+	return sh.bounds.readAhead > 0 && !sh.pause.aheadOff && sh.count.quickQueued >= c.aheadLimit(sh)
 }
 
 // aheadStall is how long a read-ahead pause may last before housekeeping

@@ -8,6 +8,21 @@ import (
 	"github.com/ringfence/ringfence/policy"
 )
 
+// pauseState is the engine's pause of a partition. Guarded by the shard's
+// mu, but src (see pauseSync).
+type pauseState struct {
+	// reason is why the engine wants the partition paused (zero: it does
+	// not).
+	reason PauseReason
+	// at is the engine clock when the engine last paused the partition;
+	// aheadOff is set when housekeeping lifted a read-ahead pause whose
+	// count did not fall (see maintain), and cleared once count.quickQueued
+	// is down to half of aheadLimit (see recount).
+	at       int64
+	aheadOff bool
+	src      pauseSync // the wish applied to Source.Pause/Resume
+}
+
 // parkLane starts counting l's messages as parked. Called with sh.mu held.
 func (c *Consumer) parkLane(l *lane) {
 	l.parked = true
@@ -25,7 +40,7 @@ func (c *Consumer) unparkLane(l *lane) {
 // count lets pressureGone tell a full queue's runnable messages without
 // walking the shard's lanes on every finish). Called with l.sh.mu held.
 func (c *Consumer) addParked(l *lane, n int) {
-	l.sh.parked += n
+	l.sh.count.parked += n
 	l.t.parked.Add(int64(n))
 	c.parkedTotal.Add(int64(n))
 }
@@ -33,7 +48,7 @@ func (c *Consumer) addParked(l *lane, n int) {
 // maybeResume lifts an engine pause of sh whose pressure is gone.
 func (c *Consumer) maybeResume(sh *shard) {
 	sh.mu.Lock()
-	ok := !sh.dead && sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh)
+	ok := !sh.dead && sh.pause.reason != 0 && sh.pause.reason != PauseDraining && c.pressureGone(sh)
 	if ok {
 		c.setPause(sh, 0)
 	}
@@ -80,17 +95,17 @@ func (c *Consumer) requestPause(sh *shard, reason PauseReason) {
 // Called with sh.mu held, so that the wish and the decision behind it
 // change together; syncPause applies it once the lock is released.
 func (c *Consumer) setPause(sh *shard, reason PauseReason) {
-	if reason != 0 && sh.pauseReason == 0 {
-		sh.pausedAt = c.clock()
+	if reason != 0 && sh.pause.reason == 0 {
+		sh.pause.at = c.clock()
 	}
-	sh.pauseReason = reason
-	sh.pause.set(reason != 0)
+	sh.pause.reason = reason
+	sh.pause.src.set(reason != 0)
 }
 
 // syncPause makes the Source's pause state follow the engine's last wish,
 // one call at a time and with no lock held.
 func (c *Consumer) syncPause(sh *shard) {
-	for _, paused := range sh.pause.run(func(pause bool) {
+	for _, paused := range sh.pause.src.run(func(pause bool) {
 		if pause {
 			c.src.Pause(sh.p)
 		} else {
@@ -99,7 +114,7 @@ func (c *Consumer) syncPause(sh *shard) {
 	}) {
 		if paused {
 			sh.mu.Lock()
-			r := sh.pauseReason
+			r := sh.pause.reason
 			sh.mu.Unlock()
 			c.emit(Event{Kind: EventPaused, Partition: sh.p, Pause: r})
 		} else {
@@ -111,23 +126,23 @@ func (c *Consumer) syncPause(sh *shard) {
 // pressureGone reports whether an engine pause of sh may end. Called with
 // sh.mu held.
 func (c *Consumer) pressureGone(sh *shard) bool {
-	if sh.pauseReason == PauseReadAhead {
+	if sh.pause.reason == PauseReadAhead {
 		// A bound of the partition reached meanwhile pauses it again, for
 		// its own reason, at the next delivery.
-		return sh.quickQueued <= c.aheadLimit(sh)/2
+		return sh.count.quickQueued <= c.aheadLimit(sh)/2
 	}
-	if sh.queued > sh.maxQueued/2 {
+	if sh.count.queued > sh.bounds.maxQueued/2 {
 		// A full queue's pressure is the messages that can run. Parked
 		// ones are bounded on their own (MaxParkedPerTenant, MaxParked:
 		// PauseParkedBound); counted here, a queue whose every message
 		// waits behind an open breaker for a message still in the broker
 		// (a poison head needs a later message of its tenant as evidence)
 		// stayed paused for ever. Found by the property test (seed 15030).
-		if sh.pauseReason != PauseQueueFull || sh.queued-sh.parked > sh.maxQueued/2 {
+		if sh.pause.reason != PauseQueueFull || sh.count.queued-sh.count.parked > sh.bounds.maxQueued/2 {
 			return false
 		}
 	}
-	if sh.pauseReason == PauseParkedBound {
+	if sh.pause.reason == PauseParkedBound {
 		// Below 90% of the bounds, compared without rounding: with a bound
 		// of 2, rounded 90% is 1, and one parked message (a poison head
 		// waiting for a later message still in the broker) kept the
@@ -136,7 +151,7 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 			return false
 		}
 		for _, l := range sh.lanes {
-			if l.parked && l.t.parked.Load()*10 >= int64(sh.maxParkedTenant)*9 {
+			if l.parked && l.t.parked.Load()*10 >= int64(sh.bounds.maxParkedTenant)*9 {
 				return false
 			}
 		}

@@ -10,81 +10,44 @@ import (
 // settles of one partition take only its mu; the engine-wide structures
 // (the tenant table, the scheduler's ring of shards) are touched only when a
 // lane appears or leaves, or the shard runs out of ready lanes.
+//
+// Its state is grouped by what it serves: bounds (fixed at assignment),
+// commit (the watermark, commit.go), count (queued, parked and read-ahead
+// messages), pause (the engine's pause of the partition, park.go), aside
+// (dead letters that cannot be written, deadletter.go) and the scheduling
+// fields (sched.go). All of it is guarded by mu, except where noted.
 type shard struct {
-	c         *Consumer
-	p         Partition
-	gen       uint64 // assignment generation
-	maxQueued int    // MaxQueuedPerPartition, lowered to the source's capacity
-	// maxParkedTenant and maxQueuedTenant are MaxParkedPerTenant and
-	// MaxQueuedPerTenant, capped at a half and an eighth of maxQueued: a
-	// broker window smaller than the configured bounds (a NATS consumer's
-	// MaxAckPending) must make a stuck or hot tenant spill, not fill the
-	// window and pause the partition.
-	maxParkedTenant, maxQueuedTenant int
-	// readAhead is Config.ReadAhead, or 0 (off) where it is not below
-	// maxQueued.
-	readAhead int
+	c      *Consumer
+	p      Partition
+	gen    uint64 // assignment generation
+	bounds shardBounds
 
-	mu    sync.Mutex
-	dead  bool             // revoked
-	lanes map[string]*lane // by tenant key
-	none  *lane            // the no-tenant bucket's lane
-	ready laneQueue        // lanes ready to run, in turn order
-	// unsettled counts the partition's live messages not yet settled:
-	// those in its lanes (q's live ones and pend) and aside. Their
-	// offsets are not kept in a list: the commit point is found by a scan
-	// of the lanes, and only after the oldest may have settled (see
-	// refreshCommit).
-	unsettled int
-	// oldestAt is the offset of the oldest unsettled message at the last
-	// scan, or -1 if there was none; stale is set when a message at or
-	// below it settles (or any, after a scan that found none): the next
-	// tick scans again. scannedAt is the engine clock of the last scan.
-	oldestAt  int64
-	stale     bool
-	scannedAt int64
-	// late holds the unsettled live messages delivered after a message of
-	// a higher offset (a broker's redelivery): the only ones out of offset
-	// order in their lanes.
-	late   []*Message
-	next   int64 // offset after the last delivered message; -1 before any
-	queued int   // messages in this partition's lanes (q and pend)
-	parked int   // of them, those in parked lanes' q (see addParked)
-	// quickQueued is how many of them count against readAhead: the sum of
-	// the lanes' rq (see recount).
-	quickQueued int
-	aheadLanes  int // lanes whose rq is not zero
-	// pausedAt is the engine clock when the engine last paused the
-	// partition; aheadOff is set when housekeeping lifted a read-ahead
-	// pause whose count did not fall (see maintain), and cleared once
-	// quickQueued is down to half of readAhead.
-	pausedAt int64
-	aheadOff bool
-	// pauseReason is why the engine wants the partition paused (zero: it
-	// does not).
-	pauseReason PauseReason
-	sweepAt     int // lanes count that triggers an idle sweep
-	// aside holds messages whose dead letter cannot be written: out of
-	// their lanes, still unsettled (in wm and queued).
-	aside     []*Message
-	asideBusy atomic.Bool // a retry of aside runs
+	mu      sync.Mutex
+	dead    bool             // revoked
+	lanes   map[string]*lane // by tenant key
+	none    *lane            // the no-tenant bucket's lane
+	ready   laneQueue        // lanes ready to run, in turn order
+	sweepAt int              // lanes count that triggers an idle sweep
 
-	inRing bool // in the scheduler's ring; guarded by sched.mu
-	// quick counts the workers holding a quick lane of this shard (see
-	// runQuick), quickMax how many of them are enough (quickFull: the
-	// engine's quickWorkers, one fewer once a source delivered to it one
-	// message at a time, see Consumer.Deliver); takes counts lanes taken,
-	// for housekeeping to tell a shard whose workers all hang (see
-	// sched.rescue).
+	commit commitState
+	count  queueCount
+	pause  pauseState
+	aside  asideState
+
+	// Scheduling (sched.go, and runQuick in worker.go). inRing is guarded
+	// by sched.mu. quick counts the workers holding a quick lane of this
+	// shard (see runQuick), quickMax how many of them are enough
+	// (quickFull: the engine's quickWorkers, one fewer once a source
+	// delivered to it one message at a time, see Consumer.Deliver); takes
+	// counts lanes taken, for housekeeping to tell a shard whose workers
+	// all hang (see sched.rescue).
+	inRing    bool // in the scheduler's ring
 	quick     int
 	quickMax  int
 	quickGen  uint64 // bumped when rescue forgets the count
 	takes     uint64
 	lastTakes uint64 // takes at the last rescue check; housekeeping's own
 	rescues   uint64 // times rescue found it stuck (PartitionStats.Rescues)
-
-	pause  pauseSync  // the wish applied to Source.Pause/Resume
-	commit commitSync // watermark commits to Source.Commit
 
 	// What a worker's run reads without the lock, at every message (see
 	// runOn), on a line of its own: next to the counts that DeliverBatch
@@ -100,14 +63,41 @@ type shard struct {
 }
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
-	sh := &shard{c: c, p: p, gen: gen, maxQueued: maxQueued, lanes: make(map[string]*lane), next: -1, oldestAt: -1, sweepAt: 1024, quickMax: c.quickWorkers}
-	sh.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
-	sh.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
+	sh := &shard{c: c, p: p, gen: gen, lanes: make(map[string]*lane), sweepAt: 1024, quickMax: c.quickWorkers}
+	sh.bounds.maxQueued = maxQueued
+	sh.bounds.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
+	sh.bounds.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
 	if c.cfg.ReadAhead < maxQueued {
-		sh.readAhead = c.cfg.ReadAhead
+		sh.bounds.readAhead = c.cfg.ReadAhead
 	}
-	sh.commit.init()
+	sh.commit.next, sh.commit.oldestAt = -1, -1
+	sh.commit.src.init()
 	return sh
+}
+
+// shardBounds are a partition's bounds, fixed when it is assigned.
+type shardBounds struct {
+	maxQueued int // MaxQueuedPerPartition, lowered to the source's capacity
+	// maxParkedTenant and maxQueuedTenant are MaxParkedPerTenant and
+	// MaxQueuedPerTenant, capped at a half and an eighth of maxQueued: a
+	// broker window smaller than the configured bounds (a NATS consumer's
+	// MaxAckPending) must make a stuck or hot tenant spill, not fill the
+	// window and pause the partition.
+	maxParkedTenant, maxQueuedTenant int
+	// readAhead is Config.ReadAhead, or 0 (off) where it is not below
+	// maxQueued.
+	readAhead int
+}
+
+// queueCount counts a partition's messages in memory, for its bounds and
+// its read-ahead (see deliverRun, recount, pressureGone).
+type queueCount struct {
+	queued int // messages in this partition's lanes (q and pend) and aside
+	parked int // of them, those in parked lanes' q (see addParked)
+	// quickQueued is how many of them count against readAhead: the sum of
+	// the lanes' rq (see recount).
+	quickQueued int
+	aheadLanes  int // lanes whose rq is not zero
 }
 
 // eachLane calls f for each of sh's lanes, the no-tenant bucket's
@@ -136,7 +126,7 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 		l := m.st.lane
 		into = append(into, heldRef{off: m.Offset, at: m.st.at, t: l.t, key: l.key})
 	}
-	for _, m := range sh.aside {
+	for _, m := range sh.aside.msgs {
 		add(m)
 	}
 	sh.eachLane(func(l *lane) {

@@ -414,10 +414,10 @@ func (c *Consumer) applyResult(sh *shard, w *worker) {
 		c.parkLane(l)
 		w.events = append(w.events, Event{Kind: EventParked, Tenant: l.key, Partition: sh.p, Delay: r.wait})
 	}
-	if l.parked && !l.spill.on && (t.parked.Load() >= int64(sh.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
+	if l.parked && !l.spill.on && (t.parked.Load() >= int64(sh.bounds.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
 		l.spill.want, l.spill.reason = true, SpillParked
 	}
-	if sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh) {
+	if sh.pause.reason != 0 && sh.pause.reason != PauseDraining && c.pressureGone(sh) {
 		w.resume = sh
 	}
 	if l.spill.on && !l.spill.job && (l.q.len() < max(c.cfg.RefeedWindow/2, 1) || l.judge != "") && c.refeedRoom(l) > 0 {
