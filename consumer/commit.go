@@ -6,6 +6,11 @@ import (
 	"time"
 )
 
+// This file is settling and commits: Source.Settle for handled,
+// dead-lettered and spilled messages (settleSource, settleRun), taking
+// settled messages out of their lanes (removeSettled), and the partition's
+// commit point (refreshCommit) passed to Source.Commit (commitShard).
+
 // commitState is what a shard keeps to find its commit point (the
 // watermark) and pass it to Source.Commit. Guarded by the shard's mu, but
 // src (see commitSync).
@@ -81,9 +86,9 @@ func (sh *shard) settled(m *Message) {
 
 // scanLanes is how many lanes a partition may hold for its commit point to
 // be found at every tick. With more, the scans are spaced out in proportion,
-// up to scanMax apart: a scan reads each lane's head, cold lines, and at
-// every tick the 250 lanes a partition of BenchmarkHandler's 1000 tenants
-// holds cost that row ~3% of its throughput. A later commit costs nothing
+// up to scanMax apart: a scan reads each lane's head, cold lines, and a
+// scan of hundreds of lanes at every tick costs a share of throughput
+// (BenchmarkHandler at 1000 tenants guards this). A later commit costs nothing
 // but redeliveries after a crash: the Kafka source commits once a second
 // by default, and Revoked and the drain scan at once.
 const (
@@ -202,8 +207,8 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) {
 			if i == 0 && (l.judge != "" || l.judgeSpan != 0) {
 				// Written only when set: the line is also the one the
 				// delivering goroutine reads for every message (spill.on),
-				// and a store per message took it from that core's cache
-				// each time.
+				// and a store per message would take it from that core's
+				// cache each time.
 				l.judge, l.judgeSpan = "", 0
 			}
 			break

@@ -8,6 +8,11 @@ import (
 	"github.com/ringfence/ringfence/dlq"
 )
 
+// This file is dead letters: writing a message's record to its tenant's
+// DLQ (deadLetter), and setting aside one the DLQ can never write
+// (setAside, retryAside). When a message is dead-lettered is decided in
+// decide.go and judged in step.go.
+
 // asideState holds a partition's messages whose dead letter cannot be
 // written (see setAside): out of their lanes, still unsettled (counted in
 // commit.unsettled and count.queued). Guarded by the shard's mu, but busy.

@@ -12,12 +12,10 @@ import (
 // enough (at least one; see runQuick): the source's goroutine spends a
 // core on every message itself (the NATS client's dispatcher parses each
 // and hands it over), and messages arrive one by one, each readying a lane,
-// so a second quick worker was woken for about one message in eight, each
-// wake-up a futex call and a thread brought back on the other core, only to
-// compete with that goroutine for the two cores (NATS engine row, 2 cores:
-// ~0.12 wake-ups a message, ~0.035 with one; engine/nats.go 1.039 -> 1.052
-// median of 8 alternating processes, 6 -> 8 of them at least 1.0).
-// DeliverBatch delivers slices of a fetch: there every core's worker helps.
+// so a second quick worker would be woken for many of them, each wake-up a
+// futex call and a thread brought back on another core, only to compete
+// with that goroutine for the cores (the NATS adapter's BenchmarkConsume
+// guards this). DeliverBatch delivers slices of a fetch: there every core's worker helps.
 func (c *Consumer) Deliver(m *Message) {
 	one := [1]*Message{m}
 	key := [1]string{c.tenantOf(m)}
@@ -65,8 +63,7 @@ func (c *Consumer) tenantOf(m *Message) string {
 	// Its scalar fields are written, not compared first: a comparison
 	// reads the state's line, cold in a message the source built long ago,
 	// one stall per message, where stores to it go on in parallel
-	// (BenchmarkEngine: 291 -> 272 ns at 1000 tenants, 224 -> 185 ns at 1
-	// tenant, medians of 6 alternating processes). Its pointer fields are
+	// (BenchmarkEngine guards this). Its pointer fields are
 	// not written at all: while the collector marks, a pointer store, even
 	// of nil, first reads the old value for the write barrier, that same
 	// stall. lane is set by deliverRun, lprev and lnext mean something only
@@ -188,10 +185,10 @@ const aheadPerLane = 8
 
 // aheadLimit is how many messages of quick tenants sh may hold: ReadAhead,
 // or aheadPerLane for each lane holding some, if that is more. The bound
-// is shared by the partition's quick lanes; with a thousand of them, 2500
-// messages were 2.5 a lane, so that a lane's turn served fewer messages
-// (BenchmarkEngine at 1000 tenants: ~7% slower than with the partition's
-// queue bound alone). Called with sh.mu held.
+// is shared by the partition's quick lanes; with a thousand of them,
+// ReadAhead alone is a few messages a lane, so that a lane's turn would
+// serve fewer messages (BenchmarkEngine at 1000 tenants guards this).
+// Called with sh.mu held.
 func (c *Consumer) aheadLimit(sh *shard) int {
 	return max(sh.bounds.readAhead, aheadPerLane*sh.count.aheadLanes)
 }

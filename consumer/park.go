@@ -8,6 +8,10 @@ import (
 	"github.com/ringfence/ringfence/policy"
 )
 
+// This file is parking and pausing: a lane that waits behind its tenant's
+// breaker (parkLane, parkRefused) and a partition the engine pauses at a
+// bound (setPause, pressureGone, maybeResume).
+
 // pauseState is the engine's pause of a partition. Guarded by the shard's
 // mu, but src (see pauseSync).
 type pauseState struct {
@@ -137,7 +141,7 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 		// PauseParkedBound); counted here, a queue whose every message
 		// waits behind an open breaker for a message still in the broker
 		// (a poison head needs a later message of its tenant as evidence)
-		// stayed paused for ever. Found by the property test (seed 15030).
+		// would stay paused for ever.
 		if sh.pause.reason != PauseQueueFull || sh.count.queued-sh.count.parked > sh.bounds.maxQueued/2 {
 			return false
 		}
@@ -145,7 +149,7 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 	if sh.pause.reason == PauseParkedBound {
 		// Below 90% of the bounds, compared without rounding: with a bound
 		// of 2, rounded 90% is 1, and one parked message (a poison head
-		// waiting for a later message still in the broker) kept the
+		// waiting for a later message still in the broker) would keep the
 		// partition paused for ever.
 		if c.parkedTotal.Load()*10 >= int64(c.cfg.MaxParked)*9 {
 			return false

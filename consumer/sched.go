@@ -47,8 +47,8 @@ type sched struct {
 	// workers a Signal would wake. A lane made ready while workers sleep
 	// must wake one even if its shard is in the ring; and a worker that took
 	// a lane while more are ready (chain) need not take mu when every idle
-	// worker is signalled already (with many tenants that was most calls:
-	// ~60 ns a message on mu's line, for no wake-up).
+	// worker is signalled already (with many tenants, most calls: a trip
+	// to mu's line for no wake-up; BenchmarkEngine guards this).
 	wakeable atomic.Int32
 	// searching counts woken workers that have not taken a lane yet.
 	// Raised by the waker, under mu; lowered by the worker.

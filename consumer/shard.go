@@ -51,8 +51,9 @@ type shard struct {
 
 	// What a worker's run reads without the lock, at every message (see
 	// runOn), on a line of its own: next to the counts that DeliverBatch
-	// writes for every message, each read was a miss on the line the
-	// other core had just written.
+	// writes for every message, each read would be a miss on the line the
+	// other core had just written (TestShardLayout checks the layout,
+	// BenchmarkEngine guards the gain).
 	_ [64]byte
 	// readyHint is set whenever a lane joins ready and cleared (under mu)
 	// only when ready is empty: a worker's run reads it without the lock

@@ -83,9 +83,9 @@ func (c *Consumer) stepHead(w *worker) {
 // attempt runs the handler on the head m under permit (the permit is done)
 // and carries out what decideAttempt says of the outcome. A success is
 // settled here without building the outcome: decideAttempt's first case
-// (handled: settle), written out because it is every message's path (the
-// outcome and the verdict, built and copied, were ~25 ns a message of the
-// Kafka engine row's profile).
+// (handled: settle), written out because it is every message's path
+// (building and copying the outcome and the verdict would cost every
+// message; BenchmarkEngine guards this).
 func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) {
 	probe := permit.Probe()
 	err, panicked := c.call(w, g, m, false)
@@ -177,9 +177,25 @@ func (c *Consumer) wait(w *worker, g *policy.Guard, m *Message, err error) {
 	r.wait = v.delay
 }
 
-// judge runs a judge round on the suspect head: see the package doc's
-// "Dead letters". The permit covers the whole round; its outcome is the
-// round's.
+// judge runs a judge round on the suspect head. The permit covers the
+// whole round; its outcome is the round's.
+//
+// A head that used all its attempts (or its policy's Deadline for the
+// round) while the breaker stayed closed, or that failed PoisonProbes
+// probes in a row, is suspect. Its round tries the messages behind it, in
+// order, up to a span that starts at one and doubles each time they all
+// fail (so a run of bad messages cannot stall a lane), stopping at the
+// first success. If they all fail, it is an outage: nothing moves and the
+// head starts over after a growing backoff. If one succeeds (the winner),
+// the head gets one last attempt; if that fails, the messages behind the
+// winner are tried the same way (see confirm), and one success among them
+// dead-letters the head (reason exhausted, panic or poison), while all
+// failing means the outage is back and the head starts over. With no
+// message behind the winner, the head is dead-lettered at once. The
+// messages that failed before the winner carry the same evidence and are
+// judged next; as head, each is tried again, then the messages behind it,
+// and if they all fail its evidence is dropped. So a run of poison
+// messages needs a success behind each of them.
 func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f judgeFacts, headFirst bool) {
 	j, r := &w.job, &w.res
 	m := j.m
@@ -226,9 +242,9 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 		}
 		// The head's last attempt follows alt's success at once: settling
 		// alt (a Source call) and its event (a user callback) come after
-		// it. An outage that ends and returns between the two calls would
-		// have the head dead-lettered; the property test saw it happen
-		// while those ran in between on a loaded machine.
+		// it: an outage that ends and returns between the two calls would
+		// have the head dead-lettered, and those calls in between would
+		// widen that window.
 		herr, hpanicked := c.call(w, g, m, true)
 		last.Done(herr)
 		c.handled(w, alt)
@@ -257,8 +273,8 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 }
 
 // confirm decides a suspect head that failed its last attempt right after
-// a winner: the outage may have come back between the two calls (the
-// property test saw a 100-150 µs handler let it, seed 10023). So the
+// a winner: the outage may have come back between the two calls (a
+// handler that takes a while gives it time to). So the
 // messages behind the winner (rest of the span, then j.confirm) are tried,
 // in order and under one permit, up to the round's span, until one
 // succeeds: then the head failed between two successes and is
