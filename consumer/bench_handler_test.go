@@ -23,10 +23,9 @@ const handlerWork = 50 * time.Microsecond
 // blocked network call. It is not time.Sleep because the runtime's timers
 // are coarse below a millisecond: when every P goes idle the runtime
 // blocks in netpoll for at least 1ms, so a 50µs Sleep takes from 50µs to
-// over 1ms depending on how busy the rest of the process is (measured on
-// this machine: p50 1.1ms for one sleeping goroutine, p50 0.2ms and p90
-// 1.2ms for 64). The busier side of the comparison would get the shorter
-// sleeps, and the benchmark would measure timer slack, not the engine.
+// over 1ms depending on how busy the rest of the process is. The busier
+// side of the comparison would get the shorter sleeps, and the benchmark
+// would measure timer slack, not the engine.
 func waitFor(d time.Duration) {
 	for start := time.Now(); time.Since(start) < d; {
 		runtime.Gosched()
@@ -70,7 +69,7 @@ func (d chanDispatcher) DeliverBatch(ms []*consumer.Message) {
 // rows of one kind of work:
 //
 //   - wait-50us: the handler waits for a dependency (see waitFor). This is
-//     the case the issue 18 target (engine >= 0.9x the pool) is about: up to
+//     the case the engine's target (at least 0.9x the pool) is about: up to
 //     about 64/50µs = 1.28M msg/s, so the engine's cost per message decides.
 //   - cpu-50us: the handler computes for 50µs; both sides are bound by the
 //     machine's cores (2 cores: at most 40k msg/s), and the engine's cost is

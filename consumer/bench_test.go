@@ -21,9 +21,9 @@ import (
 // tenants, in batches of batch per partition (as a Kafka fetch does),
 // honouring Pause, and reports when all are settled. Settles are counted
 // per partition (stripecount): one counter that every worker increments
-// was a line bouncing between the cores on every message (about 90 ns a
-// message at 1000 tenants, charged to the engine), where Kafka's Settle is
-// a no-op and NATS's queues an ack.
+// would be a line bouncing between the cores on every message, a cost
+// charged to the engine, where Kafka's Settle is a no-op and NATS's queues
+// an ack.
 type batchSource struct {
 	msgs    []consumer.Message
 	parts   int

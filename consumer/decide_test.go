@@ -30,7 +30,7 @@ func TestDecideAttempt(t *testing.T) {
 		{"panic counts like a failure", outcome{err: errBoom, panicked: true, closed: true}, verdict{act: actAskRetry}},
 		// A handler error that wraps the breaker's sentinel is the
 		// handler's: it is decided by the guard's retry answer, never a park
-		// by itself (issue 14, defect 1).
+		// by itself.
 		{"handler error wrapping ErrOpen", outcome{err: fmt.Errorf("inventory: %w", policy.ErrOpen), closed: true}, verdict{act: actAskRetry}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

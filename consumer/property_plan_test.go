@@ -17,7 +17,6 @@ var (
 	propBase   = flag.Uint64("prop.base", 1, "TestPropertyRandomFaults: seed of the first round")
 	propRounds = flag.Int("prop.rounds", 0, "TestPropertyRandomFaults: rounds (0: 40, or 10 with -short)")
 	propSeed   = flag.Uint64("prop.seed", 0, "TestPropertyRandomFaults: run only the round with this seed")
-	propKnown  = flag.Bool("prop.knownbugs", false, "TestPropertyRandomFaults: also generate the shapes of the open bugs; run their TestProperty reproductions instead of skipping them")
 	propTrace  = flag.String("prop.trace", "", "TestPropertyRandomFaults: write a trace of handler calls and engine events of failing rounds to this file")
 )
 
@@ -112,17 +111,14 @@ type roundPlan struct {
 	refeedWindow       int
 	// readAhead: Config.ReadAhead (0: the default, which tight bounds turn
 	// off); drawn from a generator of its own, so that the rest of a
-	// seed's round is what it was before the bound existed.
+	// seed's round does not depend on it.
 	readAhead int
 }
 
 func tenantName(i int) string { return fmt.Sprintf("t%02d", i) }
 
-// newRoundPlan draws a round from seed. With known unset it avoids the
-// shapes of bugs that are open; none is open now, so every round uses all
-// shapes (flaky messages in tenants with poison or outages, several outage
-// windows per tenant).
-func newRoundPlan(seed uint64, known bool) *roundPlan {
+// newRoundPlan draws a round from seed.
+func newRoundPlan(seed uint64) *roundPlan {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	dur := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 	rp := &roundPlan{seed: seed, parts: 1 + rng.IntN(4)}
@@ -141,7 +137,7 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 			tp.outage, tp.poison = true, true
 		}
 		tp.latency = rng.IntN(3) == 0
-		tp.flaky = rng.IntN(3) == 0 && (known || !tp.outage && !tp.poison)
+		tp.flaky = rng.IntN(3) == 0
 	}
 
 	// Messages, interleaved at random across tenants and partitions.
@@ -181,7 +177,7 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 		AttemptTimeout: 20 * time.Millisecond, // ends the first call of a slow message
 	}
 	// Trips within one message's attempts or only after more failures (the
-	// shape of policy.Default); see TestPropertyLoneMessageOutage.
+	// shape of policy.Default); see TestLoneMessageWaitsOutAnOutage.
 	rp.pol.Breaker.ConsecutiveFailures = 2 + rng.IntN(rp.pol.Retry.MaxAttempts+1)
 	rp.pol.Breaker.MaxOpenTimeout = rp.pol.Breaker.OpenTimeout * time.Duration(2+rng.IntN(3))
 	rp.concurrency = 1 + rng.IntN(8)
@@ -236,11 +232,7 @@ func newRoundPlan(seed uint64, known bool) *roundPlan {
 			continue
 		}
 		t := dur(0, phase/4)
-		windows := 1
-		if known {
-			windows += rng.IntN(3)
-		}
-		for range windows {
+		for range 1 + rng.IntN(3) { // one to three windows
 			on := t
 			off := on + dur(2*time.Millisecond, 60*time.Millisecond)
 			if off >= phase {

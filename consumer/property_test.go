@@ -217,7 +217,7 @@ func TestPropertyRandomFaults(t *testing.T) {
 	base := runtime.NumGoroutine()
 	var msgs, letters, reordered, again, redelivering, aheads int
 	for _, seed := range seeds {
-		rp := newRoundPlan(seed, true)
+		rp := newRoundPlan(seed)
 		problems, w := runRound(t, rp)
 		msgs += len(rp.msgs)
 		letters += w.letters

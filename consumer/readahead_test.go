@@ -112,17 +112,13 @@ func TestReadAheadIgnoresSlowTenants(t *testing.T) {
 	release := make(chan struct{})
 	var handled atomic.Int64
 	var log pauseLog
-	var engine atomic.Pointer[consumer.Consumer]
+	var engine engineRef
 	src := newGenSource(backlog, func(i int) *consumer.Message {
 		if i == 64 {
 			// genSource's second batch comes once the first is handled,
 			// which told the tenant is slow; the first batch's 64
 			// messages counted until then, below ReadAhead.
-			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
-				if c := engine.Load(); c != nil && handled.Load() == 64 && c.Stats().Partitions[0].Queued == 0 {
-					break
-				}
-			}
+			engine.waitIdle(func() bool { return handled.Load() == 64 })
 		}
 		return tenantMsg("slow", strconv.Itoa(i))
 	})

@@ -79,7 +79,7 @@ func TestSchedWakesTheLastIdleWorkerFirst(t *testing.T) {
 		t.Fatalf("after shutdown: idle %d, %d sleepers; want none", s.idle, len(s.sleepers))
 	}
 	// A lane made ready during the drain (a blocked lane let go) finds no
-	// one to wake; seen as a panic before wakeFor looked at the sleepers.
+	// one to wake, and wakeFor must not fail looking for one.
 	s.ring = append(s.ring, &shard{inRing: true})
 	if s.wakeFor(1, s.ring[0]) {
 		t.Fatal("woke a worker after shutdown")

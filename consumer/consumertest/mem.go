@@ -386,8 +386,8 @@ func (h *MemHarness) DeadLetters(t testing.TB, tenant string) []dlq.Record {
 
 // StartSource runs src.Run(ctx, d) in the background for a test and returns
 // a stop func that cancels it and waits (up to 30s) for Run to return,
-// reporting any error Run returns (an adapter returns nil after a cancel). Stop runs at most once, and at the end of the test
-// if not called before.
+// reporting any error Run returns (an adapter returns nil after a cancel).
+// Stop runs at most once, and at the end of the test if not called before.
 func StartSource(t testing.TB, src consumer.Source, d consumer.Dispatcher) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

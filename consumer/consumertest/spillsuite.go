@@ -195,11 +195,12 @@ func spillCommitPending(t *testing.T, h SpillLogHarness) {
 		var out []string
 		var ls []consumer.SpillLane
 		var err error
-		for range 50 { // an index behind the log may take a moment
-			if ls, err = log.Pending(ctx, part); err == nil {
+		// An index behind the log may take a moment: retried, up to
+		// WaitTimeout.
+		for deadline := time.Now().Add(WaitTimeout); ; time.Sleep(20 * time.Millisecond) {
+			if ls, err = log.Pending(ctx, part); err == nil || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(20 * time.Millisecond)
 		}
 		if err != nil {
 			t.Fatalf("Pending(%v): %v", part, err)
