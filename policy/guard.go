@@ -102,9 +102,12 @@ type head struct {
 	fullErr atomic.Pointer[OpenError] // built on first use
 }
 
-// tail is written on failures and retries and read by them.
+// tail is written on failures and retries and read by them, and actx
+// read by every attempt under an AttemptTimeout and written when one needs
+// a new ctx.
 type tail struct {
 	retries atomic.Uint64
+	actx    atomic.Pointer[attemptCtx] // the last attempt ctx made, for the next attempts to share
 
 	mu        sync.Mutex
 	trips     int // trips since the breaker last closed (mu)
