@@ -22,17 +22,24 @@ import (
 // AfterFunc are the standard library's.
 //
 // Run shares one attemptCtx between the attempts of a guard that start with
-// the same parent within shareSlack of each other (see guard.attemptCtx), so
-// that a handler that never asks for Done costs no allocation: the ctx is
-// never reset or reused for another parent or deadline, its state only moves
-// forward (live, then ended), so a handler that keeps it sees a context that
-// behaves as one, never one that comes back to life. Its users count tells
-// when the last attempt using it has ended: a built ctx is cancelled then,
-// and an unbuilt one is closed to new attempts as soon as anyone looks at
-// it, so a ctx an attempt kept is ended by the time it can tell.
+// the same parent within AttemptTimeout>>shareSlack of the first (see
+// guard.attemptCtx), so that a handler that never asks for Done costs no
+// allocation. The ctx is never reset or reused for another parent or
+// deadline: its state only moves forward (live, then ended), so a handler
+// that keeps it sees a context that behaves as one, never one that comes
+// back to life. Its users count tells when the last attempt using it has
+// ended: a built ctx is cancelled then, and an unbuilt one is closed to new
+// attempts as soon as anyone looks at it with no attempt inside, so a ctx an
+// attempt kept is ended by the time it can tell.
 type attemptCtx struct {
 	parent   context.Context
-	deadline time.Time
+	deadline time.Time // made + AttemptTimeout + the sharing span
+	made     int64     // when made, in ns since the guard's epoch (system clock)
+	// madeCoarse is the coarse clock when made, or -1 if it could not be
+	// trusted then (idle, or not this goroutine's time: a testing/synctest
+	// bubble has its own).
+	madeCoarse int64
+	madeReal   time.Time // when made, with an injected Clock
 	// users is the number of attempts using the ctx, times two, plus one
 	// once it is closed: then it ends (if built) and takes no new attempt.
 	users atomic.Int64
@@ -45,54 +52,82 @@ type builtCtx struct {
 	cancel context.CancelFunc
 }
 
-// shareSlack is the span, as a fraction of AttemptTimeout (a right shift),
-// within which attempts of one guard starting with the same parent share an
-// attemptCtx: a deadline is rounded up to a multiple of AttemptTimeout>>7,
-// so an attempt may end that much late (under 1%), never early.
+// shareSlack sets the sharing span, AttemptTimeout>>shareSlack (under 1%):
+// a shared ctx's deadline is its first attempt's plus that span, so that no
+// later attempt sharing it ends early, and none more than that late.
 const shareSlack = 7
+
+// coarseStale is how stale a fresh coarse clock is assumed to be at most.
+// A start read from it may be that much early, so an attempt that reads it
+// shares a ctx only within the span less coarseStale (none with an
+// AttemptTimeout under 128*coarseStale: those read the exact clock). Only a
+// process starved of CPU for longer than the span could make an attempt
+// end early, by no more than the starvation.
+const coarseStale = 4 * coarseTick
 
 // attemptCtx returns the ctx of the attempt p has just been permitted,
 // counted in: the caller must call leave when the attempt ends. It is the
-// guard's last one if that has the same parent and the same rounded
-// deadline and is still open, and a new one (which becomes the guard's
-// last) otherwise.
+// guard's last one if that has the same parent, is still open, and was made
+// within the sharing span before this attempt; otherwise a new one (which
+// becomes the guard's last).
 //
+// The start is the one p read, or the coarse clock (one atomic load): one
+// read of the exact clock costs more than the rest of a successful attempt.
 // Timers are real time (or a testing/synctest bubble's), whatever
-// Policy.Clock says, so with an injected Clock the start is time.Now. With
-// the system clock it is the guard's epoch plus the monotonic time since:
-// the exact start p read, if it did, or one monotonic clock read, about
-// half of time.Now (which reads the wall clock too).
+// Policy.Clock says: with an injected Clock the start is time.Now.
 func (g *guard) attemptCtx(parent context.Context, p *Permit) *attemptCtx {
-	var dl time.Time
-	if g.r.systemClock {
-		start := time.Duration(p.start)
-		if p.clock != clockExact {
-			start = time.Since(g.epoch)
-		}
-		dl = g.epoch.Add(roundUp(start+g.r.attemptTimeout, g.r.attemptTimeout>>shareSlack))
-	} else {
-		// An injected clock gives no real-time origin to round from: the
-		// deadline is exact, shared only by attempts that start together.
-		dl = time.Now().Add(g.r.attemptTimeout)
-	}
-	if c := g.actx.Load(); c != nil && c.deadline.Equal(dl) && sameCtx(c.parent, parent) && c.join() {
+	if c := g.actx.Load(); c != nil && sameCtx(c.parent, parent) && g.recent(c, p) && c.join() {
 		return c
 	}
-	c := &attemptCtx{parent: parent, deadline: dl}
+	return g.newAttemptCtx(parent)
+}
+
+// recent reports whether the attempt p has just been permitted starts
+// within the sharing span of c's making.
+func (g *guard) recent(c *attemptCtx, p *Permit) bool {
+	span := int64(g.r.attemptTimeout >> shareSlack)
+	if !g.r.systemClock {
+		return time.Since(c.madeReal) <= time.Duration(span)
+	}
+	if c.madeCoarse >= 0 && span > int64(coarseStale) {
+		if p.clock == clockCoarse {
+			return p.start-c.madeCoarse <= span-int64(coarseStale)
+		}
+		if p.clock != clockExact {
+			if v, fresh := coarseNow(); fresh {
+				return v-c.madeCoarse <= span-int64(coarseStale)
+			}
+		}
+	}
+	start := p.start
+	if p.clock != clockExact {
+		start = int64(time.Since(g.epoch))
+	}
+	return start-c.made <= span
+}
+
+// newAttemptCtx makes an attempt ctx starting now and makes it the guard's
+// last, counted in for the caller.
+func (g *guard) newAttemptCtx(parent context.Context) *attemptCtx {
+	timeout := g.r.attemptTimeout + g.r.attemptTimeout>>shareSlack
+	c := &attemptCtx{parent: parent, madeCoarse: -1}
+	if g.r.systemClock {
+		v, fresh := coarseNow()
+		c.made = int64(time.Since(g.epoch))
+		// The coarse clock is trusted for this ctx if it reads the same
+		// time as the exact one (give or take its staleness): not in a
+		// bubble, whose exact clock is its own.
+		if lag := int64(time.Since(coarseBase)) - v; fresh && lag >= 0 && lag <= int64(coarseStale) {
+			c.madeCoarse = v
+		}
+		c.deadline = g.epoch.Add(time.Duration(c.made) + timeout)
+	} else {
+		c.madeReal = time.Now()
+		c.deadline = c.madeReal.Add(timeout)
+	}
 	c.users.Store(2)
 	g.actx.Store(c)
 	return c
-}
-
-// roundUp rounds d up to a multiple of q (q <= 0: d itself).
-func roundUp(d, q time.Duration) time.Duration {
-	if q <= 0 {
-		return d
-	}
-	if r := d % q; r != 0 {
-		d += q - r
-	}
-	return d
 }
 
 // sameCtx reports whether a and b are the same context: the same dynamic
@@ -113,7 +148,7 @@ func (h *Guard) AttemptContext(ctx context.Context) (context.Context, context.Ca
 	if h.r.attemptTimeout <= 0 {
 		return ctx, func() {}
 	}
-	c := &attemptCtx{parent: ctx, deadline: time.Now().Add(h.r.attemptTimeout)}
+	c := &attemptCtx{parent: ctx, deadline: time.Now().Add(h.r.attemptTimeout), madeCoarse: -1}
 	c.users.Store(2)
 	return c, c.close
 }
