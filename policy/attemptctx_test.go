@@ -62,11 +62,12 @@ func TestRunAttemptContext(t *testing.T) {
 		}},
 		{"Err alone sees the deadline", func(t *testing.T, g *policy.Guard) {
 			_ = g.Run(context.Background(), func(ctx context.Context) error {
-				time.Sleep(timeout + ms - 1)
+				const tick = time.Nanosecond
+				time.Sleep(timeout + ms - tick)
 				if err := ctx.Err(); err != nil {
 					t.Errorf("Err %v before the deadline", err)
 				}
-				time.Sleep(1)
+				time.Sleep(tick)
 				if err := ctx.Err(); err != context.DeadlineExceeded {
 					t.Errorf("Err %v at the deadline", err)
 				}
@@ -203,7 +204,8 @@ func TestRunAttemptContext(t *testing.T) {
 func TestRunAttemptContextsEnd(t *testing.T) {
 	t.Parallel()
 	g := mustNew(t, policy.Default())
-	parents := []context.Context{context.Background(), context.WithValue(context.Background(), struct{}{}, 1)}
+	type key struct{}
+	parents := []context.Context{context.Background(), context.WithValue(context.Background(), key{}, 1)}
 	var mu sync.Mutex
 	var kept []context.Context
 	var wg sync.WaitGroup
