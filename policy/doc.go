@@ -21,8 +21,10 @@
 // once with [ErrBulkheadFull]; without one Run counts nothing.
 //
 // The success path with a closed breaker takes no lock and allocates
-// nothing (with an AttemptTimeout, one small context per attempt; its timer
-// only if the attempt asks for Done or Err); it loads the state word,
+// nothing, with an AttemptTimeout too: attempts of a guard that start close
+// together with the same ctx share their attempt's context, whose timer and
+// channel are made only if an attempt asks for Done (and then the next
+// attempt gets a context of its own); it loads the state word,
 // updates a few atomics and reads a coarse clock for the slow-call check. A
 // retry that could not run anyway (the breaker opened and will still be
 // open after the backoff, or the backoff would outlive the deadline) spends

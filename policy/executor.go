@@ -140,7 +140,7 @@ func (g *guard) attempt(ctx context.Context, p *Permit, attempt int, fn func(con
 func (g *guard) attemptFull(ctx context.Context, p *Permit, attempt int, fn func(context.Context) error) (err error) {
 	var ac *attemptCtx
 	if g.r.attemptTimeout > 0 {
-		ac = g.newAttemptCtx(ctx, p)
+		ac = g.attemptCtx(ctx, p)
 		ctx = ac
 	}
 	finished := false
@@ -159,7 +159,7 @@ func (g *guard) attemptFull(ctx context.Context, p *Permit, attempt int, fn func
 		if err != nil && ac.timedOut() {
 			err = AttemptTimedOut(err)
 		}
-		ac.end()
+		ac.leave()
 	}
 	p.Done(err)
 	return err
@@ -171,7 +171,7 @@ func (g *guard) attemptFull(ctx context.Context, p *Permit, attempt int, fn func
 // on).
 func unfinished(p *Permit, ac *attemptCtx, r any) {
 	if ac != nil {
-		ac.end()
+		ac.leave()
 	}
 	if r == nil {
 		p.Done(errGoexit)

@@ -100,6 +100,12 @@ type head struct {
 	// probe slot taken.
 	openErr atomic.Pointer[OpenError]
 	fullErr atomic.Pointer[OpenError] // built on first use
+
+	// actx is the last attempt ctx made, for the next attempts to share:
+	// read by every attempt under an AttemptTimeout, written when one needs
+	// a new ctx. Here rather than in tail so that the state's pointers stay
+	// in its first lines, which is all the GC scans of it.
+	actx atomic.Pointer[attemptCtx]
 }
 
 // tail is written on failures and retries and read by them.
@@ -210,7 +216,7 @@ func (c *Compiled) NewWithEvents(onEvent func(Event)) *Guard {
 // fields read without counting in are stored atomically.
 func (g *guard) init(r *resolved, onEvent func(Event)) {
 	g.state.Store(0)
-	g.head = head{r: r, hook: onEvent, epoch: r.epoch}
+	g.head = head{r: r, hook: onEvent, epoch: r.epoch} // actx too: a ctx of another life is not to share
 	if r.breaker {
 		g.width = int64(r.window) / windowBuckets
 	}

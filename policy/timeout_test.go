@@ -26,18 +26,21 @@ func TestRunAttemptTimeout(t *testing.T) {
 		openErr   bool            // Run returns an OpenError
 		joined    bool            // Run's error joins the Deadline's
 	}{
-		{name: "attempt timeout only", attempt: 100 * ms,
-			deadlines: []time.Duration{100 * ms, 210 * ms, 320 * ms}, took: 320 * ms},
-		{name: "deadline cuts the last attempt", attempt: 100 * ms, deadline: 250 * ms,
-			deadlines: []time.Duration{100 * ms, 210 * ms, 250 * ms}, took: 250 * ms, joined: true},
+		// AttemptTimeout 128ms: each attempt's deadline is AttemptTimeout
+		// plus the 1ms (AttemptTimeout/128) within which later attempts may
+		// share its ctx.
+		{name: "attempt timeout only", attempt: 128 * ms,
+			deadlines: []time.Duration{129 * ms, 268 * ms, 407 * ms}, took: 407 * ms},
+		{name: "deadline cuts the last attempt", attempt: 128 * ms, deadline: 300 * ms,
+			deadlines: []time.Duration{129 * ms, 268 * ms, 300 * ms}, took: 300 * ms, joined: true},
 		{name: "deadline only: one attempt", deadline: 250 * ms,
 			deadlines: []time.Duration{250 * ms}, took: 250 * ms},
 		{name: "deadline shorter than the attempt timeout", attempt: time.Second, deadline: 150 * ms,
 			deadlines: []time.Duration{150 * ms}, took: 150 * ms},
-		{name: "one timeout trips the breaker", attempt: 100 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 5},
-			deadlines: []time.Duration{100 * ms}, took: 100 * ms, openErr: true},
-		{name: "timeouts as ordinary failures trip the breaker", attempt: 100 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 2, TimeoutFailures: 1},
-			deadlines: []time.Duration{100 * ms, 210 * ms}, took: 210 * ms, openErr: true},
+		{name: "one timeout trips the breaker", attempt: 128 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 5},
+			deadlines: []time.Duration{129 * ms}, took: 129 * ms, openErr: true},
+		{name: "timeouts as ordinary failures trip the breaker", attempt: 128 * ms, breaker: &policy.Breaker{ConsecutiveFailures: 2, TimeoutFailures: 1},
+			deadlines: []time.Duration{129 * ms, 268 * ms}, took: 268 * ms, openErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
