@@ -7,27 +7,21 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
 	rfnats "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/internal/examplerun"
+	"github.com/ringfence/ringfence/internal/natstest"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "hooks:", err)
-		os.Exit(1)
-	}
+	examplerun.Main("hooks", func(ctx context.Context, out io.Writer) error { return run(ctx, out, os.Stderr) })
 }
 
 // quota is each tenant's messages per second (burst: one second's worth).
@@ -42,35 +36,16 @@ func run(ctx context.Context, out, logw io.Writer) error {
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(logw, nil))
 
-	dir, err := os.MkdirTemp("", "hooks-")
+	nc, js, stopNATS, err := natstest.NewJetStream()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true})
-	if err != nil {
-		return err
-	}
-	srv.Start()
-	defer srv.Shutdown()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		return errors.New("nats server not ready")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer stopNATS()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
 		return err
 	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "EVENTS", jetstream.ConsumerConfig{
-		Durable: "ingest", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 1000,
-	}); err != nil {
+	// A durable pull consumer: explicit acks are JetStream's default.
+	if _, err := js.CreateOrUpdateConsumer(ctx, "EVENTS", jetstream.ConsumerConfig{Durable: "ingest"}); err != nil {
 		return err
 	}
 	for i := 1; i <= perTenant; i++ {

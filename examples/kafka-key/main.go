@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -18,18 +16,13 @@ import (
 	"github.com/ringfence/ringfence/adapters/kafka"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/examplerun"
+	"github.com/ringfence/ringfence/internal/kafkatest"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "kafka-key:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplerun.Main("kafka-key", run) }
 
 var errProviderDown = errors.New("payment provider unavailable")
 
@@ -38,16 +31,14 @@ func run(ctx context.Context, out io.Writer) error {
 	defer cancel()
 
 	// An in-process Kafka with a 3-partition topic.
-	cluster, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
+	brokers, stopKafka, err := kafkatest.New(
 		kfake.SeedTopics(3, "orders"),
 		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
 	)
 	if err != nil {
 		return err
 	}
-	defer cluster.Close()
-	brokers := cluster.ListenAddrs()
+	defer stopKafka()
 
 	// Ten orders per tenant, keyed by tenant: Kafka keeps each tenant on
 	// one partition, in order.
@@ -113,15 +104,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, src) }()
-	err = waitSettled(ctx, c, len(msgs))
-	stop()
-	if rerr := <-done; err == nil {
-		err = rerr
-	}
-	if err != nil {
+	if err := examplerun.UntilSettled(ctx, c, src, len(msgs)); err != nil {
 		return err
 	}
 
@@ -141,21 +124,4 @@ func run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "DLQ %s: %d record(s), reason %s: %s\n", dlq.KafkaTopic("orders", s.Tenant), s.Count, s.Reason, s.LastError)
 	}
 	return nil
-}
-
-// waitSettled polls until n messages were handled or dead-lettered.
-func waitSettled(ctx context.Context, c *consumer.Consumer, n int) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		st := c.Stats()
-		if int(st.Handled+st.DeadLettered) >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%d of %d messages settled: %w", st.Handled+st.DeadLettered, n, ctx.Err())
-		case <-t.C:
-		}
-	}
 }

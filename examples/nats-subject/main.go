@@ -5,30 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	rfnats "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/internal/examplerun"
+	"github.com/ringfence/ringfence/internal/natstest"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "nats-subject:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplerun.Main("nats-subject", run) }
 
 const perTenant = 20
 
@@ -37,29 +28,11 @@ func run(ctx context.Context, out io.Writer) error {
 	defer cancel()
 
 	// An in-process NATS server with JetStream.
-	dir, err := os.MkdirTemp("", "nats-subject-")
+	nc, js, stopNATS, err := natstest.NewJetStream()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true})
-	if err != nil {
-		return err
-	}
-	srv.Start()
-	defer srv.Shutdown()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		return errors.New("nats server not ready")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer stopNATS()
 
 	// A stream of orders and a durable pull consumer with explicit acks.
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*.created"}}); err != nil {
@@ -132,15 +105,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, src) }()
-	err = waitSettled(ctx, c, len(tenants)*perTenant)
-	stop()
-	if rerr := <-done; err == nil {
-		err = rerr
-	}
-	if err != nil {
+	if err := examplerun.UntilSettled(ctx, c, src, len(tenants)*perTenant); err != nil {
 		return err
 	}
 
@@ -154,21 +119,4 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "acme and initech finished while globex's API was down: %v\n", othersFirst.Load())
 	return nil
-}
-
-// waitSettled polls until n messages were handled or dead-lettered.
-func waitSettled(ctx context.Context, c *consumer.Consumer, n int) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		st := c.Stats()
-		if int(st.Handled+st.DeadLettered) >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%d of %d messages settled: %w", st.Handled+st.DeadLettered, n, ctx.Err())
-		case <-t.C:
-		}
-	}
 }

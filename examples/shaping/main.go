@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -13,18 +11,13 @@ import (
 
 	"github.com/ringfence/ringfence/adapters/kafka"
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/internal/examplerun"
+	"github.com/ringfence/ringfence/internal/kafkatest"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "shaping:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplerun.Main("shaping", run) }
 
 // premium is the tenants that pay for long-running work.
 var premium = map[string]bool{"acme": true}
@@ -33,16 +26,14 @@ func run(ctx context.Context, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 
-	cluster, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
+	brokers, stopKafka, err := kafkatest.New(
 		kfake.SeedTopics(1, "jobs"),
 		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
 	)
 	if err != nil {
 		return err
 	}
-	defer cluster.Close()
-	brokers := cluster.ListenAddrs()
+	defer stopKafka()
 
 	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "jobs", BatchTimeout: time.Millisecond}
 	defer w.Close()
@@ -97,15 +88,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx, src) }()
-	err = waitSettled(ctx, c, len(msgs))
-	stop()
-	if rerr := <-done; err == nil {
-		err = rerr
-	}
-	if err != nil {
+	if err := examplerun.UntilSettled(ctx, c, src, len(msgs)); err != nil {
 		return err
 	}
 
@@ -126,21 +109,4 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// waitSettled polls until n messages were handled or dead-lettered.
-func waitSettled(ctx context.Context, c *consumer.Consumer, n int) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		st := c.Stats()
-		if int(st.Handled+st.DeadLettered) >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%d of %d messages settled: %w", st.Handled+st.DeadLettered, n, ctx.Err())
-		case <-t.C:
-		}
-	}
 }

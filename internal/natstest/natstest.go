@@ -3,6 +3,7 @@ package natstest
 import (
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ const readyTimeout = 10 * time.Second
 // Server is an in-process nats-server with JetStream and a file store.
 // It is safe for concurrent use.
 type Server struct {
-	t        testing.TB
+	t        testing.TB // nil for a server from New, which has no Restart
 	storeDir string
 	core     bool // no JetStream
 
@@ -48,6 +49,50 @@ func StartCore(t testing.TB) *Server {
 	}
 	t.Cleanup(s.Shutdown)
 	return s
+}
+
+// New starts a server as Start does, for a program rather than a test (the
+// examples, the demo's broker child): its store is a new temporary
+// directory, which stop removes after shutting the server down. stop is
+// idempotent.
+func New() (url string, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "natstest-")
+	if err != nil {
+		return "", nil, fmt.Errorf("natstest: %w", err)
+	}
+	s := &Server{storeDir: dir, port: -1}
+	if err := s.start(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("natstest: %w", err)
+	}
+	return s.URL(), func() {
+		s.Shutdown()
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// NewJetStream starts a server as New does and connects to it, for a
+// program that wants a JetStream context rather than a URL (the examples).
+// stop closes the connection and stops the server.
+func NewJetStream() (nc *nats.Conn, js jetstream.JetStream, stop func(), err error) {
+	url, stopServer, err := New()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if nc, err = nats.Connect(url); err == nil {
+		js, err = jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+		}
+	}
+	if err != nil {
+		stopServer()
+		return nil, nil, nil, fmt.Errorf("natstest: connect: %w", err)
+	}
+	return nc, js, func() {
+		nc.Close()
+		stopServer()
+	}, nil
 }
 
 func (s *Server) start() error {

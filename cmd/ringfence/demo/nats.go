@@ -2,21 +2,18 @@ package demo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	rfnats "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/natstest"
 )
 
 func init() { factories["nats"] = newNATSBroker }
@@ -86,34 +83,7 @@ func newNATSBroker(ctx context.Context, url string, log *slog.Logger) (Broker, e
 
 // startNATSServer starts the demo's nats-server (in the broker child), with
 // JetStream on a file store in a temporary directory that its stop removes.
-func startNATSServer() (string, func(), error) {
-	dir, err := os.MkdirTemp("", "ringfence-demo-nats-")
-	if err != nil {
-		return "", nil, err
-	}
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		JetStream: true, StoreDir: dir,
-		NoLog: true, NoSigs: true,
-		JetStreamMaxMemory: 64 << 20, JetStreamMaxStore: 1 << 30,
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("nats-server: %w", err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		os.RemoveAll(dir)
-		return "", nil, errors.New("nats-server: not ready after 10s")
-	}
-	stop := func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		os.RemoveAll(dir)
-	}
-	return fmt.Sprintf("nats://%s", srv.Addr().(*net.TCPAddr).String()), stop, nil
-}
+func startNATSServer() (string, func(), error) { return natstest.New() }
 
 func (b *natsBroker) Name() string { return "nats" }
 
