@@ -310,6 +310,41 @@ func (c *Console) actionForm(r *http.Request, action string) (actionForm, error)
 	return f, nil
 }
 
+// target is what a replay or purge acts on: the request's form and the
+// tenant its path token names.
+type target struct {
+	in     dlq.Inspector
+	form   actionForm
+	token  string
+	tenant string
+	sum    *dlq.TenantSummary // nil when the tenant has no dead letters
+}
+
+// startAction runs the checks a replay or purge begins with, in order: the
+// guard, an attached DLQ, the form, the tenant token. It answers and
+// returns false at the first that fails.
+func (c *Console) startAction(w http.ResponseWriter, r *http.Request, action string) (target, bool) {
+	if !c.guardAction(w, r, action) {
+		return target{}, false
+	}
+	in := c.inspector(w, r, action)
+	if in == nil {
+		return target{}, false
+	}
+	f, err := c.actionForm(r, action)
+	if err != nil {
+		c.fail(w, r, action, http.StatusBadRequest, err.Error())
+		return target{}, false
+	}
+	t := target{in: in, form: f, token: r.PathValue("token")}
+	t.tenant, t.sum, err = c.find(r.Context(), in, t.token)
+	if err != nil {
+		c.findFailed(w, r, action, err)
+		return target{}, false
+	}
+	return t, true
+}
+
 // guardAction answers and returns false unless a replay or purge may go
 // on: not read-only, and authorized.
 func (c *Console) guardAction(w http.ResponseWriter, r *http.Request, action string) bool {
@@ -340,37 +375,23 @@ type confirmView struct {
 // /dlq/{token}/replay with dry_run=1 and limit=N first, then with
 // expect=<the dry run's expect>.
 func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
-	if !c.guardAction(w, r, "replay") {
-		return
-	}
-	in := c.inspector(w, r, "replay")
-	if in == nil {
-		return
-	}
-	f, err := c.actionForm(r, "replay")
-	if err != nil {
-		c.fail(w, r, "replay", http.StatusBadRequest, err.Error())
-		return
-	}
-	token := r.PathValue("token")
-	tenant, _, err := c.find(r.Context(), in, token)
-	if err != nil {
-		c.findFailed(w, r, "replay", err)
+	t, ok := c.startAction(w, r, "replay")
+	if !ok {
 		return
 	}
 	var would []dlq.Record
-	err = c.call(r.Context(), func(ctx context.Context) (err error) {
-		would, err = in.Replay(ctx, tenant, dlq.ReplayOptions{Limit: f.limit, DryRun: true})
+	err := c.call(r.Context(), func(ctx context.Context) (err error) {
+		would, err = t.in.Replay(ctx, t.tenant, dlq.ReplayOptions{Limit: t.form.limit, DryRun: true})
 		return err
 	})
 	if err != nil {
 		c.dlqFailed(w, r, "replay", err)
 		return
 	}
-	sum := digest("replay", tenant, f.limit, nil, would)
-	changed := !f.dry && !equal(f.expect, sum)
-	if f.dry || changed {
-		c.confirm(w, r, confirmView{Action: "replay", Tenant: TenantOf(tenant), Count: len(would), Limit: f.limit, Expect: sum, Changed: changed}, would)
+	sum := digest("replay", t.tenant, t.form.limit, nil, would)
+	changed := !t.form.dry && !equal(t.form.expect, sum)
+	if t.form.dry || changed {
+		c.confirm(w, r, confirmView{Action: "replay", Tenant: TenantOf(t.tenant), Count: len(would), Limit: t.form.limit, Expect: sum, Changed: changed}, would)
 		return
 	}
 	if len(would) > 0 {
@@ -385,11 +406,11 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	var moved []dlq.Record
 	err = c.call(r.Context(), func(ctx context.Context) (err error) {
-		moved, err = in.Replay(ctx, tenant, dlq.ReplayOptions{Limit: f.limit})
+		moved, err = t.in.Replay(ctx, t.tenant, dlq.ReplayOptions{Limit: t.form.limit})
 		return err
 	})
 	c.acting.Store(false)
-	c.o.Logger.Info("console: replayed dead letters", "tenant", Printable(tenant, keyTextLimit), "token", token, "moved", len(moved), "err", err)
+	c.o.Logger.Info("console: replayed dead letters", "tenant", Printable(t.tenant, keyTextLimit), "token", t.token, "moved", len(moved), "err", err)
 	if err != nil {
 		c.dlqFailed(w, r, "replay", fmt.Errorf("%w (%d dead letter(s) moved before it failed)", err, len(moved)))
 		return
@@ -399,37 +420,26 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 		for _, rec := range moved {
 			enc.Encode(RecordLineOf(rec, false))
 		}
-		enc.Encode(ReplayLine{Type: "replay", Tenant: TenantOf(tenant), Moved: len(moved)})
+		enc.Encode(ReplayLine{Type: "replay", Tenant: TenantOf(t.tenant), Moved: len(moved)})
 		return
 	}
-	http.Redirect(w, r, c.o.Prefix+"dlq/"+url.PathEscape(token)+"?replayed="+strconv.Itoa(len(moved)), http.StatusSeeOther)
+	http.Redirect(w, r, c.o.Prefix+"dlq/"+url.PathEscape(t.token)+"?replayed="+strconv.Itoa(len(moved)), http.StatusSeeOther)
 }
 
 // purge removes all of a tenant's dead letters: POST /dlq/{token}/purge
 // with dry_run=1 first, then with expect=<the dry run's expect>.
 func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
-	if !c.guardAction(w, r, "purge") {
+	t, ok := c.startAction(w, r, "purge")
+	if !ok {
 		return
 	}
-	in := c.inspector(w, r, "purge")
-	if in == nil {
-		return
-	}
-	f, err := c.actionForm(r, "purge")
-	if err != nil {
-		c.fail(w, r, "purge", http.StatusBadRequest, err.Error())
-		return
-	}
-	token := r.PathValue("token")
-	tenant, sum, err := c.find(r.Context(), in, token)
-	if err != nil {
-		c.findFailed(w, r, "purge", err)
-		return
-	}
-	var sample []dlq.Record
-	if sum != nil {
+	var (
+		sample []dlq.Record
+		err    error
+	)
+	if t.sum != nil {
 		err = c.call(r.Context(), func(ctx context.Context) (err error) {
-			sample, err = in.Peek(ctx, tenant, c.o.MaxPeek)
+			sample, err = t.in.Peek(ctx, t.tenant, c.o.MaxPeek)
 			return err
 		})
 		if err != nil {
@@ -437,13 +447,13 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d := digest("purge", tenant, 0, sum, sample)
-	changed := !f.dry && !equal(f.expect, d)
-	if f.dry || changed {
-		v := confirmView{Action: "purge", Tenant: TenantOf(tenant), Expect: d, Changed: changed}
-		if sum != nil {
-			l := TenantLineOf(*sum)
-			v.Summary, v.Count = &l, sum.Count
+	d := digest("purge", t.tenant, 0, t.sum, sample)
+	changed := !t.form.dry && !equal(t.form.expect, d)
+	if t.form.dry || changed {
+		v := confirmView{Action: "purge", Tenant: TenantOf(t.tenant), Expect: d, Changed: changed}
+		if t.sum != nil {
+			l := TenantLineOf(*t.sum)
+			v.Summary, v.Count = &l, t.sum.Count
 		}
 		c.confirm(w, r, v, sample)
 		return
@@ -458,20 +468,20 @@ func (c *Console) purge(w http.ResponseWriter, r *http.Request) {
 	}
 	var n int
 	err = c.call(r.Context(), func(ctx context.Context) (err error) {
-		n, err = in.Purge(ctx, tenant)
+		n, err = t.in.Purge(ctx, t.tenant)
 		return err
 	})
 	c.acting.Store(false)
-	c.o.Logger.Info("console: purged dead letters", "tenant", Printable(tenant, keyTextLimit), "token", token, "purged", n, "err", err)
+	c.o.Logger.Info("console: purged dead letters", "tenant", Printable(t.tenant, keyTextLimit), "token", t.token, "purged", n, "err", err)
 	if err != nil {
 		c.dlqFailed(w, r, "purge", err)
 		return
 	}
 	if wantJSON(r) {
-		jsonLines(w, http.StatusOK).Encode(PurgeLine{Type: "purge", Tenant: TenantOf(tenant), Purged: n})
+		jsonLines(w, http.StatusOK).Encode(PurgeLine{Type: "purge", Tenant: TenantOf(t.tenant), Purged: n})
 		return
 	}
-	http.Redirect(w, r, c.o.Prefix+"dlq/"+url.PathEscape(token)+"?purged="+strconv.Itoa(n), http.StatusSeeOther)
+	http.Redirect(w, r, c.o.Prefix+"dlq/"+url.PathEscape(t.token)+"?purged="+strconv.Itoa(n), http.StatusSeeOther)
 }
 
 // findFailed answers a failed token lookup.
