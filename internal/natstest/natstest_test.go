@@ -39,38 +39,7 @@ func TestRestartKeepsStreamData(t *testing.T) {
 	}
 }
 
-func TestNewServesJetStreamUntilStopped(t *testing.T) {
-	url, stop, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, "t.a", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	stop()
-	stop() // idempotent
-	if nc2, err := nats.Connect(url, nats.NoReconnect()); err == nil {
-		nc2.Close()
-		t.Fatalf("connected to %s after stop", url)
-	}
-}
-
-func TestNewJetStreamStopClosesTheConnection(t *testing.T) {
+func TestNewJetStreamServesUntilStopped(t *testing.T) {
 	nc, js, stop, err := NewJetStream()
 	if err != nil {
 		t.Fatal(err)
@@ -81,8 +50,17 @@ func TestNewJetStreamStopClosesTheConnection(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := js.Publish(ctx, "t.a", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	url := nc.ConnectedUrl()
 	stop()
+	stop() // idempotent
 	if !nc.IsClosed() {
 		t.Fatal("connection open after stop")
+	}
+	if nc2, err := nats.Connect(url, nats.NoReconnect()); err == nil {
+		nc2.Close()
+		t.Fatalf("connected to %s after stop", url)
 	}
 }
