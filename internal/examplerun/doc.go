@@ -1,4 +1,5 @@
-// Package examplerun runs a runnable example's consumer until every message
-// the example produced is settled, then stops it: the end every program in
-// examples/ shares, kept here so each example shows only its own idea.
+// Package examplerun is what every runnable program in examples/ shares, so
+// each example shows only its own idea: Main (an interrupt cancels, an
+// error exits 1) and UntilSettled, which runs the example's consumer until
+// every message it produced is handled or dead-lettered, then stops it.
 package examplerun
