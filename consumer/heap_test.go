@@ -1,0 +1,200 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// keySource delivers messages of the tenant keys it is given, one phase
+// at a time: key i goes to partition i%parts (a tenant lives on one
+// partition, as with Kafka's key partitioning), in batches of keyBatch
+// messages of one partition, as a fetch does. It honours Pause and counts
+// settles. Each batch is allocated as it is delivered, so the messages are
+// garbage once settled: the heap it leaves is the engine's.
+type keySource struct {
+	parts   int
+	phases  chan [2]int // key range [from, to) of a phase
+	settled atomic.Int64
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	paused map[int32]bool
+}
+
+const keyBatch = 64
+
+func newKeySource(parts int) *keySource {
+	s := &keySource{parts: parts, phases: make(chan [2]int), paused: map[int32]bool{}}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+func heapKey(i int) string { return fmt.Sprintf("tenant-%09d", i) }
+
+func (s *keySource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	offs := make([]int64, s.parts)
+	for p := range s.parts {
+		d.Assigned(consumer.Partition{Topic: "t", ID: int32(p)})
+	}
+	for {
+		var r [2]int
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case r = <-s.phases:
+		}
+		for p := range s.parts {
+			// Keys from, from+parts, ... of partition p.
+			first := r[0] + (p-r[0]%s.parts+s.parts)%s.parts
+			for i := first; i < r[1]; {
+				s.mu.Lock()
+				for s.paused[int32(p)] {
+					s.cond.Wait()
+				}
+				s.mu.Unlock()
+				ms := make([]consumer.Message, 0, keyBatch)
+				for ; i < r[1] && len(ms) < keyBatch; i += s.parts {
+					ms = append(ms, consumer.Message{
+						Key:       []byte(heapKey(i)),
+						Topic:     "t",
+						Partition: consumer.Partition{Topic: "t", ID: int32(p)},
+						Offset:    offs[p],
+					})
+					offs[p]++
+				}
+				batch := make([]*consumer.Message, len(ms))
+				for j := range ms {
+					batch[j] = &ms[j]
+				}
+				d.DeliverBatch(batch)
+			}
+		}
+	}
+}
+
+func (s *keySource) Settle(context.Context, *consumer.Message) error {
+	s.settled.Add(1)
+	return nil
+}
+
+func (s *keySource) Commit(context.Context, consumer.Partition, int64) error { return nil }
+
+func (s *keySource) Pause(p consumer.Partition) {
+	s.mu.Lock()
+	s.paused[p.ID] = true
+	s.mu.Unlock()
+}
+
+func (s *keySource) Resume(p consumer.Partition) {
+	s.mu.Lock()
+	s.paused[p.ID] = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// liveHeap is the live heap after a full collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+const mib = 1 << 20
+
+// heapRun is an engine fed by a keySource, for measuring what it keeps.
+type heapRun struct {
+	c      *consumer.Consumer
+	src    *keySource
+	base   uint64 // live heap before the engine was made
+	sent   int64
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startHeapRun(t *testing.T, parts int, cfg consumer.Config) *heapRun {
+	t.Helper()
+	r := &heapRun{src: newKeySource(parts), done: make(chan error, 1)}
+	r.base = liveHeap()
+	cfg.Handler = consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil })
+	cfg.Tenant = consumer.FromKey()
+	cfg.DLQ = dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil })
+	c, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c = c
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.done <- c.Run(ctx, r.src) }()
+	t.Cleanup(func() {
+		r.cancel()
+		if err := <-r.done; err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+// feed delivers keys [from, to) and waits until every message sent so far
+// is settled (bounded).
+func (r *heapRun) feed(t *testing.T, from, to int) {
+	t.Helper()
+	r.src.phases <- [2]int{from, to}
+	r.sent += int64(to - from)
+	deadline := time.Now().Add(10 * time.Minute)
+	for r.src.settled.Load() < r.sent {
+		if time.Now().After(deadline) {
+			t.Fatalf("settled %d of %d messages", r.src.settled.Load(), r.sent)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// grown is the live heap now, minus the heap before the engine was made.
+func (r *heapRun) grown() int64 { return int64(liveHeap()) - int64(r.base) }
+
+// tracked is how many tenants (and lanes) the engine holds state for.
+func (r *heapRun) tracked() (tenants, lanes int) {
+	s := r.c.Stats()
+	for _, p := range s.Partitions {
+		lanes += p.Lanes
+	}
+	return len(s.Tenants), lanes
+}
+
+// TestEngineHeap streams distinct tenant keys through an engine with the
+// default config, one message each, in two phases of
+// RINGFENCE_HEAP_TENANTS keys (set it to run; 1000000 for the figure the
+// package doc's bound is checked against), and reports the engine's live
+// heap (after a full collection, minus the heap before the engine was
+// made) and the tenants it still tracks after each phase, while it runs.
+func TestEngineHeap(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("RINGFENCE_HEAP_TENANTS"))
+	if n <= 0 {
+		t.Skip("set RINGFENCE_HEAP_TENANTS to the tenants of a phase (e.g. 1000000)")
+	}
+	parts := 4
+	if v, _ := strconv.Atoi(os.Getenv("RINGFENCE_HEAP_PARTITIONS")); v > 0 {
+		parts = v
+	}
+	r := startHeapRun(t, parts, consumer.Config{})
+	for phase := range 2 {
+		r.feed(t, phase*n, (phase+1)*n)
+		time.Sleep(time.Second) // housekeeping's sweeps of what just went idle
+		tenants, lanes := r.tracked()
+		t.Logf("after %d distinct tenants (%d partitions): live heap +%.1f MiB, %d tenants and %d lanes tracked",
+			(phase+1)*n, parts, float64(r.grown())/mib, tenants, lanes)
+	}
+}
