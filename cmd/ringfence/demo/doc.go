@@ -26,8 +26,8 @@
 //   - hot: it sends 20 times its rate for 60s, every call succeeding.
 //
 // Outage and long-outage run with DemoPolicy (a fast breaker); slow, hang
-// and hot with policy.Default(), the consumer's defaults their issue asks
-// for. Each scenario runs twice on each broker, on the same traffic (for
+// and hot with policy.Default(), so that they show what the consumer's
+// defaults do. Each scenario runs twice on each broker, on the same traffic (for
 // hot, the same but for the burst): a baseline with no fault, and the
 // fault with per-tenant guards ("ringfence"); outage adds a third run with
 // one guard for every message ("shared", a consumer with one breaker and
@@ -68,9 +68,8 @@
 //     read back. "Lost" is what neither the run, nor the DLQ, nor the
 //     restart has: the table never claims a loss that did not happen.
 //
-// --check judges a scenario with the thresholds of the spill and bulkhead
-// issues (see Checks): goodput at least 0.95 of the baseline for both
-// groups; p99 at most 2x the baseline (slow, hang, hot; the partition-mates
+// --check judges a scenario with fixed thresholds (see Checks): goodput
+// at least 0.95 of the baseline for both groups; p99 at most 2x the baseline (slow, hang, hot; the partition-mates
 // of long-outage); the bad tenant parked (slow, hang); nothing of it
 // dead-lettered, in order, nothing unfinished after the drain, nothing
 // lost; the long outage's commit lag within LongOutageMaxLag; the heap
