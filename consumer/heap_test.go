@@ -13,6 +13,8 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/policy"
+	"github.com/ringfence/ringfence/scope"
 )
 
 // keySource delivers messages of the tenant keys it is given, one phase
@@ -25,6 +27,7 @@ type keySource struct {
 	parts   int
 	phases  chan [2]int // key range [from, to) of a phase
 	settled atomic.Int64
+	d       atomic.Pointer[consumer.Dispatcher] // set when Run starts
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -42,6 +45,7 @@ func newKeySource(parts int) *keySource {
 func heapKey(i int) string { return fmt.Sprintf("tenant-%09d", i) }
 
 func (s *keySource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	s.d.Store(&d)
 	offs := make([]int64, s.parts)
 	for p := range s.parts {
 		d.Assigned(consumer.Partition{Topic: "t", ID: int32(p)})
@@ -165,14 +169,8 @@ func (r *heapRun) feed(t *testing.T, from, to int) {
 // grown is the live heap now, minus the heap before the engine was made.
 func (r *heapRun) grown() int64 { return int64(liveHeap()) - int64(r.base) }
 
-// tracked is how many tenants (and lanes) the engine holds state for.
-func (r *heapRun) tracked() (tenants, lanes int) {
-	s := r.c.Stats()
-	for _, p := range s.Partitions {
-		lanes += p.Lanes
-	}
-	return len(s.Tenants), lanes
-}
+// tracked is what the engine holds state for.
+func (r *heapRun) tracked() consumer.TrackedStats { return r.c.Stats().Tracked }
 
 // TestEngineHeap streams distinct tenant keys through an engine with the
 // default config, one message each, in two phases of
@@ -193,8 +191,37 @@ func TestEngineHeap(t *testing.T) {
 	for phase := range 2 {
 		r.feed(t, phase*n, (phase+1)*n)
 		time.Sleep(time.Second) // housekeeping's sweeps of what just went idle
-		tenants, lanes := r.tracked()
-		t.Logf("after %d distinct tenants (%d partitions): live heap +%.1f MiB, %d tenants and %d lanes tracked",
-			(phase+1)*n, parts, float64(r.grown())/mib, tenants, lanes)
+		tr := r.tracked()
+		t.Logf("after %d distinct tenants (%d partitions): live heap +%.1f MiB, %d tenants (%d idle) and %d lanes tracked, %d forgotten",
+			(phase+1)*n, parts, float64(r.grown())/mib, tr.Tenants, tr.Idle, tr.Lanes, tr.Forgotten)
+	}
+}
+
+// TestIdleTenantBytes measures what the engine keeps for a tenant once it
+// is idle (its guard in the scope included, which the tenant's pin keeps
+// there), and for each lane on top, for Config.MaxIdleTenants's doc: n
+// tenants of one message each on one partition that keeps n lanes, then
+// the partition revoked, which leaves the n tenants idle.
+func TestIdleTenantBytes(t *testing.T) {
+	const n = 4096
+	cfg := consumer.Config{
+		Scope:          scope.New(policy.Default(), scope.Options[string]{MaxKeys: n}),
+		MaxIdleTenants: n,
+	}
+	r := startHeapRun(t, 1, cfg)
+	r.feed(t, 0, n)
+	withLanes := r.grown()
+	if tr := r.tracked(); tr.Tenants != n || tr.Lanes != n {
+		t.Fatalf("tracking %+v, want %d tenants with a lane each", tr, n)
+	}
+	(*r.src.d.Load()).Revoked(consumer.Partition{Topic: "t", ID: 0})
+	idle := r.grown()
+	if tr := r.tracked(); tr.Tenants != n || tr.Idle != n || tr.Lanes != 0 {
+		t.Fatalf("tracking %+v after the revocation, want %d idle tenants", tr, n)
+	}
+	perTenant, perLane := idle/n, (withLanes-idle)/n
+	t.Logf("an idle tenant: %d bytes (its guard included); a lane: %d bytes more", perTenant, perLane)
+	if perTenant > 4096 || perLane > 2048 {
+		t.Errorf("an idle tenant costs %d bytes, a lane %d more: the Config.MaxIdleTenants doc says less", perTenant, perLane)
 	}
 }
