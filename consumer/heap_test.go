@@ -172,28 +172,76 @@ func (r *heapRun) grown() int64 { return int64(liveHeap()) - int64(r.base) }
 // tracked is what the engine holds state for.
 func (r *heapRun) tracked() consumer.TrackedStats { return r.c.Stats().Tracked }
 
-// TestEngineHeap streams distinct tenant keys through an engine with the
-// default config, one message each, in two phases of
-// RINGFENCE_HEAP_TENANTS keys (set it to run; 1000000 for the figure the
-// package doc's bound is checked against), and reports the engine's live
-// heap (after a full collection, minus the heap before the engine was
-// made) and the tenants it still tracks after each phase, while it runs.
-func TestEngineHeap(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("RINGFENCE_HEAP_TENANTS"))
-	if n <= 0 {
-		t.Skip("set RINGFENCE_HEAP_TENANTS to the tenants of a phase (e.g. 1000000)")
+// settleTracking waits (bounded) until the engine's sweeps brought its
+// lanes back to their bound now that every message is settled, and
+// returns what it tracks.
+func (r *heapRun) settleTracking(t *testing.T, parts int) consumer.TrackedStats {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tr := r.tracked()
+		if tr.Lanes <= parts*tr.MaxIdle || time.Now().After(deadline) {
+			return tr
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestEngineHeap streams tenant keys through an engine, one message each,
+// in two phases, and checks after each, while the engine runs, what it
+// still tracks (at most MaxIdleTenants idle tenants and MaxIdleTenants
+// lanes a partition, once every message is settled) and its live heap
+// (after a full collection, minus the heap before the engine was made),
+// which must not grow with the second phase. By default it runs 24,000
+// keys a phase (8,000 with -short) with MaxIdleTenants 64 (and MaxQueuedPerPartition 1000),
+// half of the second phase's keys coming back after they were forgotten. RINGFENCE_HEAP_TENANTS=n runs n
+// distinct keys a phase with the default config instead, and logs the
+// figures (1000000: the figure the package doc's bound is checked
+// against); RINGFENCE_HEAP_PARTITIONS sets the partitions (4).
+func TestEngineHeap(t *testing.T) {
 	parts := 4
 	if v, _ := strconv.Atoi(os.Getenv("RINGFENCE_HEAP_PARTITIONS")); v > 0 {
 		parts = v
 	}
-	r := startHeapRun(t, parts, consumer.Config{})
-	for phase := range 2 {
-		r.feed(t, phase*n, (phase+1)*n)
-		time.Sleep(time.Second) // housekeeping's sweeps of what just went idle
-		tr := r.tracked()
-		t.Logf("after %d distinct tenants (%d partitions): live heap +%.1f MiB, %d tenants (%d idle) and %d lanes tracked, %d forgotten",
-			(phase+1)*n, parts, float64(r.grown())/mib, tr.Tenants, tr.Idle, tr.Lanes, tr.Forgotten)
+	n, _ := strconv.Atoi(os.Getenv("RINGFENCE_HEAP_TENANTS"))
+	cfg := consumer.Config{}
+	second := [2]int{n, 2 * n} // the second phase's keys: all new
+	maxHeap, maxGrowth := int64(64*mib), int64(8*mib)
+	if n <= 0 {
+		n = 24000
+		if testing.Short() {
+			n = 8000
+		}
+		cfg.MaxIdleTenants = 64
+		cfg.MaxQueuedPerPartition = 1000 // busy lanes, tracked whatever the bound, stay few
+		second = [2]int{n / 2, n + n/2}  // half of them come back
+		maxHeap, maxGrowth = 12*mib, 3*mib
+	}
+	r := startHeapRun(t, parts, cfg)
+	var first int64
+	for phase, keys := range [][2]int{{0, n}, second} {
+		r.feed(t, keys[0], keys[1])
+		tr := r.settleTracking(t, parts)
+		grown := r.grown()
+		t.Logf("after phase %d (keys %d to %d, %d partitions): live heap +%.1f MiB, %d tenants tracked (%d idle, %d lanes), %d forgotten",
+			phase+1, keys[0], keys[1], parts, float64(grown)/mib, tr.Tenants, tr.Idle, tr.Lanes, tr.Forgotten)
+		if tr.Idle > tr.MaxIdle || tr.Lanes > parts*tr.MaxIdle || tr.Tenants > tr.Idle+tr.Lanes {
+			t.Errorf("phase %d: tracking %+v, want at most MaxIdle idle tenants and MaxIdle lanes a partition", phase+1, tr)
+		}
+		if want := uint64(keys[1]) - uint64(tr.Tenants); phase == 0 && tr.Forgotten < want {
+			t.Errorf("phase 1: %d tenants forgotten, want %d", tr.Forgotten, want)
+		}
+		if grown > maxHeap {
+			t.Errorf("phase %d: the engine's live heap grew by %.1f MiB, want at most %.0f", phase+1, float64(grown)/mib, float64(maxHeap)/mib)
+		}
+		if phase == 0 {
+			first = grown
+		} else if grown-first > maxGrowth {
+			t.Errorf("the second phase grew the live heap from %.1f to %.1f MiB", float64(first)/mib, float64(grown)/mib)
+		}
+	}
+	if err := consumer.CheckInvariants(r.c); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -221,8 +221,13 @@ func (c *Consumer) checkInvariants() error {
 				bad("idle tenant %q holds %d lanes, %d in flight (%d of dropped lanes), %d parked, %d spilling lanes", k, t.lanes, t.inflight.Load(), t.zombies.Load(), t.parked.Load(), t.spillLanes.Load())
 			}
 		}
+		// A tenant's pin holds while the scope keeps its guard: past its
+		// HardCeiling the scope evicts pinned keys too (and their pins
+		// with them), so only guards still the scope's count.
 		if g := t.guardP.Load(); g != nil && g != c.fallback {
-			pinned++
+			if sg, ok := c.scope.Peek(t.key); ok && sg == g {
+				pinned++
+			}
 		}
 		all = append(all, t)
 	}
@@ -262,7 +267,7 @@ func (c *Consumer) checkInvariants() error {
 		bad("%d idle tenants tracked, more than MaxIdleTenants %d", c.idle.n, c.maxIdle)
 	}
 	if got := c.scope.Stats().Pinned; got < pinned {
-		bad("scope holds %d pinned keys, the engine pinned %d tenants", got, pinned)
+		bad("scope holds %d pinned keys, the engine pinned %d tenants whose guards it holds", got, pinned)
 	}
 	return errors.Join(errs...)
 }
