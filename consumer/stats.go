@@ -102,8 +102,8 @@ type Stats struct {
 	// Partitions lists the assigned partitions, in order.
 	Partitions []PartitionStats
 	// Tenants lists the tenants the engine tracks now, sorted by key (the
-	// no-tenant bucket first). Idle tenants may be dropped from it; the
-	// totals above stay.
+	// no-tenant bucket first). Idle tenants are dropped from it past
+	// Config.MaxIdleTenants; the totals above stay.
 	Tenants []TenantStats
 	// Tracked counts the tenants and lanes the engine keeps state for.
 	Tracked TrackedStats
