@@ -135,7 +135,7 @@ type Config struct {
 	// forgotten, nor its lanes dropped. So whatever the stream of
 	// keys, the engine tracks at most MaxIdleTenants idle tenants and about
 	// MaxIdleTenants lanes a partition, beyond those holding messages. An
-	// idle tenant costs about 1.7 KiB of heap, 1.4 KiB of it its guard in
+	// idle tenant costs about 1.7 KiB of heap, 1.3 KiB of it its guard in
 	// the Scope (which its pin keeps there), and a lane about 350 bytes
 	// more (TestIdleTenantBytes measures both). Stats.Tracked shows the
 	// counts. Zero means the Scope's MaxKeys (1024 by default).

@@ -223,7 +223,7 @@ func TestEngineHeap(t *testing.T) {
 		r.feed(t, keys[0], keys[1])
 		tr := r.settleTracking(t, parts)
 		grown := r.grown()
-		t.Logf("after phase %d (keys %d to %d, %d partitions): live heap +%.1f MiB, %d tenants tracked (%d idle, %d lanes), %d forgotten",
+		t.Logf("after phase %d (keys %d to %d, partitions=%d): live heap +%.1f MiB, %d tenants tracked (%d idle, %d lanes), %d forgotten",
 			phase+1, keys[0], keys[1], parts, float64(grown)/mib, tr.Tenants, tr.Idle, tr.Lanes, tr.Forgotten)
 		if tr.Idle > tr.MaxIdle || tr.Lanes > parts*tr.MaxIdle || tr.Tenants > tr.Idle+tr.Lanes {
 			t.Errorf("phase %d: tracking %+v, want at most MaxIdle idle tenants and MaxIdle lanes a partition", phase+1, tr)
