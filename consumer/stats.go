@@ -116,9 +116,10 @@ type TrackedStats struct {
 	// no-tenant bucket aside), Idle how many of them have nothing in it (no
 	// lane on any partition, nothing in flight). Idle is at most MaxIdle.
 	Tenants, Idle, MaxIdle int
-	// Lanes is how many lanes the partitions hold (see PartitionStats.Lanes);
-	// each partition holds at most MaxIdle beyond those holding messages,
-	// give or take the lanes made since housekeeping's last tick.
+	// Lanes is how many lanes the partitions hold (see PartitionStats.Lanes):
+	// each partition about MaxIdle at most beyond those holding messages
+	// (lanes whose messages were just handled may stay above it until the
+	// next lanes made, or housekeeping's next ticks, sweep them).
 	Lanes int
 	// Forgotten counts the idle tenants forgotten since New (a tenant that
 	// comes back is counted again when it is forgotten again).
