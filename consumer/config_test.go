@@ -28,6 +28,7 @@ func TestNewRefusesInvalidConfig(t *testing.T) {
 		{"no dlq", func(c *consumer.Config) { c.DLQ = nil }, "DLQ"},
 		{"negative concurrency", func(c *consumer.Config) { c.Concurrency = -1 }, "Concurrency"},
 		{"negative parked", func(c *consumer.Config) { c.MaxParked = -5 }, "MaxParked"},
+		{"negative idle tenants", func(c *consumer.Config) { c.MaxIdleTenants = -1 }, "MaxIdleTenants"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

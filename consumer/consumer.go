@@ -54,10 +54,16 @@ type Consumer struct {
 	parts   atomic.Pointer[partTable] // copy on write under pmu (setParts)
 	partGen uint64                    // pmu
 
-	tmu         sync.Mutex
-	tenants     map[string]*tenant
-	noTenant    *tenant
-	keepTenants int // idle tenants kept before they are forgotten
+	// The tenant table, guarded by tmu: the tenants the engine tracks,
+	// those of them that are idle (see idleList), how many idle ones it
+	// keeps (Config.MaxIdleTenants, also each partition's bound on lanes,
+	// see sweepLanes) and how many it forgot.
+	tmu       sync.Mutex
+	tenants   map[string]*tenant
+	noTenant  *tenant
+	idle      idleList
+	maxIdle   int // set by New, read without tmu
+	forgotten uint64
 
 	sched   sched
 	spillQ  spillQueue
@@ -104,7 +110,7 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	c.noTenant.once.Do(func() {}) // the bucket runs no guard
-	c.keepTenants = max(c.scope.MaxKeys()/2, 1)
+	c.maxIdle = orInt(cfg.MaxIdleTenants, c.scope.MaxKeys())
 	c.quickWorkers = runtime.GOMAXPROCS(0)
 	c.setParts(map[Partition]*shard{})
 	c.spillQ.cond = sync.NewCond(&c.spillQ.mu)
@@ -227,7 +233,7 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 
 // housekeeping advances the engine clock, ends handler calls past their
 // deadline, spills tenants whose messages are stuck, and sweeps idle lanes
-// and tenants, until stop is closed.
+// (and so tenants, see sweepLanes), until stop is closed.
 func (c *Consumer) housekeeping(stop <-chan struct{}) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -251,6 +257,9 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 		// shard.refreshCommit).
 		for _, sh := range c.parts.Load().m {
 			c.commitShard(sh, now, false)
+			if sh.sweep.due.Load() {
+				c.sweepTick(sh)
+			}
 		}
 		if slow++; slow%20 == 0 { // every 100ms
 			for _, sh := range c.shards() {
@@ -379,6 +388,9 @@ func (c *Consumer) Revoked(p Partition) {
 		c.dropLane(sh.none)
 	}
 	clear(sh.lanes)
+	sh.sweep.q.reset()
+	forget = append(forget, sh.takeForgotten()...)
+	sh.sweep.due.Store(false)
 	sh.none = nil
 	sh.aside.msgs = nil
 	sh.ready.reset()
@@ -410,8 +422,9 @@ func (c *Consumer) Revoked(p Partition) {
 	c.emit(Event{Kind: EventRevoked, Partition: p})
 }
 
-// dropLane forgets a lane of a dead shard. Called with sh.mu held; returns
-// the lane's tenant if its pin must be released.
+// dropLane forgets a lane (its partition was revoked, or the lane swept,
+// see sweepLanes) and releases its tenant. Called with sh.mu held; returns
+// the tenant this forgot, if any, whose pin must be released (unpin).
 func (c *Consumer) dropLane(l *lane) *tenant {
 	l.dead = true
 	if l.state == laneRunning && !l.t.none {
@@ -442,11 +455,10 @@ func yield() { time.Sleep(50 * time.Microsecond) }
 
 // maintain is housekeeping for one shard, every 100ms: it spills the tenant
 // of a message that holds the partition's commit for longer than
-// StuckAfter, retries set-aside dead letters that are due, lifts a pause
-// whose pressure is gone, and sweeps idle lanes.
+// StuckAfter, retries set-aside dead letters that are due, and lifts a
+// pause whose pressure is gone.
 func (c *Consumer) maintain(sh *shard, now int64) {
 	var ev []Event
-	var forget []*tenant
 	var aside []*Message
 	resume := false
 	sh.mu.Lock()
@@ -485,28 +497,12 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 		c.setPause(sh, 0)
 		resume = true
 	}
-	if len(sh.lanes) > sh.sweepAt {
-		for k, l := range sh.lanes {
-			if l.q.len() == 0 && l.pend.len() == 0 && l.state == laneIdle && !l.spill.on && !l.spill.job && l.spill.refed.n == 0 {
-				if l.seen {
-					l.seen = false
-					continue
-				}
-				delete(sh.lanes, k)
-				forget = append(forget, c.dropLane(l))
-			}
-		}
-		sh.sweepAt = max(1024, 2*len(sh.lanes))
-	}
 	sh.mu.Unlock()
 	if resume {
 		c.syncPause(sh)
 	}
 	if len(aside) > 0 {
 		go c.retryAside(sh, aside)
-	}
-	for _, t := range forget {
-		c.unpin(t)
 	}
 	for i := range ev {
 		c.emit(ev[i])

@@ -109,6 +109,7 @@ func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
 	m.st.aside = true
 	m.st.wr().asideAt = c.clock()
 	sh.aside.msgs = append(sh.aside.msgs, m)
+	l.aside++
 }
 
 // asideRetry is how often a set-aside dead letter is tried again.
@@ -144,6 +145,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 					break
 				}
 			}
+			m.st.lane.aside--
 			sh.count.queued--
 			sh.settled(m) // the next tick commits past it
 		}

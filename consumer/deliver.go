@@ -105,8 +105,8 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 			m.st.late = true
 			sh.commit.late = append(sh.commit.late, m)
 		}
-		if !l.seen {
-			l.seen = true
+		if l.hits < 2 {
+			l.hits++
 		}
 		sh.count.queued++
 		t := l.t
@@ -147,7 +147,12 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 	if pause != 0 && sh.pause.reason == 0 {
 		c.setPause(sh, pause)
 	}
+	var forgot []*tenant
+	if len(sh.sweep.forgot) > 0 {
+		forgot = sh.takeForgotten()
+	}
 	sh.mu.Unlock()
+	c.unpinAll(forgot)
 	if pause != 0 {
 		c.syncPause(sh)
 	}

@@ -76,6 +76,17 @@
 // unsettled is delivered again; a revoked partition's queued messages are
 // dropped for the new owner. commit.go.
 //
+// # Memory
+//
+// Besides the messages it holds (bounded by MaxQueuedPerPartition and the
+// other bounds of Config), the engine keeps state for each tenant and each
+// lane it has seen. A tenant with nothing in the engine is idle: past
+// Config.MaxIdleTenants idle tenants the one idle longest is forgotten,
+// and a partition past as many lanes drops those that hold nothing, a few
+// for each lane it makes, so the engine's memory does not grow with the
+// number of distinct tenants it has seen (TestEngineHeap). A tenant that
+// comes back starts afresh; its guard lives in the scope. idle.go.
+//
 // # Scheduling
 //
 // Workers take ready lanes in turns: a lane runs its turn (one message per

@@ -9,8 +9,12 @@ import (
 // structures (after otter's checker): every partition's queued count with
 // its lanes, its watermark with its unsettled messages, each tenant's
 // queued, parked, in-flight and spilling counts with its lanes, the parked
-// total, the lanes' scheduling states with the ready queues, and the scope
-// pins with the tenants the engine tracks. Tests run it after every round;
+// total, the lanes' scheduling states with the ready queues, the scope
+// pins with the tenants the engine tracks, and what it may forget: every
+// tenant with a lane or a set-aside message is in the tenant table, the
+// idle list holds exactly the tenants marked idle, each of which holds
+// nothing (no lane, nothing in flight), and no more of them than
+// MaxIdleTenants. Tests run it after every round;
 // it holds every partition lock at once, so it sees one consistent state
 // even while the engine runs.
 func (c *Consumer) checkInvariants() error {
@@ -31,7 +35,7 @@ func (c *Consumer) checkInvariants() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
-	type tally struct{ queued, parked, running, spilling, lanes int }
+	type tally struct{ queued, parked, running, spilling, lanes, aside int }
 	per := map[*tenant]*tally{}
 	at := func(t *tenant) *tally {
 		x := per[t]
@@ -56,6 +60,17 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v: lane under key %q belongs to tenant %q (none=%v)", sh.p, k, l.t.key, l.t.none)
 			}
 			lanes = append(lanes, l)
+		}
+		swept := map[*lane]bool{}
+		for i := range sh.sweep.q.len() {
+			l := sh.sweep.q.at(i)
+			if swept[l] || sh.lanes[l.key] != l {
+				bad("%v/%q: the sweep's queue holds the lane twice or one the partition does not (dead=%v)", sh.p, l.key, l.dead)
+			}
+			swept[l] = true
+		}
+		if len(swept) != len(sh.lanes) {
+			bad("%v: the sweep's queue holds %d lanes, the partition %d", sh.p, len(swept), len(sh.lanes))
 		}
 		if sh.none != nil {
 			if !sh.none.t.none || sh.none.t != c.noTenant {
@@ -141,6 +156,7 @@ func (c *Consumer) checkInvariants() error {
 			if l.dead {
 				bad("%v/%q: dead lane still in a live shard", sh.p, l.key)
 			}
+			x.aside += l.aside
 		}
 		if quickQueued != sh.count.quickQueued || aheadLanes != sh.count.aheadLanes {
 			bad("%v: read-ahead count %d in %d lanes, lanes count %d in %d", sh.p, sh.count.quickQueued, sh.count.aheadLanes, quickQueued, aheadLanes)
@@ -163,11 +179,21 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v: oldest unsettled message %d is older than the last scan's %d", sh.p, o.Offset, sh.commit.oldestAt)
 			}
 		}
+		asides := map[*lane]int{}
 		for _, m := range sh.aside.msgs {
 			if m.st.lane.sh != sh {
 				bad("%v: set-aside message %d from another partition", sh.p, m.Offset)
 			}
+			if m.st.lane.dead {
+				bad("%v/%q: set-aside message %d of a dropped lane", sh.p, m.st.lane.key, m.Offset)
+			}
 			at(m.st.lane.t).queued++
+			asides[m.st.lane]++
+		}
+		for _, l := range lanes {
+			if l.aside != asides[l] {
+				bad("%v/%q: lane counts %d set-aside messages, the partition holds %d", sh.p, l.key, l.aside, asides[l])
+			}
 		}
 		if shParked != sh.count.parked {
 			bad("%v: parked count %d, lanes hold %d parked messages", sh.p, sh.count.parked, shParked)
@@ -181,13 +207,27 @@ func (c *Consumer) checkInvariants() error {
 	}
 	all := make([]*tenant, 0, len(c.tenants)+1)
 	all = append(all, c.noTenant)
-	pinned := 0
+	pinned, idle := 0, 0
 	for k, t := range c.tenants {
 		if t.key != k {
 			bad("tenant %q filed under %q", t.key, k)
 		}
+		if t.onIdle {
+			idle++
+			// Forgetting a listed tenant must lose nothing: it holds no
+			// lane (so nothing queued, parked, spilling or set aside) and
+			// nothing in flight, not even a job of a dropped lane.
+			if t.lanes != 0 || t.inflight.Load() != 0 || t.zombies.Load() != 0 || t.parked.Load() != 0 || t.spillLanes.Load() != 0 {
+				bad("idle tenant %q holds %d lanes, %d in flight (%d of dropped lanes), %d parked, %d spilling lanes", k, t.lanes, t.inflight.Load(), t.zombies.Load(), t.parked.Load(), t.spillLanes.Load())
+			}
+		}
+		// A tenant's pin holds while the scope keeps its guard: past its
+		// HardCeiling the scope evicts pinned keys too (and their pins
+		// with them), so only guards still the scope's count.
 		if g := t.guardP.Load(); g != nil && g != c.fallback {
-			pinned++
+			if sg, ok := c.scope.Peek(t.key); ok && sg == g {
+				pinned++
+			}
 		}
 		all = append(all, t)
 	}
@@ -208,10 +248,26 @@ func (c *Consumer) checkInvariants() error {
 		delete(per, t)
 	}
 	for t := range per {
-		bad("lanes of tenant %q (none=%v) that the tenant table does not hold", t.key, t.none)
+		bad("lanes or set-aside messages of tenant %q (none=%v) that the tenant table does not hold", t.key, t.none)
+	}
+	n := 0
+	for t := c.idle.head; t != nil && n <= len(c.tenants); t = t.idleNext {
+		if !t.onIdle || c.tenants[t.key] != t {
+			bad("idle list holds tenant %q, not marked idle (%v) or not in the table", t.key, t.onIdle)
+		}
+		if (t.idleNext == nil) != (c.idle.tail == t) || (t.idleNext != nil && t.idleNext.idlePrev != t) {
+			bad("idle list broken at tenant %q", t.key)
+		}
+		n++
+	}
+	if n != c.idle.n || idle != c.idle.n {
+		bad("idle list counts %d tenants, holds %d, the table marks %d", c.idle.n, n, idle)
+	}
+	if c.idle.n > c.maxIdle {
+		bad("%d idle tenants tracked, more than MaxIdleTenants %d", c.idle.n, c.maxIdle)
 	}
 	if got := c.scope.Stats().Pinned; got < pinned {
-		bad("scope holds %d pinned keys, the engine pinned %d tenants", got, pinned)
+		bad("scope holds %d pinned keys, the engine pinned %d tenants whose guards it holds", got, pinned)
 	}
 	return errors.Join(errs...)
 }

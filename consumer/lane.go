@@ -26,8 +26,11 @@ type lane struct {
 	state  laneState
 	parked bool // refused by the breaker; q's messages count as parked
 	dead   bool // dropped (partition revoked or lane swept)
-	seen   bool // touched since the last idle sweep
-	credit int  // fair-share turns left before the lane yields its worker
+	// hits counts the messages it received since it was made, up to 2; the
+	// idle sweep sets it back to 1 when it looks at the lane, so 2 means a
+	// message since (see sweepLanes).
+	hits   uint8
+	credit int // fair-share turns left before the lane yields its worker
 	// quick: the credit was multiplied for a tenant of quick calls (see
 	// creditOf); a run of the lane then counts as one job of its worker's
 	// turn on the shard, not one per message.
@@ -63,7 +66,20 @@ type lane struct {
 	timer    *time.Timer
 	timerSeq uint64
 
+	// aside counts its messages set aside (their dead letters cannot be
+	// written): out of q, still its tenant's, so the lane is kept.
+	aside int
+
 	spill laneSpill
+}
+
+// idle reports whether the lane holds nothing and waits for nothing: no
+// message queued, waiting to spill, re-fed or set aside, no job, timer or
+// spill job, not spilling. Only such a lane is dropped by the sweep (see
+// sweepLanes). Called with its shard's mu held.
+func (l *lane) idle() bool {
+	return l.state == laneIdle && l.q.len() == 0 && l.pend.len() == 0 && l.aside == 0 &&
+		!l.spill.on && !l.spill.job && l.spill.refed.n == 0
 }
 
 // firstLive returns the lane's oldest live (not re-fed) message, or nil.

@@ -113,6 +113,10 @@ type roundPlan struct {
 	// off); drawn from a generator of its own, so that the rest of a
 	// seed's round does not depend on it.
 	readAhead int
+	// maxIdle: Config.MaxIdleTenants (0: the default, above any round's
+	// tenants); small, so that tenants and lanes are forgotten between
+	// their messages. From a generator of its own too.
+	maxIdle int
 }
 
 func tenantName(i int) string { return fmt.Sprintf("t%02d", i) }
@@ -209,6 +213,9 @@ func newRoundPlan(seed uint64) *roundPlan {
 		}
 		rp.readAhead = 2 + ra.IntN(limit-1) // below the partition's bound: on
 	}
+	if mi := rand.New(rand.NewPCG(seed, 0x1d1e)); mi.IntN(3) > 0 {
+		rp.maxIdle = 1 + mi.IntN(4)
+	}
 
 	// Faults within a phase of up to 200ms; every outage and DLQ window
 	// closes inside it.
@@ -300,10 +307,10 @@ func (rp *roundPlan) endPoisonedLanes() {
 
 func (rp *roundPlan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed=%d parts=%d msgs=%d concurrency=%d poisonProbes=%d maxQueued=%d maxParked=%d/%d breaker{cf=%d open=%v max=%v} attempts=%d redelivers=%v spill=%v{perTenant=%d stuck=%v window=%d} readAhead=%d\n",
+	fmt.Fprintf(&b, "seed=%d parts=%d msgs=%d concurrency=%d poisonProbes=%d maxQueued=%d maxParked=%d/%d breaker{cf=%d open=%v max=%v} attempts=%d redelivers=%v spill=%v{perTenant=%d stuck=%v window=%d} readAhead=%d maxIdle=%d\n",
 		rp.seed, rp.parts, len(rp.msgs), rp.concurrency, rp.poisonProbes, rp.maxQueued, rp.maxParked, rp.maxParkedTotal,
 		rp.pol.Breaker.ConsecutiveFailures, rp.pol.Breaker.OpenTimeout, rp.pol.Breaker.MaxOpenTimeout, rp.pol.Retry.MaxAttempts, rp.redelivers,
-		rp.spill, rp.maxQueuedPerTenant, rp.stuckAfter, rp.refeedWindow, rp.readAhead)
+		rp.spill, rp.maxQueuedPerTenant, rp.stuckAfter, rp.refeedWindow, rp.readAhead, rp.maxIdle)
 	for i, tp := range rp.tenants {
 		fmt.Fprintf(&b, "  %s %+v\n", tenantName(i), tp)
 	}

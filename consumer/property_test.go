@@ -29,8 +29,9 @@ type roundWorld struct {
 	outage []atomic.Bool
 	calls  []atomic.Int32 // per message id
 
-	offsets [][]int // ids by partition and offset; written by the driver only
-	letters int     // dead letters at the end; set by checkRound
+	offsets   [][]int // ids by partition and offset; written by the driver only
+	letters   int     // dead letters at the end; set by checkRound
+	forgotten int     // tenants the last engine forgot (Stats.Tracked)
 
 	mu        sync.Mutex
 	reordered map[[2]int64]bool // partition, offset of each EventReordered
@@ -138,6 +139,7 @@ func startEngine(t *testing.T, h *consumertest.MemHarness, rp *roundPlan, w *rou
 		StuckAfter:            rp.stuckAfter,
 		RefeedWindow:          rp.refeedWindow,
 		ReadAhead:             rp.readAhead,
+		MaxIdleTenants:        rp.maxIdle,
 		DrainTimeout:          2 * time.Second,
 		DLQRetry:              time.Millisecond,
 		Logger:                slog.New(slog.DiscardHandler),
@@ -215,12 +217,13 @@ func TestPropertyRandomFaults(t *testing.T) {
 		seeds = []uint64{*propSeed}
 	}
 	base := runtime.NumGoroutine()
-	var msgs, letters, reordered, again, redelivering, aheads int
+	var msgs, letters, reordered, again, redelivering, aheads, forgotten int
 	for _, seed := range seeds {
 		rp := newRoundPlan(seed)
 		problems, w := runRound(t, rp)
 		msgs += len(rp.msgs)
 		letters += w.letters
+		forgotten += w.forgotten
 		reordered += len(w.reordered)
 		w.mu.Lock()
 		aheads += w.aheads
@@ -247,8 +250,8 @@ func TestPropertyRandomFaults(t *testing.T) {
 	if n := settleGoroutines(base + 2); n > base+2 {
 		t.Errorf("goroutines: %d before all rounds, %d after", base, n)
 	}
-	t.Logf("%d rounds, %d messages: %d dead letters, %d handled ahead of a suspect head, %d handled again after a redelivery (%d rounds with a rebalance or restart), %d read-ahead pauses",
-		len(seeds), msgs, letters, reordered, again, redelivering, aheads)
+	t.Logf("%d rounds, %d messages: %d dead letters, %d handled ahead of a suspect head, %d handled again after a redelivery (%d rounds with a rebalance or restart), %d read-ahead pauses, %d tenants forgotten",
+		len(seeds), msgs, letters, reordered, again, redelivering, aheads, forgotten)
 }
 
 // settleGoroutines polls the goroutine count until it is at most want
@@ -408,6 +411,7 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 	if err := consumer.CheckInvariants(e.c); err != nil {
 		fail("invariants after the drain: %v", err)
 	}
+	w.forgotten = int(e.c.Stats().Tracked.Forgotten)
 	if err := e.stop(); err != nil {
 		fail("final stop: %v", err)
 	}

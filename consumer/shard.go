@@ -22,12 +22,12 @@ type shard struct {
 	gen    uint64 // assignment generation
 	bounds shardBounds
 
-	mu      sync.Mutex
-	dead    bool             // revoked
-	lanes   map[string]*lane // by tenant key
-	none    *lane            // the no-tenant bucket's lane
-	ready   laneQueue        // lanes ready to run, in turn order
-	sweepAt int              // lanes count that triggers an idle sweep
+	mu    sync.Mutex
+	dead  bool             // revoked
+	lanes map[string]*lane // by tenant key
+	none  *lane            // the no-tenant bucket's lane
+	ready laneQueue        // lanes ready to run, in turn order
+	sweep laneSweep        // drops idle lanes past MaxIdleTenants (idle.go)
 
 	commit commitState
 	count  queueCount
@@ -64,7 +64,7 @@ type shard struct {
 }
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
-	sh := &shard{c: c, p: p, gen: gen, lanes: make(map[string]*lane), sweepAt: 1024, quickMax: c.quickWorkers}
+	sh := &shard{c: c, p: p, gen: gen, lanes: make(map[string]*lane), quickMax: c.quickWorkers}
 	sh.bounds.maxQueued = maxQueued
 	sh.bounds.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
 	sh.bounds.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
@@ -159,7 +159,7 @@ func (sh *shard) laneFor(key string, none bool) *lane {
 	l := &lane{sh: sh, t: t, key: t.key, ahead: true}
 	l.spill.readPos = -1
 	l.spill.commit.init()
-	sh.lanes[t.key] = l
+	sh.addLane(l)
 	return l
 }
 

@@ -428,7 +428,9 @@ func (c *Consumer) recoverSpills(sh *shard) {
 		}
 		c.ensureSpillJob(l)
 	}
+	forgot := sh.takeForgotten()
 	sh.mu.Unlock()
+	c.unpinAll(forgot)
 	for i := range ev {
 		c.emit(ev[i])
 	}

@@ -102,9 +102,28 @@ type Stats struct {
 	// Partitions lists the assigned partitions, in order.
 	Partitions []PartitionStats
 	// Tenants lists the tenants the engine tracks now, sorted by key (the
-	// no-tenant bucket first). Idle tenants may be dropped from it; the
-	// totals above stay.
+	// no-tenant bucket first). Idle tenants are dropped from it past
+	// Config.MaxIdleTenants; the totals above stay.
 	Tenants []TenantStats
+	// Tracked counts the tenants and lanes the engine keeps state for.
+	Tracked TrackedStats
+}
+
+// TrackedStats counts what the engine keeps per tenant, against its bound
+// (Config.MaxIdleTenants).
+type TrackedStats struct {
+	// Tenants is how many tenants the engine keeps state for (the
+	// no-tenant bucket aside), Idle how many of them have nothing in it (no
+	// lane on any partition, nothing in flight). Idle is at most MaxIdle.
+	Tenants, Idle, MaxIdle int
+	// Lanes is how many lanes the partitions hold (see PartitionStats.Lanes):
+	// each partition about MaxIdle at most beyond those holding messages
+	// (lanes whose messages were just handled may stay above it until the
+	// next lanes made, or housekeeping's next ticks, sweep them).
+	Lanes int
+	// Forgotten counts the idle tenants forgotten since New (a tenant that
+	// comes back is counted again when it is forgotten again).
+	Forgotten uint64
 }
 
 // Totals returns the engine's counters. It reads atomics only: no lock is
@@ -195,6 +214,7 @@ func (c *Consumer) Stats() Stats {
 			}
 		}
 		s.Queued += ps.Queued
+		s.Tracked.Lanes += ps.Lanes
 		if ps.Paused {
 			s.PausedPartitions++
 		}
@@ -211,7 +231,9 @@ func (c *Consumer) Stats() Stats {
 	for _, t := range c.tenants {
 		ts = append(ts, t)
 	}
+	s.Tracked.Tenants, s.Tracked.Idle, s.Tracked.Forgotten = len(c.tenants), c.idle.n, c.forgotten
 	c.tmu.Unlock()
+	s.Tracked.MaxIdle = c.maxIdle
 	for _, t := range ts {
 		x := c.tenantStats(t)
 		x.CommitLag = lag[t]

@@ -61,7 +61,12 @@ type tenant struct {
 	once   sync.Once
 	guardP atomic.Pointer[policy.Guard]
 
-	lanes int // lanes of this tenant, guarded by Consumer.tmu
+	// lanes counts the tenant's lanes; onIdle marks it listed in
+	// Consumer.idle (no lane, nothing in flight), through idlePrev and
+	// idleNext. Guarded by Consumer.tmu.
+	lanes              int
+	onIdle             bool
+	idlePrev, idleNext *tenant
 
 	inflight atomic.Int32 // messages of this tenant being handled (bulkhead)
 	// zombies counts in-flight slots held by jobs of lanes dropped while
@@ -149,9 +154,10 @@ func (t *tenant) unblockOne() *lane {
 }
 
 // tenantFor returns the tenant of key (none: the no-tenant bucket), making
-// it on first sight; the lane count it returns the tenant with is
-// incremented, so a sweep cannot forget it meanwhile. key may share memory
-// with a message: it is cloned when kept.
+// it on first sight (a forgotten tenant's key gets a fresh one); the lane
+// count it returns the tenant with is incremented, so that it is not
+// forgotten meanwhile. key may share memory with a message: it is cloned
+// when kept.
 func (c *Consumer) tenantFor(key string, none bool) *tenant {
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
@@ -160,30 +166,26 @@ func (c *Consumer) tenantFor(key string, none bool) *tenant {
 		return c.noTenant
 	}
 	t := c.tenants[key]
-	if t == nil {
+	switch {
+	case t == nil:
 		k := string([]byte(key)) // own the bytes
 		t = &tenant{key: k}
 		c.tenants[k] = t
+	case t.onIdle:
+		c.idle.remove(t)
 	}
 	t.lanes++
 	return t
 }
 
-// releaseTenant drops a lane's hold on t and forgets t if nothing holds it
-// and the engine tracks more idle tenants than it keeps. It returns t when
-// its scope pin must be released (outside every lock).
-func (c *Consumer) releaseTenant(t *tenant) (unpin *tenant) {
+// releaseTenant drops a lane's hold on t; t may be idle then, and the
+// tenant idle longest forgotten (see idleIfDone). It returns the forgotten
+// tenant, whose scope pin the caller releases with no lock held (unpin).
+func (c *Consumer) releaseTenant(t *tenant) (forgotten *tenant) {
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
 	t.lanes--
-	if t.none || t.lanes > 0 || len(c.tenants) <= c.keepTenants {
-		return nil
-	}
-	if t.inflight.Load() > 0 {
-		return nil
-	}
-	delete(c.tenants, t.key)
-	return t
+	return c.idleIfDone(t)
 }
 
 // unpin releases the scope pin of a forgotten tenant. Called with no lock.

@@ -61,6 +61,7 @@ type worker struct {
 	resume  *shard    // shard whose pause may end
 	spills  []*lane   // lanes whose spill job must be queued
 	chain   int       // lanes still ready when this worker took one
+	zombie  *tenant   // tenant of a dropped lane whose job ended: it may be idle now
 	// searching: woken from the scheduler's wait and not yet holding a
 	// lane (see sched). Only this worker reads or writes it.
 	searching bool
@@ -371,6 +372,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	if l.dead {
 		if !t.none {
 			t.zombies.Add(-1)
+			w.zombie = t
 		}
 		c.releaseSlot(w, t)
 		return false
@@ -601,6 +603,10 @@ func (w *worker) flush() {
 	}
 	clear(w.events)
 	w.events = w.events[:0]
+	if w.zombie != nil {
+		c.zombieDone(w.zombie)
+		w.zombie = nil
+	}
 }
 
 // unblock moves blocked lanes of t back to their ready queues while t has

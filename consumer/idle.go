@@ -1,0 +1,196 @@
+package consumer
+
+import "sync/atomic"
+
+// This file is what the engine forgets: idle tenants past
+// Config.MaxIdleTenants (idleList, idleIfDone) and each partition's idle
+// lanes past the same bound (sweepLanes). Memory per tenant is thereby
+// bounded whatever the stream of keys; what a tenant holds while it has
+// messages in the engine is bounded by the message bounds instead.
+
+// idleList is the engine's tracked tenants that have no lane on any
+// partition and nothing in flight, the least recently released first: an
+// intrusive list through tenant.idlePrev/idleNext, guarded by
+// Consumer.tmu. Such a tenant holds nothing but its counters and its scope
+// pin, so the first may be forgotten at any moment (see idleIfDone).
+type idleList struct {
+	head, tail *tenant
+	n          int
+}
+
+func (l *idleList) push(t *tenant) {
+	t.idlePrev, t.idleNext, t.onIdle = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.idleNext = t
+	} else {
+		l.head = t
+	}
+	l.tail = t
+	l.n++
+}
+
+func (l *idleList) remove(t *tenant) {
+	if t.idlePrev != nil {
+		t.idlePrev.idleNext = t.idleNext
+	} else {
+		l.head = t.idleNext
+	}
+	if t.idleNext != nil {
+		t.idleNext.idlePrev = t.idlePrev
+	} else {
+		l.tail = t.idlePrev
+	}
+	t.idlePrev, t.idleNext, t.onIdle = nil, nil, false
+	l.n--
+}
+
+// idleIfDone lists t as idle if it has no lane and nothing in flight, and
+// then forgets the tenant idle longest if more than MaxIdleTenants are: it
+// leaves the tenant table, so its key's next message starts a fresh tenant.
+// It returns the forgotten tenant, whose scope pin the caller releases
+// with no lock held (unpin). Called with tmu held.
+//
+// A tenant with no lane may still have jobs in flight: jobs of lanes
+// dropped while they ran (a revoked partition). It becomes idle when the
+// last of them ends (zombieDone), so that a listed tenant is always one
+// that holds nothing.
+func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
+	if t.none || t.lanes > 0 || t.onIdle || t.inflight.Load() > 0 {
+		return nil
+	}
+	c.idle.push(t)
+	if c.idle.n <= c.maxIdle {
+		return nil
+	}
+	f := c.idle.head
+	c.idle.remove(f)
+	delete(c.tenants, f.key)
+	c.forgotten++
+	return f
+}
+
+// zombieDone is called, with no lock held, once a job of a dropped lane
+// of t ended: t may be idle now.
+func (c *Consumer) zombieDone(t *tenant) {
+	c.tmu.Lock()
+	f := c.idleIfDone(t)
+	c.tmu.Unlock()
+	c.unpin(f)
+}
+
+// laneSweep is a partition's sweep of idle lanes: a second-chance queue
+// of its lanes (CLOCK's hand, as a FIFO) from which the sweep drops those
+// that hold nothing and had no message since they were made or last looked
+// at, while the partition has more than MaxIdleTenants lanes (see
+// sweepLanes). New lanes join at the back, so the sweep looks at the
+// oldest first. Guarded by the shard's mu, but due.
+type laneSweep struct {
+	q fifo[*lane] // the lanes of shard.lanes, each once
+	// forgot are the tenants forgotten as their last lanes were dropped,
+	// whose scope pins the holder of mu releases once it unlocks it (see
+	// takeForgotten).
+	forgot []*tenant
+	// due is set while the partition has more than MaxIdleTenants lanes:
+	// housekeeping reads it at every tick without the lock.
+	due atomic.Bool
+}
+
+// Per lane made past the bound, the sweep looks at up to sweepPerLane
+// lanes that hold nothing and passes up to sweepPerLane*sweepBusy lanes
+// holding messages; housekeeping looks at up to sweepChunk of each per
+// tick.
+const (
+	sweepPerLane = 2
+	sweepBusy    = 8
+	sweepChunk   = 128
+)
+
+// addLane files a new lane of sh. If that takes sh past MaxIdleTenants
+// lanes, it first sweeps a few (see sweepLanes). Called with sh.mu held.
+func (sh *shard) addLane(l *lane) {
+	c := sh.c
+	if sh.sweep.q.len() >= c.maxIdle {
+		c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, c.maxIdle-1)
+	}
+	sh.lanes[l.key] = l
+	sh.sweep.q.push(l)
+	if sh.sweep.q.len() > c.maxIdle && !sh.sweep.due.Load() {
+		sh.sweep.due.Store(true)
+	}
+}
+
+// sweepLanes drops idle lanes of sh until it holds at most keep lanes, or
+// it looked at idle lanes that hold nothing and passed busy ones that hold
+// messages. It takes lanes from the front of the queue: one that holds
+// nothing and had at most one message (its first) since it was made or
+// the sweep last looked at it is dropped and its tenant released (which
+// may forget the tenant, see idleIfDone); any other goes to the back,
+// marked as looked at. So a lane made for one message goes at the first
+// look after its message was handled, and a lane its tenant keeps using
+// stays.
+//
+// The work is bounded and in proportion to the lanes made, never a walk of
+// all lanes: each lane made past the bound first looks at sweepPerLane
+// idle lanes (more than the one each lane made needs, so that under any
+// stream of new keys the partition's lanes come back to the bound), and
+// passes up to sweepBusy times as many busy ones (a backlog of many
+// tenants' messages makes as many busy lanes, which cannot go);
+// housekeeping does sweepChunk of each per tick while sh.sweep.due is set,
+// for lanes that went idle after their keys stopped coming. Called with
+// sh.mu held; the tenants it forgets wait in sh.sweep.forgot for their
+// pins to be released with no lock held.
+func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep int) {
+	sw := &sh.sweep
+	for idle > 0 && busy > 0 && sw.q.len() > keep {
+		l := sw.q.pop()
+		free := l.idle()
+		if free {
+			idle--
+		} else {
+			busy--
+		}
+		if !free || l.hits > 1 {
+			if l.hits > 1 {
+				l.hits = 1
+			}
+			sw.q.push(l)
+			continue
+		}
+		delete(sh.lanes, l.key)
+		if t := c.dropLane(l); t != nil {
+			sw.forgot = append(sw.forgot, t)
+		}
+	}
+	if over := sw.q.len() > c.maxIdle; over != sw.due.Load() {
+		sw.due.Store(over)
+	}
+}
+
+// takeForgotten returns the tenants forgotten by sh's sweeps, whose pins
+// the caller releases (unpinAll) once it has unlocked sh.mu. Called with
+// sh.mu held.
+func (sh *shard) takeForgotten() []*tenant {
+	f := sh.sweep.forgot
+	sh.sweep.forgot = nil
+	return f
+}
+
+// unpinAll releases the scope pins of forgotten tenants. Called with no
+// lock held.
+func (c *Consumer) unpinAll(ts []*tenant) {
+	for _, t := range ts {
+		c.unpin(t)
+	}
+}
+
+// sweepTick is housekeeping's sweep of sh, at every tick while it has more
+// than MaxIdleTenants lanes: sweepChunk lanes at most.
+func (c *Consumer) sweepTick(sh *shard) {
+	sh.mu.Lock()
+	if !sh.dead {
+		c.sweepLanes(sh, sweepChunk, sweepChunk, c.maxIdle)
+	}
+	forgot := sh.takeForgotten()
+	sh.mu.Unlock()
+	c.unpinAll(forgot)
+}
