@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -36,16 +37,39 @@ type batchSource struct {
 }
 
 func newBatchSource(n, parts, tenants, batch int) *batchSource {
+	return newKeyedSource(n, parts, batch, roundRobin(tenants))
+}
+
+// tenantPick returns the tenant of the i-th message.
+type tenantPick func(i int) int
+
+// roundRobin spreads the messages over tenants in turn: every tenant is
+// seen once per tenants messages, the worst case for the engine's tenant
+// and lane state (nothing stays hot).
+func roundRobin(tenants int) tenantPick { return func(i int) int { return i % tenants } }
+
+// zipf draws the tenants from a Zipf distribution of exponent s over
+// tenants keys (seeded: every run sees the same stream): a few hot
+// tenants and a long tail seen once, as keyed traffic usually is.
+func zipf(s float64, tenants int) tenantPick {
+	z := rand.NewZipf(rand.New(rand.NewSource(1)), s, 1, uint64(tenants-1))
+	return func(int) int { return int(z.Uint64()) }
+}
+
+func newKeyedSource(n, parts, batch int, pick tenantPick) *batchSource {
 	s := &batchSource{msgs: make([]consumer.Message, n), parts: parts, batch: batch, paused: map[int32]bool{}}
 	s.cond = sync.NewCond(&s.mu)
-	keys := make([][]byte, tenants)
-	for i := range keys {
-		keys[i] = []byte(fmt.Sprintf("tenant-%04d", i))
-	}
+	keys := map[int][]byte{}
 	offs := make([]int64, parts)
 	for i := range s.msgs {
 		p := (i / batch) % parts
-		s.msgs[i] = consumer.Message{Key: keys[i%tenants], Topic: "t", Partition: consumer.Partition{Topic: "t", ID: int32(p)}, Offset: offs[p]}
+		t := pick(i)
+		k, ok := keys[t]
+		if !ok {
+			k = []byte(fmt.Sprintf("tenant-%04d", t))
+			keys[t] = k
+		}
+		s.msgs[i] = consumer.Message{Key: k, Topic: "t", Partition: consumer.Partition{Topic: "t", ID: int32(p)}, Offset: offs[p]}
 		offs[p]++
 	}
 	s.settled = stripecount.New(offs) // offs[p]: the messages of partition p
@@ -109,51 +133,83 @@ func (s *batchSource) Resume(p consumer.Partition) {
 // scanning b.N prepared messages. cpu-ns/op is the process's CPU time per
 // message over the same span (the source's delivery loop included): ns/op
 // is wall time on however many cores the engine kept busy.
+//
+// Each row runs twice: with the collector off, and with it on (gc=on), as
+// users run the engine: the collector's share is what the engine's state
+// per tenant and lane costs it. The rows of many tenants (round-robin, so
+// each is seen rarely, and Zipf over a million keys, most seen once) and
+// of many partitions (a lane per tenant per partition) show whether the
+// cost of a message stays flat in the tenants and lanes the engine tracks.
 func BenchmarkEngine(b *testing.B) {
 	for _, bc := range []struct {
 		tenants, parts, concurrency int
+		zipf                        float64 // > 0: tenants drawn by Zipf(s), else round-robin
 	}{
-		{1, 1, 1},
-		{1, 4, 4},
-		{100, 4, 8},
-		{1000, 4, 64},
+		{tenants: 1, parts: 1, concurrency: 1},
+		{tenants: 1, parts: 4, concurrency: 4},
+		{tenants: 100, parts: 4, concurrency: 8},
+		{tenants: 1000, parts: 4, concurrency: 64},
+		{tenants: 10000, parts: 4, concurrency: 64},
+		{tenants: 100000, parts: 4, concurrency: 64},
+		{tenants: 1000000, parts: 4, concurrency: 64, zipf: 1.1},
+		{tenants: 1000, parts: 512, concurrency: 64},
 	} {
-		b.Run(fmt.Sprintf("tenants=%d/partitions=%d/concurrency=%d", bc.tenants, bc.parts, bc.concurrency), func(b *testing.B) {
-			src := newBatchSource(b.N, bc.parts, bc.tenants, 64)
-			p := policy.Default()
-			p.AttemptTimeout = 0 // measure the engine, not the guard's attempt timer (reported separately)
-			c, err := consumer.New(consumer.Config{
-				Scope:       scope.New(p, scope.Options[string]{MaxKeys: 2 * bc.tenants}),
-				Handler:     consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
-				Tenant:      consumer.FromKey(),
-				DLQ:         dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
-				Concurrency: bc.concurrency,
-				// The bulkhead is the workers here: one tenant may use them all.
-				TenantConcurrency: bc.concurrency,
+		name := fmt.Sprintf("tenants=%d/partitions=%d/concurrency=%d", bc.tenants, bc.parts, bc.concurrency)
+		pick := roundRobin(bc.tenants)
+		if bc.zipf > 0 {
+			name = fmt.Sprintf("tenants=%d/zipf=%g/partitions=%d/concurrency=%d", bc.tenants, bc.zipf, bc.parts, bc.concurrency)
+		}
+		for _, gc := range []bool{false, true} {
+			row := name
+			if gc {
+				row += "/gc=on"
+			}
+			b.Run(row, func(b *testing.B) {
+				if bc.zipf > 0 {
+					pick = zipf(bc.zipf, bc.tenants)
+				}
+				benchEngine(b, newKeyedSource(b.N, bc.parts, 64, pick), bc.tenants, bc.concurrency, gc)
 			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			b.ReportAllocs()
-			runtime.GC()
-			defer debug.SetGCPercent(debug.SetGCPercent(-1))
-			b.ResetTimer()
-			cpu0 := cputime.Process()
-			go func() { errc <- c.Run(ctx, src) }()
-			select {
-			case <-src.done():
-			case <-time.After(10 * time.Minute):
-				b.Fatal("not every message settled")
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
-			cancel()
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
-		})
+		}
 	}
+}
+
+// benchEngine runs one row of BenchmarkEngine over src.
+func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bool) {
+	p := policy.Default()
+	p.AttemptTimeout = 0 // measure the engine, not the guard's attempt timer (reported separately)
+	c, err := consumer.New(consumer.Config{
+		Scope:       scope.New(p, scope.Options[string]{MaxKeys: 2 * tenants}),
+		Handler:     consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
+		Tenant:      consumer.FromKey(),
+		DLQ:         dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
+		Concurrency: concurrency,
+		// The bulkhead is the workers here: one tenant may use them all.
+		TenantConcurrency: concurrency,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	b.ReportAllocs()
+	runtime.GC()
+	if !gc {
+		defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	}
+	b.ResetTimer()
+	cpu0 := cputime.Process()
+	go func() { errc <- c.Run(ctx, src) }()
+	select {
+	case <-src.done():
+	case <-time.After(10 * time.Minute):
+		b.Fatal("not every message settled")
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
+	cancel()
+	if err := <-errc; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 }

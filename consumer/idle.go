@@ -157,9 +157,12 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep int) {
 			continue
 		}
 		delete(sh.lanes, l.key)
+		q := l.q.buf // empty: the lane holds nothing
 		if t := c.dropLane(l); t != nil {
 			sw.forgot = append(sw.forgot, t)
 		}
+		l.q.buf = q[:0]
+		sh.freeLane(l)
 	}
 	if over := sw.q.len() > c.maxIdle; over != sw.due.Load() {
 		sw.due.Store(over)

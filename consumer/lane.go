@@ -70,6 +70,12 @@ type lane struct {
 	// written): out of q, still its tenant's, so the lane is kept.
 	aside int
 
+	// shared: the lane was handed to something that may hold it past its
+	// drop without the shard's lock (a timer, its tenant's blocked list,
+	// the spill queue or its log's commit loop), so a dropped lane's
+	// memory is reused only if it is clear (see shard.freeLane).
+	shared bool
+
 	spill laneSpill
 }
 
@@ -159,6 +165,15 @@ func (r *fifo[T]) push(x T) {
 		clear(r.buf[n:])
 		r.buf = r.buf[:n]
 		r.head = 0
+	}
+	if len(r.buf) == cap(r.buf) && cap(r.buf) > 0 {
+		// Growing: the old array may be a lane's first slots, shared with
+		// its partition's other lanes (see shard.newLane), which must not
+		// keep the messages it held.
+		old := r.buf
+		r.buf = append(r.buf, x)
+		clear(old)
+		return
 	}
 	r.buf = append(r.buf, x)
 }

@@ -28,6 +28,7 @@ type shard struct {
 	none  *lane            // the no-tenant bucket's lane
 	ready laneQueue        // lanes ready to run, in turn order
 	sweep laneSweep        // drops idle lanes past MaxIdleTenants (idle.go)
+	alloc laneAlloc        // memory for new lanes
 
 	commit commitState
 	count  queueCount
@@ -156,11 +157,68 @@ func (sh *shard) laneFor(key string, none bool) *lane {
 		return l
 	}
 	t := sh.c.tenantFor(key, false)
-	l := &lane{sh: sh, t: t, key: t.key, ahead: true}
-	l.spill.readPos = -1
-	l.spill.commit.init()
+	l := sh.newLane()
+	l.t, l.key = t, t.key
 	sh.addLane(l)
 	return l
+}
+
+// A partition allocates its lanes laneChunk at a time, each with
+// laneSlots first slots of its queue, and reuses the memory of the lanes
+// it drops (free): with many tenants, most lanes are made for a message or
+// two and dropped by the sweep, and one allocation per lane (or two, with
+// its queue) was most of the cost of a message (BenchmarkEngine at many
+// tenants or partitions guards this).
+const (
+	laneChunk = 32
+	laneSlots = 2
+)
+
+// laneAlloc is a partition's supply of lane memory (guarded by its mu).
+type laneAlloc struct {
+	chunk []lane     // not yet used
+	slots []*Message // not yet used: laneSlots per lane
+	free  []*lane    // dropped lanes whose memory may be reused
+}
+
+// newLane returns a zeroed lane of sh, reusing a dropped one's memory if
+// there is one. Called with sh.mu held.
+func (sh *shard) newLane() *lane {
+	a := &sh.alloc
+	var l *lane
+	var q []*Message
+	if n := len(a.free); n > 0 {
+		l = a.free[n-1]
+		a.free[n-1] = nil
+		a.free = a.free[:n-1]
+		q = l.q.buf[:0]
+		// timerSeq goes on counting: a firing of a timer the lane had
+		// before it was dropped must never match its new sequence.
+		*l = lane{timerSeq: l.timerSeq}
+	} else {
+		if len(a.chunk) == 0 {
+			a.chunk = make([]lane, laneChunk)
+			a.slots = make([]*Message, laneChunk*laneSlots)
+		}
+		l = &a.chunk[0]
+		a.chunk = a.chunk[1:]
+		q = a.slots[:0:laneSlots]
+		a.slots = a.slots[laneSlots:]
+	}
+	l.sh, l.ahead, l.q.buf = sh, true, q
+	l.spill.readPos = -1
+	l.spill.commit.init()
+	return l
+}
+
+// freeLane keeps the memory of l, just dropped, for sh's next new lane,
+// unless something may still hold l (shared) or its queue's array grew
+// past its first slots (it would stay that big). Called with sh.mu held.
+func (sh *shard) freeLane(l *lane) {
+	if l.shared || cap(l.q.buf) > laneSlots || l.spill.refedIDs != nil {
+		return
+	}
+	sh.alloc.free = append(sh.alloc.free, l)
 }
 
 // laneQueue is a partition's queue of ready lanes.

@@ -128,6 +128,7 @@ func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
 		}
 		l.pend.pushFront(moved)
 	}
+	l.shared = true
 	if !l.spill.on {
 		l.spill.on = true
 		l.t.spillLanes.Add(1)
@@ -156,6 +157,7 @@ func (c *Consumer) ensureSpillJob(l *lane) {
 		return
 	}
 	l.spill.job = true
+	l.shared = true
 	c.spillQ.push(l)
 }
 
@@ -420,6 +422,7 @@ func (c *Consumer) recoverSpills(sh *shard) {
 			continue
 		}
 		l := sh.laneFor(sl.Tenant, false)
+		l.shared = true
 		if !l.spill.on {
 			l.spill.on = true
 			l.spill.reason = SpillRecovered

@@ -273,6 +273,7 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 		}
 		if !l.t.none && !l.t.tryAcquire(c.limitOf(l.t)) {
 			l.state = laneBlocked
+			l.shared = true
 			l.t.block(l)
 			w.recheck = append(w.recheck, l.t)
 			continue
@@ -651,6 +652,7 @@ func (c *Consumer) makeReady(l *lane) {
 // mu held.
 func (c *Consumer) arm(l *lane, d time.Duration) {
 	l.state = laneTimer
+	l.shared = true
 	l.timerSeq++
 	seq := l.timerSeq
 	if l.timer != nil {
