@@ -81,7 +81,7 @@ func (c *Consumer) zombieDone(t *tenant) {
 // laneSweep is a partition's sweep of idle lanes: a second-chance queue
 // of its lanes (CLOCK's hand, as a FIFO) from which the sweep drops those
 // that hold nothing and had no message since they were made or last looked
-// at, while the partition has more than MaxIdleTenants lanes (see
+// at, while the partition has more than laneBound lanes (see
 // sweepLanes). New lanes join at the back, so the sweep looks at the
 // oldest first. Guarded by the shard's mu, but due.
 type laneSweep struct {
@@ -90,7 +90,7 @@ type laneSweep struct {
 	// whose scope pins the holder of mu releases once it unlocks it (see
 	// takeForgotten).
 	forgot []*tenant
-	// due is set while the partition has more than MaxIdleTenants lanes:
+	// due is set while the partition has more than laneBound lanes:
 	// housekeeping reads it at every tick without the lock.
 	due atomic.Bool
 }
@@ -105,16 +105,43 @@ const (
 	sweepChunk   = 128
 )
 
-// addLane files a new lane of sh. If that takes sh past MaxIdleTenants
-// lanes, it first sweeps a few (see sweepLanes). Called with sh.mu held.
+// A partition keeps at most laneBound lanes beyond those holding
+// messages: MaxIdleTenants, but no more than its share of about
+// laneShare*MaxIdleTenants lanes over all partitions (at least laneKeepMin)
+// and never more than laneKeepMax. An idle lane holds nothing its tenant
+// needs, so it may go much sooner than the tenant: without these caps,
+// many tenants or many partitions make a lane for almost every message
+// and keep them all, and a message then costs the memory of a new lane,
+// and the commit scan (which reads each lane) grows with the tenants.
+// With them, the sweep's dropped lanes are reused (shard.newLane), so a
+// message of a rarely seen tenant costs a lookup of the tenant and a
+// reused lane (BenchmarkEngine at many tenants or partitions guards
+// these).
+const (
+	laneShare   = 4
+	laneKeepMin = 64
+	laneKeepMax = 4096
+)
+
+// laneBound is how many lanes a partition keeps beyond those holding
+// messages (see laneShare). Read without a lock: the partition count is
+// the last published one.
+func (c *Consumer) laneBound() int {
+	n := max(len(c.parts.Load().m), 1)
+	return min(c.maxIdle, max(laneKeepMin, laneShare*c.maxIdle/n), laneKeepMax)
+}
+
+// addLane files a new lane of sh. If that takes sh past laneBound lanes,
+// it first sweeps a few (see sweepLanes). Called with sh.mu held.
 func (sh *shard) addLane(l *lane) {
 	c := sh.c
-	if sh.sweep.q.len() >= c.maxIdle {
-		c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, c.maxIdle-1)
+	bound := c.laneBound()
+	if sh.sweep.q.len() >= bound {
+		c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, bound-1, bound)
 	}
 	sh.lanes[l.key] = l
 	sh.sweep.q.push(l)
-	if sh.sweep.q.len() > c.maxIdle && !sh.sweep.due.Load() {
+	if sh.sweep.q.len() > bound && !sh.sweep.due.Load() {
 		sh.sweep.due.Store(true)
 	}
 }
@@ -139,7 +166,7 @@ func (sh *shard) addLane(l *lane) {
 // for lanes that went idle after their keys stopped coming. Called with
 // sh.mu held; the tenants it forgets wait in sh.sweep.forgot for their
 // pins to be released with no lock held.
-func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep int) {
+func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) {
 	sw := &sh.sweep
 	for idle > 0 && busy > 0 && sw.q.len() > keep {
 		l := sw.q.pop()
@@ -164,7 +191,7 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep int) {
 		l.q.buf = q[:0]
 		sh.freeLane(l)
 	}
-	if over := sw.q.len() > c.maxIdle; over != sw.due.Load() {
+	if over := sw.q.len() > bound; over != sw.due.Load() {
 		sw.due.Store(over)
 	}
 }
@@ -187,11 +214,12 @@ func (c *Consumer) unpinAll(ts []*tenant) {
 }
 
 // sweepTick is housekeeping's sweep of sh, at every tick while it has more
-// than MaxIdleTenants lanes: sweepChunk lanes at most.
+// than laneBound lanes: sweepChunk lanes at most.
 func (c *Consumer) sweepTick(sh *shard) {
 	sh.mu.Lock()
 	if !sh.dead {
-		c.sweepLanes(sh, sweepChunk, sweepChunk, c.maxIdle)
+		bound := c.laneBound()
+		c.sweepLanes(sh, sweepChunk, sweepChunk, bound, bound)
 	}
 	forgot := sh.takeForgotten()
 	sh.mu.Unlock()

@@ -117,10 +117,12 @@ type TrackedStats struct {
 	// lane on any partition, nothing in flight). Idle is at most MaxIdle.
 	Tenants, Idle, MaxIdle int
 	// Lanes is how many lanes the partitions hold (see PartitionStats.Lanes):
-	// each partition about MaxIdle at most beyond those holding messages
+	// each partition about MaxLanes at most beyond those holding messages
 	// (lanes whose messages were just handled may stay above it until the
-	// next lanes made, or housekeeping's next ticks, sweep them).
-	Lanes int
+	// next lanes made, or housekeeping's next ticks, sweep them). MaxLanes
+	// is MaxIdle, or less with many partitions (see
+	// Config.MaxIdleTenants).
+	Lanes, MaxLanes int
 	// Forgotten counts the idle tenants forgotten since New (a tenant that
 	// comes back is counted again when it is forgotten again).
 	Forgotten uint64
@@ -233,7 +235,7 @@ func (c *Consumer) Stats() Stats {
 	}
 	s.Tracked.Tenants, s.Tracked.Idle, s.Tracked.Forgotten = len(c.tenants), c.idle.n, c.forgotten
 	c.tmu.Unlock()
-	s.Tracked.MaxIdle = c.maxIdle
+	s.Tracked.MaxIdle, s.Tracked.MaxLanes = c.maxIdle, c.laneBound()
 	for _, t := range ts {
 		x := c.tenantStats(t)
 		x.CommitLag = lag[t]

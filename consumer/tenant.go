@@ -53,8 +53,12 @@ func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 // no-tenant bucket is a tenant value too, kept apart by its none flag (it
 // is never in the tenants map, whatever key a message carries).
 type tenant struct {
-	key  string // owned copy
+	key  string // owned copy: in keyBuf if it fits (see ownKey)
 	none bool   // the reserved bucket of messages without a usable key
+	// keyBuf holds a short key, so that a new tenant is one allocation,
+	// not two (BenchmarkEngine at many tenants guards this). Never written
+	// once key points into it: the key is handed out in events and stats.
+	keyBuf [tenantKeyBuf]byte
 
 	// guard is set once, outside every engine lock (scope.Pin may run the
 	// scope's Shape hook), by the first goroutine that needs it.
@@ -168,14 +172,29 @@ func (c *Consumer) tenantFor(key string, none bool) *tenant {
 	t := c.tenants[key]
 	switch {
 	case t == nil:
-		k := string([]byte(key)) // own the bytes
-		t = &tenant{key: k}
-		c.tenants[k] = t
+		t = new(tenant)
+		t.ownKey(key)
+		c.tenants[t.key] = t
 	case t.onIdle:
 		c.idle.remove(t)
 	}
 	t.lanes++
 	return t
+}
+
+// tenantKeyBuf is the longest key a tenant keeps inline: typical ids (a
+// UUID's 16 bytes, a decimal account number) fit.
+const tenantKeyBuf = 24
+
+// ownKey sets t.key to a copy of key that t owns. Called once, before t is
+// shared.
+func (t *tenant) ownKey(key string) {
+	if len(key) > len(t.keyBuf) {
+		t.key = string([]byte(key))
+		return
+	}
+	n := copy(t.keyBuf[:], key)
+	t.key = unsafe.String(&t.keyBuf[0], n)
 }
 
 // releaseTenant drops a lane's hold on t; t may be idle then, and the
