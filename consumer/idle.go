@@ -131,19 +131,23 @@ func (c *Consumer) laneBound() int {
 	return min(c.maxIdle, max(laneKeepMin, laneShare*c.maxIdle/n), laneKeepMax)
 }
 
-// addLane files a new lane of sh. If that takes sh past laneBound lanes,
-// it first sweeps a few (see sweepLanes). Called with sh.mu held.
-func (sh *shard) addLane(l *lane) {
+// addLane makes and files a new lane of t in sh. If that takes sh past
+// laneBound lanes, it first sweeps a few (see sweepLanes), whose memory
+// the new lane may then reuse. Called with sh.mu held.
+func (sh *shard) addLane(t *tenant) *lane {
 	c := sh.c
 	bound := c.laneBound()
 	if sh.sweep.q.len() >= bound {
 		c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, bound-1, bound)
 	}
+	l := sh.newLane()
+	l.t, l.key = t, t.key
 	sh.lanes[l.key] = l
 	sh.sweep.q.push(l)
 	if sh.sweep.q.len() > bound && !sh.sweep.due.Load() {
 		sh.sweep.due.Store(true)
 	}
+	return l
 }
 
 // sweepLanes drops idle lanes of sh until it holds at most keep lanes, or

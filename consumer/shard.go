@@ -156,11 +156,7 @@ func (sh *shard) laneFor(key string, none bool) *lane {
 	if l := sh.lanes[key]; l != nil {
 		return l
 	}
-	t := sh.c.tenantFor(key, false)
-	l := sh.newLane()
-	l.t, l.key = t, t.key
-	sh.addLane(l)
-	return l
+	return sh.addLane(sh.c.tenantFor(key, false))
 }
 
 // A partition allocates its lanes laneChunk at a time, each with

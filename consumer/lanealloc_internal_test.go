@@ -1,0 +1,111 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// newTestConsumer is a Consumer that is never run, for tests of its
+// bookkeeping.
+func newTestConsumer(t *testing.T, cfg Config) *Consumer {
+	t.Helper()
+	cfg.Handler = HandlerFunc(func(context.Context, *Message) error { return nil })
+	cfg.Tenant = FromKey()
+	cfg.DLQ = dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil })
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A lane the sweep drops is the memory of the partition's next new lane,
+// unless something may still hold it without the shard's lock (here a
+// timer it had): such a lane is never handed out again. A reused lane
+// starts from nothing but its timer sequence, which goes on, so that a
+// late firing of an old timer cannot match it.
+func TestSweptLaneMemoryIsReusedUnlessShared(t *testing.T) {
+	c := newTestConsumer(t, Config{MaxIdleTenants: 2})
+	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	a := sh.laneFor("a", false)
+	b := sh.laneFor("b", false)
+	c.arm(b, time.Hour)
+	c.disarm(b)
+	a.timerSeq = 7
+	a.credit, a.judgeSpan = 3, 4
+	// A third lane: the sweep drops a (idle, no message since it was
+	// made), whose memory the new lane gets.
+	e := sh.laneFor("e", false)
+	if e != a {
+		t.Fatalf("the lane made past the bound is not the dropped lane's memory (a dead %v, free %d, b dead %v)", a.dead, len(sh.alloc.free), b.dead)
+	}
+	if e.dead || e.key != "e" || e.t.key != "e" || e.credit != 0 || e.judgeSpan != 0 || e.q.len() != 0 || !e.ahead || e.spill.readPos != -1 {
+		t.Fatalf("reused lane not fresh: dead %v key %q credit %d judgeSpan %d queued %d ahead %v readPos %d",
+			e.dead, e.key, e.credit, e.judgeSpan, e.q.len(), e.ahead, e.spill.readPos)
+	}
+	if sh.lanes["a"] != nil || sh.lanes["e"] != e {
+		t.Fatalf("the partition's lanes by key are wrong after the reuse")
+	}
+	if e.timerSeq != 8 {
+		t.Fatalf("reused lane's timer sequence is %d, want 8 (7, one more for its drop)", e.timerSeq)
+	}
+	sh.laneFor("f", false) // drops b
+	if !b.dead {
+		t.Fatalf("b not dropped")
+	}
+	for i := range 64 {
+		if l := sh.laneFor(fmt.Sprint("k", i), false); l == b {
+			t.Fatalf("a lane a timer held was handed out again")
+		}
+	}
+}
+
+// A lane's queue starts in memory of its partition's (shard.newLane); once
+// it grows past it, the first slots keep no message.
+func TestLaneQueueGrowthClearsItsFirstSlots(t *testing.T) {
+	c := newTestConsumer(t, Config{})
+	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
+	sh.mu.Lock()
+	l := sh.laneFor("a", false)
+	sh.mu.Unlock()
+	first := l.q.buf[:cap(l.q.buf)]
+	for range laneSlots + 1 {
+		l.q.push(new(Message))
+	}
+	for i, m := range first {
+		if m != nil {
+			t.Fatalf("first slot %d still holds a message after the queue grew", i)
+		}
+	}
+}
+
+// Each partition keeps at most laneBound lanes beyond those with
+// messages: MaxIdleTenants, capped by its share over the partitions and
+// by laneKeepMax.
+func TestLaneBound(t *testing.T) {
+	for _, tc := range []struct{ maxIdle, parts, want int }{
+		{2, 1, 2},
+		{2, 512, 2},
+		{2000, 4, 2000},
+		{2000, 512, laneKeepMin},
+		{1024, 64, laneShare * 1024 / 64},
+		{200000, 4, laneKeepMax},
+	} {
+		c := newTestConsumer(t, Config{MaxIdleTenants: tc.maxIdle})
+		m := map[Partition]*shard{}
+		for i := range tc.parts {
+			p := Partition{Topic: "t", ID: int32(i)}
+			m[p] = newShard(c, p, 1, 100)
+		}
+		c.setParts(m)
+		if got := c.laneBound(); got != tc.want {
+			t.Errorf("MaxIdleTenants %d over %d partitions: laneBound %d, want %d", tc.maxIdle, tc.parts, got, tc.want)
+		}
+	}
+}
