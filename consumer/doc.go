@@ -82,10 +82,12 @@
 // other bounds of Config), the engine keeps state for each tenant and each
 // lane it has seen. A tenant with nothing in the engine is idle: past
 // Config.MaxIdleTenants idle tenants the one idle longest is forgotten,
-// and a partition past as many lanes drops those that hold nothing, a few
-// for each lane it makes, so the engine's memory does not grow with the
-// number of distinct tenants it has seen (TestEngineHeap). A tenant that
-// comes back starts afresh; its guard lives in the scope. idle.go.
+// and a partition past as many lanes (fewer with many partitions: its
+// share, Stats.Tracked.MaxLanes) drops those that hold nothing, a few for
+// each lane it makes, whose memory its next lanes reuse; so the engine's
+// memory does not grow with the number of distinct tenants it has seen
+// (TestEngineHeap), nor a message's cost much (BenchmarkEngine). A tenant
+// that comes back starts afresh; its guard lives in the scope. idle.go.
 //
 // # Scheduling
 //
