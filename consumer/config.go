@@ -130,7 +130,8 @@ type Config struct {
 	// partition likewise keeps at most MaxIdleTenants lanes (a tenant's
 	// queue on it), fewer with many partitions or tenants (its share of
 	// about 4*MaxIdleTenants over all partitions, at least 64, at most
-	// 4096; Stats.Tracked.MaxLanes): past that, lanes that hold nothing and had no message
+	// 16384; Stats.Tracked.MaxLanes): past that, lanes that hold nothing
+	// and had no message
 	// since the sweep last looked are dropped, a few as each new lane is
 	// made and a bounded number at each housekeeping tick, never by a walk
 	// of all of them. A tenant with messages in the engine is never

@@ -120,7 +120,7 @@ const (
 const (
 	laneShare   = 4
 	laneKeepMin = 64
-	laneKeepMax = 4096
+	laneKeepMax = 16384
 )
 
 // laneBound is how many lanes a partition keeps beyond those holding
