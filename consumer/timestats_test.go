@@ -52,7 +52,7 @@ func (s *pushSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 	}
 }
 
-func (s *pushSource) Settle(context.Context, *consumer.Message) error       { return nil }
+func (s *pushSource) Settle(context.Context, *consumer.Message) error         { return nil }
 func (s *pushSource) Commit(context.Context, consumer.Partition, int64) error { return nil }
 func (s *pushSource) Pause(consumer.Partition)                                {}
 func (s *pushSource) Resume(consumer.Partition)                               {}
