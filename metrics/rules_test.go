@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -283,4 +285,28 @@ func rulesWithFor(t *testing.T, d string) []byte {
 		t.Fatalf("no for: lines rewritten in %s", rulesFile)
 	}
 	return out
+}
+
+// The dwell objective's bucket, as the rules match it.
+var objectiveBucket = regexp.MustCompile(`le=~"([0-9.]+)\(`)
+
+func TestRulesDwellObjectiveIsABucket(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := objectiveBucket.FindAllSubmatch(b, -1)
+	if len(found) == 0 {
+		t.Fatalf("no dwell bucket matcher in %s", rulesFile)
+	}
+	for _, m := range found {
+		le, err := strconv.ParseFloat(string(m[1]), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(consumer.DwellBuckets(), func(d time.Duration) bool { return d.Seconds() == le }) {
+			t.Errorf("le %s is not a bound of consumer.DwellBuckets %v", m[1], consumer.DwellBuckets())
+		}
+	}
 }
