@@ -30,6 +30,12 @@ const (
 )
 
 // Build returns the ringfence dashboard.
+//
+// It is the classic dashboard JSON model, which every Grafana in use
+// imports; the SDK marks it deprecated in favour of dashboardv2, which
+// only Grafana 12's v2 dashboard API accepts.
+//
+//lint:ignore SA1019 the classic model is the one Grafana's import takes
 func Build() (dashboard.Dashboard, error) {
 	ds := common.DataSourceRef{Type: cog.ToPtr("prometheus"), Uid: cog.ToPtr("${datasource}")}
 	legend := common.NewVizLegendOptionsBuilder().ShowLegend(true).DisplayMode(common.LegendDisplayModeTable).
@@ -55,6 +61,7 @@ func Build() (dashboard.Dashboard, error) {
 			WithTarget(target.Datasource(ds))
 	}
 
+	//lint:ignore SA1019 see Build's doc
 	b := dashboard.NewDashboardBuilder("ringfence").
 		Uid(UID).
 		Description("Per-tenant resilience of ringfence consumers: lag, dwell, parking, spilling, dead letters, partitions and breakers.").
@@ -162,8 +169,7 @@ func Queries() ([]Query, error) {
 		return nil, err
 	}
 	qs := []Query{{"variable job", jobSeries}, {"variable tenant", tenantSeries}}
-	var add func(p dashboard.Panel)
-	add = func(p dashboard.Panel) {
+	add := func(p dashboard.Panel) {
 		for _, t := range p.Targets {
 			if pq, ok := t.(prometheus.Dataquery); ok {
 				qs = append(qs, Query{Panel: *p.Title, Expr: pq.Expr})
