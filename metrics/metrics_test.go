@@ -25,13 +25,7 @@ import (
 func settledConsumer(t *testing.T, msgs [][2]string, failing map[string]bool, want func(consumer.Stats) bool) *consumer.Consumer {
 	t.Helper()
 	c := startConsumer(t, msgs, failing)
-	deadline := time.Now().Add(30 * time.Second)
-	for !want(c.Stats()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("stats never settled: %+v", c.Stats())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	consumertest.Eventually(t, "the consumer's stats to settle", func() bool { return want(c.Stats()) })
 	return c
 }
 
