@@ -197,7 +197,11 @@ func spanText(d time.Duration) string {
 	case d < time.Hour:
 		return strconv.Itoa(int(d.Round(time.Minute)/time.Minute)) + "m"
 	}
-	return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	h, m := d.Round(time.Minute)/time.Hour, d.Round(time.Minute)%time.Hour/time.Minute
+	if m == 0 {
+		return strconv.Itoa(int(h)) + "h"
+	}
+	return strconv.Itoa(int(h)) + "h" + strconv.Itoa(int(m)) + "m"
 }
 
 // plotsPage is GET /plots: the watched tenants' plots (the tenant view
