@@ -129,6 +129,9 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		}
 		c.stats.dead.Add(1)
 		l.t.dead.Add(1)
+		var d dwellRun
+		d.add(c, &l.t.dwell, m, c.clock())
+		d.flush(&l.t.dwell)
 		c.settleSource(sh, m, nil)
 		done = append(done, m)
 		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.rd().lastErr, Reason: m.st.rd().dlqReason})
