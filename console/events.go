@@ -7,24 +7,11 @@ import (
 	"github.com/ringfence/ringfence/consumer"
 )
 
-// Runs: a tenant whose breaker is open is probed every few seconds, and
-// each probe is a parked/resumed pair; kept one line each, a long outage
-// fills the log and pushes everything else out. So an event joins its
-// subject's run instead of taking a line of its own when:
-//
-//   - its subject (the tenant; for events of no tenant, the partition) has
-//     a line among the newest collapseWindow lines, and the newest such
-//     line is of the same class (see runClass) and, for dead letters, the
-//     same reason;
-//   - that line's last event is at most collapseGap old.
-//
-// Events of other subjects do not break a run: tenants that fail together
-// interleave their probes, and would never collapse otherwise. An event of
-// the same subject in another class does: parked, dead-lettered, resumed
-// stays three lines, since the dead letter is news. A joined line counts
-// its events, keeps the first and last time and the kinds it saw, and
-// moves to the newest place under a new seq, so that live viewers get it
-// again (its Run stays: they replace the line they have).
+// Runs (see the package documentation, # Events): a tenant whose breaker
+// is open is probed every few seconds, and each probe is a parked/resumed
+// pair; kept one line each, a long outage would push everything else out
+// of the log. Other tenants' events do not break a run because tenants
+// that fail together interleave their probes and would never collapse.
 const (
 	// collapseWindow bounds how far back an event looks for its run: the
 	// work under the log's lock per event.

@@ -133,7 +133,8 @@ func TestPlotsOnTheTenantView(t *testing.T) {
 	clk := newFakeClock()
 	eng := &stubEngine{tenants: []consumer.TenantStats{
 		{Tenant: "acme", Handled: 100},
-		{Tenant: hostile, Handled: 5, State: policy.Open, Parked: 3},
+		{Tenant: hostile, Handled: 5, State: policy.Open, Parked: 3, OpenSince: clk.Now().Add(-30 * time.Second),
+			TimeLag: 45 * time.Second, OldestParked: 44 * time.Second, SpillBacklogAge: 90 * time.Second},
 	}}
 	c, srv := serve(t, console.Options{Engine: eng, Now: clk.Now, Refresh: time.Second, HistoryEvery: 2 * time.Second, HistoryPoints: 30})
 	for range 5 {
@@ -167,7 +168,27 @@ func TestPlotsOnTheTenantView(t *testing.T) {
 		!strings.Contains(acme, "−60s") || !strings.Contains(acme, ">now<") {
 		t.Fatalf("acme's card lacks its labels:\n%s", acme)
 	}
-	if !strings.Contains(cards[0][2], "breaker open for") || !strings.Contains(acme, "breaker closed") {
-		t.Fatalf("since-when text missing:\n%s", body)
+	// The open tenant: open 30s before the first sample, 10s of samples
+	// since.
+	open := cards[0][2]
+	for _, want := range []string{
+		"breaker open for <b>40s</b> (since 11:59:30 UTC)", "oldest message <b>45s</b>", "oldest parked <b>44s</b>",
+		"spill backlog <b>1m30s</b>", `time lag <b>45s</b>`, `<text class="ylab" x="36" y="9">50s</text>`,
+	} {
+		if !strings.Contains(open, want) {
+			t.Fatalf("the open tenant's card lacks %q:\n%s", want, open)
+		}
+	}
+	if !strings.Contains(acme, "breaker closed") || !strings.Contains(acme, "nothing waiting") || strings.Contains(acme, "oldest") {
+		t.Fatalf("acme's since-when text:\n%s", acme)
+	}
+	ts := lines(t, do(t, client(t), "GET", srv.URL+"/?format=json", nil, nil).body)[0]["tenants"].([]any)
+	row := ts[0].(map[string]any)
+	if row["tenant"].(map[string]any)["key"] == "acme" {
+		row = ts[1].(map[string]any)
+	}
+	if row["open_since"] != "2026-10-01T11:59:30Z" || row["open_for_ns"] != float64(40*time.Second) || row["time_lag_ns"] != float64(45*time.Second) ||
+		row["oldest_parked_ns"] != float64(44*time.Second) || row["spill_backlog_age_ns"] != float64(90*time.Second) {
+		t.Fatalf("JSON since-when fields: %v", row)
 	}
 }
