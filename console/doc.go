@@ -50,8 +50,8 @@
 // seventy-two. An event joins the newest line of its tenant (for partition
 // events: of its partition) among the 16 newest lines when that line is of
 // the same class (parked and resumed; spilling and spill-drained;
-// partition paused and resumed; dead letters of one reason; DLQ failures;
-// spill failures; panics) and its last event is at most a minute old.
+// partition paused and resumed; dead letters of one reason; reorders of
+// one reason; DLQ failures; spill failures; panics) and its last event is at most a minute old.
 // Events of other tenants do not break a run (tenants that fail together
 // interleave); an event of the same tenant in another class does (parked,
 // dead-lettered, resumed stays three lines). The joined line moves to the

@@ -38,6 +38,8 @@ func runClass(k consumer.EventKind) uint8 {
 		return 6
 	case consumer.EventPanicked:
 		return 7
+	case consumer.EventReordered:
+		return 8
 	}
 	return 0
 }
