@@ -207,8 +207,9 @@ func orInt(v, d int) int {
 
 // Console is the ops console: an http.Handler serving the tenant view, the
 // DLQ browser and their JSON API (see the package documentation). It is
-// safe for concurrent use. With no request in progress it does nothing at
-// all: no goroutine, no timer, no call into the engine.
+// safe for concurrent use. With no request in progress it only samples the
+// attached engine for the plots, every Options.HistoryEvery; with no engine
+// it runs no goroutine and no timer.
 type Console struct {
 	o   Options
 	mux *http.ServeMux

@@ -39,6 +39,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}{
 		{"negative refresh", console.Options{Refresh: -1}},
 		{"negative rate", console.Options{ReplayRate: -1}},
+		{"negative sampling interval", console.Options{HistoryEvery: -time.Second}},
+		{"negative history bound", console.Options{HistoryTenants: -1}},
 		{"prefix without slash", console.Options{Prefix: "console"}},
 		{"short token", console.Options{Token: "short"}},
 		{"token with space", console.Options{Token: "a token with spaces in it"}},

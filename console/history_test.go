@@ -192,3 +192,14 @@ func TestPlotsOnTheTenantView(t *testing.T) {
 		t.Fatalf("JSON since-when fields: %v", row)
 	}
 }
+
+// The console samples an attached engine by itself, every HistoryEvery.
+func TestSamplerRunsWhileAnEngineIsAttached(t *testing.T) {
+	eng := &stubEngine{tenants: []consumer.TenantStats{{Tenant: "acme"}}}
+	c, srv := serve(t, console.Options{Refresh: time.Millisecond, HistoryEvery: time.Millisecond})
+	c.SetEngine(eng, "stub")
+	waitFor(t, 20*time.Second, "acme sampled twice", func() bool {
+		eng.update(func(t *consumer.TenantStats) { t.Handled++ })
+		return len(plotsOf(t, srv.URL)["acme"]) >= 2
+	})
+}
