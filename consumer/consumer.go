@@ -31,6 +31,7 @@ type Consumer struct {
 	fallback *policy.Guard // used when the scope's Shape panics
 	log      *slog.Logger
 	src      Source
+	tr       *tracer // nil: no tracing
 	// settleNoop: src's Settle does nothing (SettleNooper), so the engine
 	// never calls it.
 	settleNoop bool
@@ -101,6 +102,7 @@ func New(cfg Config) (*Consumer, error) {
 		epoch:    time.Now(),
 		tenants:  make(map[string]*tenant),
 		noTenant: &tenant{none: true},
+		tr:       newTracer(cfg),
 	}
 	if c.scope == nil {
 		c.scope = scope.New(policy.Default(), scope.Options[string]{})
@@ -148,6 +150,9 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 		return errors.New("consumer: Run called twice")
 	}
 	c.src = src
+	if c.tr != nil {
+		c.tr.setSource(src)
+	}
 	if n, ok := src.(SettleNooper); ok && n.SettleIsNoop() {
 		c.settleNoop = true
 	}

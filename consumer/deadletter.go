@@ -53,6 +53,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 	l.t.dead.Add(1)
 	c.settleSource(l.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
+	traceDead(m, reason, cause)
 	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
 }
 
@@ -70,6 +71,7 @@ func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *
 		FirstFailure: m.st.rd().first,
 		LastFailure:  m.st.rd().last,
 		Reason:       reason,
+		TraceParent:  traceParent(m),
 	}
 	if !l.t.none {
 		rec.Tenant = l.key
@@ -131,6 +133,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		l.t.dead.Add(1)
 		c.settleSource(sh, m, nil)
 		done = append(done, m)
+		traceDead(m, m.st.rd().dlqReason, m.st.rd().lastErr)
 		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.rd().lastErr, Reason: m.st.rd().dlqReason})
 	}
 	if len(done) == 0 {
