@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/cputime"
@@ -119,41 +121,82 @@ func BenchmarkEngine(b *testing.B) {
 		{1000, 4, 64},
 	} {
 		b.Run(fmt.Sprintf("tenants=%d/partitions=%d/concurrency=%d", bc.tenants, bc.parts, bc.concurrency), func(b *testing.B) {
-			src := newBatchSource(b.N, bc.parts, bc.tenants, 64)
-			p := policy.Default()
-			p.AttemptTimeout = 0 // measure the engine, not the guard's attempt timer (reported separately)
-			c, err := consumer.New(consumer.Config{
-				Scope:       scope.New(p, scope.Options[string]{MaxKeys: 2 * bc.tenants}),
-				Handler:     consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
-				Tenant:      consumer.FromKey(),
-				DLQ:         dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
-				Concurrency: bc.concurrency,
-				// The bulkhead is the workers here: one tenant may use them all.
-				TenantConcurrency: bc.concurrency,
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			b.ReportAllocs()
-			runtime.GC()
-			defer debug.SetGCPercent(debug.SetGCPercent(-1))
-			b.ResetTimer()
-			cpu0 := cputime.Process()
-			go func() { errc <- c.Run(ctx, src) }()
-			select {
-			case <-src.done():
-			case <-time.After(10 * time.Minute):
-				b.Fatal("not every message settled")
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
-			cancel()
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
+			benchEngine(b, bc.tenants, bc.parts, bc.concurrency, consumer.Tracing{})
 		})
 	}
+}
+
+// BenchmarkEngineTracing is BenchmarkEngine's first and third rows with
+// tracing: none configured, an SDK that samples nothing, and one that
+// records every span (and discards it as it ends).
+func BenchmarkEngineTracing(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{
+		{"none", nil},
+		{"always-off", sdktrace.NeverSample()},
+		{"always-on", sdktrace.AlwaysSample()},
+	} {
+		for _, bc := range []struct{ tenants, parts, concurrency int }{{1, 1, 1}, {100, 4, 8}} {
+			b.Run(fmt.Sprintf("tracing=%s/tenants=%d/partitions=%d/concurrency=%d", tc.name, bc.tenants, bc.parts, bc.concurrency), func(b *testing.B) {
+				var tr consumer.Tracing
+				if tc.sampler != nil {
+					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(tc.sampler), sdktrace.WithSpanProcessor(discardSpans{}))
+					defer func() { _ = tp.Shutdown(context.Background()) }()
+					tr.Provider = tp
+				}
+				benchEngine(b, bc.tenants, bc.parts, bc.concurrency, tr)
+			})
+		}
+	}
+}
+
+// discardSpans is a span processor that drops every span.
+type discardSpans struct{}
+
+func (discardSpans) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (discardSpans) OnEnd(sdktrace.ReadOnlySpan)                     {}
+func (discardSpans) Shutdown(context.Context) error                  { return nil }
+func (discardSpans) ForceFlush(context.Context) error                { return nil }
+
+// benchEngine runs b.N messages of tenants tenants over parts partitions
+// through an engine of concurrency workers and a handler that succeeds.
+func benchEngine(b *testing.B, tenants, parts, concurrency int, tr consumer.Tracing) {
+	src := newBatchSource(b.N, parts, tenants, 64)
+	p := policy.Default()
+	p.AttemptTimeout = 0 // measure the engine, not the guard's attempt timer (reported separately)
+	c, err := consumer.New(consumer.Config{
+		Scope:       scope.New(p, scope.Options[string]{MaxKeys: 2 * tenants}),
+		Handler:     consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
+		Tenant:      consumer.FromKey(),
+		DLQ:         dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
+		Concurrency: concurrency,
+		// The bulkhead is the workers here: one tenant may use them all.
+		TenantConcurrency: concurrency,
+		Tracing:           tr,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	b.ReportAllocs()
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	b.ResetTimer()
+	cpu0 := cputime.Process()
+	go func() { errc <- c.Run(ctx, src) }()
+	select {
+	case <-src.done():
+	case <-time.After(10 * time.Minute):
+		b.Fatal("not every message settled")
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
+	cancel()
+	if err := <-errc; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,8 +137,35 @@ func (tr *tracer) name(m *Message) string {
 // start starts m's process span, as m reaches the engine (delivered, or
 // read back from its spill log: refed). The producer's context, from m's
 // headers, is its parent or a link; a HeaderTraceParent (a spilled or
-// dead-lettered copy's process span) is a link too.
+// dead-lettered copy's process span) is a link too. A span the sampler
+// drops is not kept: m is then untraced, and its spill copy or dead
+// letter carries no HeaderTraceParent.
 func (tr *tracer) start(m *Message, tenant string, refed bool) {
+	ctx := context.Background()
+	var links [2]trace.Link
+	ls := links[:0]
+	if p := trace.SpanContextFromContext(tr.prop.Extract(ctx, headerCarrier(m.Headers))); p.IsValid() {
+		if tr.parent {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, p)
+		} else {
+			ls = append(ls, trace.Link{SpanContext: p, Attributes: []attribute.KeyValue{attrLink.String("producer")}})
+		}
+	}
+	if v, ok := m.Header(HeaderTraceParent); ok {
+		orig := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), ownCarrier(v)))
+		if orig.IsValid() {
+			kind := "dead-lettered"
+			if refed {
+				kind = "spilled"
+			}
+			ls = append(ls, trace.Link{SpanContext: orig, Attributes: []attribute.KeyValue{attrLink.String(kind)}})
+		}
+	}
+	_, span := tr.t.Start(ctx, tr.name(m), trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(ls...))
+	if !span.IsRecording() {
+		// Sampled out: nothing to record, and no context to carry on.
+		return
+	}
 	attrs := make([]attribute.KeyValue, 0, 10)
 	attrs = append(attrs, semconv.MessagingOperationTypeProcess, semconv.MessagingOperationNameKey.String("process"),
 		semconv.MessagingDestinationNameKey.String(m.Topic))
@@ -163,27 +191,7 @@ func (tr *tracer) start(m *Message, tenant string, refed bool) {
 	if refed {
 		attrs = append(attrs, attrRefed.Bool(true))
 	}
-	opts := make([]trace.SpanStartOption, 0, 4)
-	opts = append(opts, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
-	ctx := context.Background()
-	if p := trace.SpanContextFromContext(tr.prop.Extract(ctx, headerCarrier(m.Headers))); p.IsValid() {
-		if tr.parent {
-			ctx = trace.ContextWithRemoteSpanContext(ctx, p)
-		} else {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: p, Attributes: []attribute.KeyValue{attrLink.String("producer")}}))
-		}
-	}
-	if v, ok := m.Header(HeaderTraceParent); ok {
-		orig := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), ownCarrier(v)))
-		if orig.IsValid() {
-			kind := "dead-lettered"
-			if refed {
-				kind = "spilled"
-			}
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: orig, Attributes: []attribute.KeyValue{attrLink.String(kind)}}))
-		}
-	}
-	_, span := tr.t.Start(ctx, tr.name(m), opts...)
+	span.SetAttributes(attrs...)
 	if refed {
 		span.AddEvent("re-fed")
 	}
@@ -311,7 +319,7 @@ type headerCarrier []Header
 
 func (c headerCarrier) Get(key string) string {
 	for _, h := range c {
-		if h.Key == key {
+		if strings.EqualFold(h.Key, key) {
 			return string(h.Value)
 		}
 	}
