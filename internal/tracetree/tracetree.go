@@ -45,7 +45,7 @@ func Format(spans []sdktrace.ReadOnlySpan) string {
 				to, kind = l.SpanContext.SpanID(), "link"
 				for _, a := range l.Attributes {
 					if a.Key == "ringfence.link" {
-						kind = "linked from " + a.Value.Emit()
+						kind = "linked from " + a.Value.String()
 					}
 				}
 			}
@@ -86,13 +86,13 @@ func attrs(kvs []attribute.KeyValue, keys []attribute.Key) string {
 	var parts []string
 	if keys == nil {
 		for _, kv := range kvs {
-			parts = append(parts, fmt.Sprintf("%s=%s", kv.Key, kv.Value.Emit()))
+			parts = append(parts, fmt.Sprintf("%s=%s", kv.Key, kv.Value.String()))
 		}
 	} else {
 		for _, k := range keys {
 			for _, kv := range kvs {
 				if kv.Key == k {
-					parts = append(parts, fmt.Sprintf("%s=%s", strings.TrimPrefix(string(k), "messaging."), kv.Value.Emit()))
+					parts = append(parts, fmt.Sprintf("%s=%s", strings.TrimPrefix(string(k), "messaging."), kv.Value.String()))
 				}
 			}
 		}
