@@ -111,7 +111,9 @@
 // carries the span, so the handler's own spans are its children. A
 // spilled message's copy and a dead-letter record carry the span's
 // traceparent in a ringfence-traceparent header (HeaderTraceParent); the
-// span of the re-fed copy, or of a replayed dead letter, is linked to it.
+// span of the re-fed copy, or of a replayed dead letter, is linked to it
+// (the header stays on that message, as ringfence-redrive does on a
+// replayed one).
 // A message dropped by a revocation or left at shutdown ends no span (its
 // redelivery starts one). With no Provider the engine starts nothing and
 // allocates nothing for tracing (BenchmarkEngineTracing guards this). The

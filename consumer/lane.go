@@ -328,13 +328,12 @@ type failState struct {
 	panicked   bool
 	probeFails int
 	evidence   bool // failed in a judge round that a later message won
+	tparked    bool // its span's last park event has no resume yet (see tracePark)
 	dlqReason  dlq.Reason
 	dlqFails   int
 	asideAt    int64 // engine clock of its last set-aside write
-	// span is the message's process span (see msgScalars.traced), and
-	// tparked says its last event was a park.
-	span    trace.Span
-	tparked bool
+	// span is the message's process span (see msgScalars.traced).
+	span trace.Span
 }
 
 // noFail is what rd returns for a message that never failed. Never written.
