@@ -229,7 +229,9 @@ func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) {
 func (c *Consumer) unlist(sh *shard, l *lane, m *Message) {
 	if l.spill.refed.n > 0 && m.Refed { // n counts l's re-fed messages: most lanes read no message here
 		l.t.spillDone.Add(1)
-		if l.spill.refed.remove(m) {
+		head := l.spill.refed.remove(m)
+		c.spillSettled(l, m)
+		if head {
 			c.raiseSpillCursor(l)
 		}
 		return

@@ -40,7 +40,9 @@ type Consumer struct {
 	// (see shard.quickMax, runQuick).
 	quickWorkers int
 	epoch        time.Time
-	now          atomic.Int64 // engine clock: ns since epoch, advanced by housekeeping
+	epochNano    int64            // epoch.UnixNano(), to put produce times on the engine clock (bornOf)
+	wall         func() time.Time // the wall clock read by housekeeping; nil: time.Now (tests set it)
+	now          atomic.Int64     // engine clock: ns since epoch, advanced by housekeeping
 
 	hctx    context.Context // parent of handler contexts; cancelled past DrainTimeout
 	hcancel context.CancelFunc
@@ -65,6 +67,10 @@ type Consumer struct {
 	idle      idleList
 	maxIdle   int // set by New, read without tmu
 	forgotten uint64
+	// goneDwell holds the dwell counts of forgotten tenants, so that
+	// Stats' Totals.Dwell covers every settle since New.
+	goneDwell    [len(dwellBounds) + 1]uint64
+	goneDwellSum int64
 
 	sched   sched
 	spillQ  spillQueue
@@ -104,6 +110,7 @@ func New(cfg Config) (*Consumer, error) {
 		noTenant: &tenant{none: true},
 		tr:       newTracer(cfg),
 	}
+	c.epochNano = c.epoch.UnixNano()
 	if c.scope == nil {
 		c.scope = scope.New(policy.Default(), scope.Options[string]{})
 	}
@@ -156,7 +163,7 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	if n, ok := src.(SettleNooper); ok && n.SettleIsNoop() {
 		c.settleNoop = true
 	}
-	c.now.Store(int64(time.Since(c.epoch)))
+	c.now.Store(c.sinceEpoch())
 	defer c.hcancel()
 	defer c.bgCancel()
 
@@ -249,7 +256,7 @@ func (c *Consumer) housekeeping(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		now := int64(time.Since(c.epoch))
+		now := c.sinceEpoch()
 		c.now.Store(now)
 		for _, w := range c.workers {
 			w.ctx().expireIfDue(now)

@@ -131,6 +131,9 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		}
 		c.stats.dead.Add(1)
 		l.t.dead.Add(1)
+		var d dwellRun
+		d.add(c, &l.t.dwell, m, c.clock())
+		d.flush(&l.t.dwell)
 		c.settleSource(sh, m, nil)
 		done = append(done, m)
 		traceDead(m, m.st.rd().dlqReason, m.st.rd().lastErr)

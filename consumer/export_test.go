@@ -1,6 +1,9 @@
 package consumer
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // CheckInvariants exposes the engine's invariant checker to the tests of
 // package consumer_test.
@@ -51,3 +54,11 @@ const (
 	SlowTurn  = slowTurn
 	ShardTurn = shardTurn
 )
+
+// UseWallClock makes c's housekeeping read now instead of the wall clock,
+// with c's epoch at now's reading. Call it before Run.
+func UseWallClock(c *Consumer, now func() time.Time) {
+	c.wall = now
+	c.epoch = now()
+	c.epochNano = c.epoch.UnixNano()
+}

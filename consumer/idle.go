@@ -66,6 +66,7 @@ func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
 	c.idle.remove(f)
 	delete(c.tenants, f.key)
 	c.forgotten++
+	f.dwell.addTo(&c.goneDwell, &c.goneDwellSum)
 	return f
 }
 

@@ -137,6 +137,13 @@ type laneSpill struct {
 	refedRing []int64
 	refedNext int
 	commit    commitSync
+	// out counts the messages this lane appended to its log that are not
+	// yet re-fed and settled (nor dropped as copies); born is the produce
+	// time (engine clock, see bornOf) of the oldest of them, or of the
+	// last one settled while the next is still in the log unread (whose
+	// time is not known yet, and is no older).
+	out  int
+	born int64
 }
 
 // fifo is a queue that can also take out an element in the middle (a

@@ -30,6 +30,7 @@ type pauseState struct {
 // parkLane starts counting l's messages as parked. Called with sh.mu held.
 func (c *Consumer) parkLane(l *lane) {
 	l.parked = true
+	l.t.noteOpen(c.clock())
 	c.addParked(l, l.q.len())
 }
 

@@ -252,6 +252,10 @@ func (c *Consumer) spillWork(l *lane) {
 				sh.count.queued--
 				c.unlist(sh, l, m) // the next tick commits past them
 			}
+			if l.spill.out == 0 {
+				l.spill.born = c.bornOf(batch[0])
+			}
+			l.spill.out += len(batch)
 			t.spilled.Add(uint64(len(batch)))
 			c.stats.spilled.Add(uint64(len(batch)))
 			resume := sh.pause.reason != 0 && sh.pause.reason != PauseDraining && sh.count.queued <= sh.bounds.maxQueued/2 &&
@@ -358,6 +362,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 		if l.spill.seenCopy(m.Offset) {
 			c.stats.duplicates.Add(1)
 			t.spillDone.Add(1)
+			l.spill.out = max(l.spill.out-1, 0)
 			if m.st.traced {
 				dups = append(dups, m)
 			}
@@ -482,4 +487,33 @@ func (s *laneSpill) seenCopy(offset int64) bool {
 	}
 	s.refedIDs[offset] = struct{}{}
 	return false
+}
+
+// spillSettled counts a re-fed message of l, just taken out of its re-fed
+// list, out of the lane's spilled backlog (laneSpill.out) and moves its
+// oldest produce time on: to the next re-fed message's, or, while the next
+// is still in the log, to m's (a bound: the next one is no older). Called
+// with l's shard mu held.
+func (c *Consumer) spillSettled(l *lane, m *Message) {
+	if l.spill.out == 0 {
+		return // appended by an earlier process: not in this one's backlog
+	}
+	l.spill.out--
+	if h := l.spill.refed.head; h != nil {
+		l.spill.born = c.bornOf(h)
+	} else {
+		l.spill.born = c.bornOf(m)
+	}
+}
+
+// spillAge is how long ago the oldest message of l's spilled backlog was
+// produced, or zero when it has none. Called with l's shard mu held.
+func (c *Consumer) spillAge(l *lane, now int64) time.Duration {
+	if l.spill.out == 0 {
+		return 0
+	}
+	if h := l.spill.refed.head; h != nil {
+		return age(now, c.bornOf(h))
+	}
+	return age(now, l.spill.born)
 }

@@ -43,6 +43,27 @@ type TenantStats struct {
 	State     policy.State
 	// Latency is its guard's latency estimate.
 	Latency time.Duration
+
+	// TimeLag is how long ago its oldest unsettled message in the engine
+	// was produced (Message.Time, or its receipt when it has none): the
+	// oldest head of its lanes' queues and set-aside messages. Zero when it
+	// has none.
+	TimeLag time.Duration
+	// OldestParked is how long ago its oldest parked message was
+	// produced; zero when none is parked.
+	OldestParked time.Duration
+	// SpillBacklogAge is how long ago the oldest of the messages it
+	// spilled that are not yet re-fed and settled was produced (counted by
+	// this process, as SpillLag); zero when there are none.
+	SpillBacklogAge time.Duration
+	// OpenSince is when the engine first found its breaker not closed (it
+	// parked the tenant) since the breaker last closed, at the engine
+	// clock's resolution; zero while the breaker is closed.
+	OpenSince time.Time
+	// Dwell counts its messages handled or dead-lettered by their time
+	// from produce to settle (a spilled message once, when its re-fed copy
+	// settles).
+	Dwell Histogram
 }
 
 // PartitionStats is a snapshot of one assigned partition.
@@ -66,9 +87,11 @@ type PartitionStats struct {
 	// now would deliver again.
 	CommitLag int64
 	// Oldest is how long its oldest unsettled message has been in the
-	// engine, and OldestTenant whose it is.
+	// engine, and OldestTenant whose it is. TimeLag is how long ago that
+	// message was produced (Message.Time, or its receipt when it has none).
 	Oldest       time.Duration
 	OldestTenant string
+	TimeLag      time.Duration
 	// Lanes is how many tenants it has lanes for.
 	Lanes int
 	// QuickWorkers is how many workers hold a quick lane of it now (a
@@ -91,6 +114,10 @@ type Totals struct {
 	Spilled, Refed, SpillFailures, Duplicates uint64
 	// Unwritable counts dead letters the DLQ refused for good.
 	Unwritable uint64
+	// Dwell counts the messages handled or dead-lettered, all tenants, by
+	// their time from produce to settle. Filled by Stats (the tenants'
+	// histograms summed, forgotten ones included), not by Totals.
+	Dwell Histogram
 }
 
 // Stats is a snapshot of the engine.
@@ -126,9 +153,9 @@ type TrackedStats struct {
 	Forgotten uint64
 }
 
-// Totals returns the engine's counters. It reads atomics only: no lock is
-// taken, so it may be polled as often as a caller likes (Stats takes each
-// partition's lock and walks its oldest messages).
+// Totals returns the engine's counters but Dwell. It reads atomics only: no
+// lock is taken, so it may be polled as often as a caller likes (Stats
+// takes each partition's lock and walks its oldest messages).
 func (c *Consumer) Totals() Totals {
 	var n [6]uint64
 	for _, x := range append([]*counters{&c.stats}, c.counterSets()...) {
@@ -172,6 +199,15 @@ func (c *Consumer) Stats() Stats {
 	lag := map[*tenant]int64{}
 	var held []heldRef
 	queued := map[*tenant]int{}
+	times := map[*tenant]*tenantTimes{}
+	timesOf := func(t *tenant) *tenantTimes {
+		x := times[t]
+		if x == nil {
+			x = &tenantTimes{}
+			times[t] = x
+		}
+		return x
+	}
 	now := c.clock()
 	for _, sh := range c.shards() {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.src.done.Load()}
@@ -185,13 +221,21 @@ func (c *Consumer) Stats() Stats {
 		for _, l := range sh.lanes {
 			if n := l.q.len() + l.pend.len(); n > 0 {
 				queued[l.t] += n
+				c.laneTimes(l, now, timesOf(l.t))
+			} else if l.spill.out > 0 {
+				c.laneTimes(l, now, timesOf(l.t))
 			}
 		}
 		if sh.none != nil {
 			queued[sh.none.t] += sh.none.q.len()
+			c.laneTimes(sh.none, now, timesOf(sh.none.t))
 		}
 		for _, m := range sh.aside.msgs {
 			queued[m.st.lane.t]++
+			timesOf(m.st.lane.t).lag(now, c.bornOf(m))
+		}
+		if m := sh.oldest(); m != nil {
+			ps.TimeLag = age(now, c.bornOf(m))
 		}
 		sh.mu.Unlock()
 		slices.SortFunc(held, func(a, b heldRef) int { return cmp.Compare(a.off, b.off) })
@@ -232,12 +276,17 @@ func (c *Consumer) Stats() Stats {
 		ts = append(ts, t)
 	}
 	s.Tracked.Tenants, s.Tracked.Idle, s.Tracked.Forgotten = len(c.tenants), c.idle.n, c.forgotten
+	dwell, dwellSum := c.goneDwell, c.goneDwellSum
 	c.tmu.Unlock()
 	s.Tracked.MaxIdle = c.maxIdle
 	for _, t := range ts {
 		x := c.tenantStats(t)
 		x.CommitLag = lag[t]
 		x.Queued = queued[t]
+		if tt := times[t]; tt != nil {
+			x.TimeLag, x.OldestParked, x.SpillBacklogAge = tt.timeLag, tt.parked, tt.spill
+		}
+		t.dwell.addTo(&dwell, &dwellSum)
 		if x.Spilling > 0 {
 			s.SpillingTenants++
 		}
@@ -252,7 +301,38 @@ func (c *Consumer) Stats() Stats {
 		}
 		return cmp.Compare(a.Tenant, b.Tenant)
 	})
+	s.Dwell = histogram(&dwell, dwellSum)
 	return s
+}
+
+// tenantTimes are the ages Stats gathers for one tenant from its lanes.
+type tenantTimes struct {
+	timeLag, parked, spill time.Duration
+}
+
+// lag raises the tenant's TimeLag to the age of a message produced at born.
+func (x *tenantTimes) lag(now, born int64) {
+	x.timeLag = max(x.timeLag, age(now, born))
+}
+
+// laneTimes adds l's ages to x: its queue's head (re-fed messages come
+// first, then live ones in order) or else the front of its pend, parked if
+// l is, and its spilled backlog. Called with l's shard mu held.
+func (c *Consumer) laneTimes(l *lane, now int64, x *tenantTimes) {
+	var head *Message
+	switch {
+	case l.q.len() > 0:
+		head = l.q.front()
+		if l.parked {
+			x.parked = max(x.parked, age(now, c.bornOf(head)))
+		}
+	case l.pend.len() > 0:
+		head = l.pend.front()
+	}
+	if head != nil {
+		x.lag(now, c.bornOf(head))
+	}
+	x.spill = max(x.spill, c.spillAge(l, now))
 }
 
 // tenantStats reads one tenant's counters (without its commit lag and
@@ -281,6 +361,13 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 		x.State = g.State()
 		x.Latency = g.Latency()
 	}
+	if at := t.openSince.Load(); at != 0 && x.State != policy.Closed {
+		x.OpenSince = c.epoch.Add(time.Duration(at))
+	}
+	var n [len(dwellBounds) + 1]uint64
+	var sum int64
+	t.dwell.addTo(&n, &sum)
+	x.Dwell = histogram(&n, sum)
 	return x
 }
 

@@ -81,6 +81,11 @@ type tenant struct {
 	spillDone                      atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
 	parked                         atomic.Int64  // messages parked now
 	spillLanes                     atomic.Int32  // lanes in spill mode now
+	// openSince is the engine clock when the engine first found its
+	// breaker not closed since it last closed (a park), or zero (see
+	// noteOpen).
+	openSince atomic.Int64
+	dwell     dwellHist // its settles by time since produce
 }
 
 // guard returns the tenant's guard, pinning it in the scope on first use.

@@ -368,6 +368,7 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	}
 	if r.handled > 0 {
 		t.handled.Add(r.handled)
+		t.clearOpen()
 	}
 	if l.dead {
 		if !t.none {
@@ -391,8 +392,14 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 func (c *Consumer) applyResult(sh *shard, w *worker) {
 	r := &w.res
 	l, t := w.job.l, w.job.l.t
-	for _, m := range r.settled {
-		c.removeSettled(sh, l, m)
+	if len(r.settled) > 0 {
+		var d dwellRun
+		now := c.clock()
+		for _, m := range r.settled {
+			d.add(c, &t.dwell, m, now)
+			c.removeSettled(sh, l, m)
+		}
+		d.flush(&t.dwell)
 	}
 	if l.q.len() == 0 && l.tried.Load() {
 		l.tried.Store(false) // what q gains next is fresh

@@ -22,4 +22,14 @@
 // The tenant label is dlq.TenantToken(key): the same name the tenant's
 // dead-letter topic or subject uses, readable for common ids and valid
 // UTF-8 whatever bytes the key holds.
+//
+// # Rules and dashboard
+//
+// rules/ringfence.rules.yml holds Prometheus recording and alerting rules
+// over these series (parked and spilling tenants, time lag, a dwell
+// objective with burn-rate alerts, dead letters, paused partitions, stuck
+// commits); rules/README.md gives their objectives and thresholds. Package
+// [github.com/ringfence/ringfence/metrics/dashboard] builds the Grafana
+// dashboard committed as dashboard/ringfence.json. The tests check both
+// against the series the collector exports and run a real Prometheus.
 package metrics

@@ -1,9 +1,11 @@
 package metrics
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,6 +16,15 @@ import (
 
 // ErrInvalidOption is wrapped by NewCollector's error for a bad option.
 var ErrInvalidOption = errors.New("metrics: invalid option")
+
+// OtherTenant is the tenant label value of the series that sum (or, for
+// ages and the breaker state, max) the tenants not exported by name. No
+// tenant key has it as its token (dlq.TenantToken escapes a leading "_").
+const OtherTenant = "_other"
+
+// DefaultMaxTenants is how many tenants are exported by name unless
+// WithMaxTenants says otherwise.
+const DefaultMaxTenants = 20
 
 // Option configures a Collector.
 type Option func(*config) error
@@ -50,7 +61,8 @@ func WithConstLabels(l prometheus.Labels) Option {
 }
 
 // WithMaxTenants caps the tenants exported with their own series per
-// scrape. Default: 1024.
+// scrape (the rest are summed, or maxed, into the OtherTenant series).
+// Default: 20.
 func WithMaxTenants(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
@@ -64,11 +76,16 @@ func WithMaxTenants(n int) Option {
 // Collector is a prometheus.Collector over one consumer. It is safe for
 // concurrent use (scrapes may overlap).
 type Collector struct {
-	c   *consumer.Consumer
-	max int
+	c       *consumer.Consumer
+	max     int
+	buckets []float64 // consumer.DwellBuckets in seconds
 
 	// Per tenant.
 	handled, failed, dead, parked, queued, state *prometheus.Desc
+	timeLag, oldestParked, spillAge              *prometheus.Desc
+	spilled, refed, dwell                        *prometheus.Desc
+	// Per partition.
+	pTimeLag, pCommitLag, pPaused, pCommitted *prometheus.Desc
 	// Totals.
 	tHandled, tFailed, tDead, tRetried, tPanics            *prometheus.Desc
 	tParked, tQueued, tInFlight, tPaused, tTenants, tShown *prometheus.Desc
@@ -80,7 +97,7 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil consumer", ErrInvalidOption)
 	}
-	cfg := config{namespace: "ringfence", maxTenants: 1024}
+	cfg := config{namespace: "ringfence", maxTenants: DefaultMaxTenants}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil option", ErrInvalidOption)
@@ -93,19 +110,38 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 	per := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "tenant", name), help, []string{"tenant"}, cl)
 	}
+	part := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(ns, "partition", name), help, []string{"partition"}, cl)
+	}
 	total := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, nil, cl)
 	}
+	var buckets []float64
+	for _, b := range consumer.DwellBuckets() {
+		buckets = append(buckets, b.Seconds())
+	}
 	return &Collector{
-		c:   c,
-		max: cfg.maxTenants,
+		c:       c,
+		max:     cfg.maxTenants,
+		buckets: buckets,
 
-		handled: per("handled_total", "Messages of the tenant handled successfully."),
-		failed:  per("failed_total", "Failed handler attempts of the tenant."),
-		dead:    per("dead_lettered_total", "Messages of the tenant written to its dead-letter queue."),
-		parked:  per("parked", "Messages of the tenant waiting behind its open breaker."),
-		queued:  per("queued", "Messages of the tenant in the engine (parked ones included)."),
-		state:   per("breaker_state", "The tenant's breaker: 0 closed, 1 half-open, 2 open."),
+		handled:      per("handled_total", "Messages of the tenant handled successfully."),
+		failed:       per("failed_total", "Failed handler attempts of the tenant."),
+		dead:         per("dead_lettered_total", "Messages of the tenant written to its dead-letter queue."),
+		parked:       per("parked", "Messages of the tenant waiting behind its open breaker."),
+		queued:       per("queued", "Messages of the tenant in the engine (parked ones included)."),
+		state:        per("breaker_state", "The tenant's breaker: 0 closed, 1 half-open, 2 open."),
+		timeLag:      per("time_lag_seconds", "Time since the produce time of the tenant's oldest unsettled message in the engine (_other: the max of the rest)."),
+		oldestParked: per("oldest_parked_age_seconds", "Time since the produce time of the tenant's oldest parked message (_other: the max of the rest)."),
+		spillAge:     per("spill_backlog_age_seconds", "Time since the produce time of the oldest of the tenant's spilled messages not yet re-fed and settled (_other: the max of the rest)."),
+		spilled:      per("spilled_total", "Messages of the tenant appended to its spill log."),
+		refed:        per("refed_total", "Messages of the tenant read back from its spill log."),
+		dwell:        per("dwell_seconds", "Time from produce to settle (handled or dead-lettered) of the tenant's messages."),
+
+		pTimeLag:   part("time_lag_seconds", "Time since the produce time of the partition's oldest unsettled message."),
+		pCommitLag: part("commit_lag", "Offsets a crash now would deliver again: the next offset minus the commit point."),
+		pPaused:    part("paused", "1 while the engine has the source stop fetching the partition."),
+		pCommitted: part("committed_offset", "The last commit point passed to the source (-1 none)."),
 
 		tHandled:       total("handled_total", "Messages handled successfully, all tenants."),
 		tFailed:        total("failed_total", "Failed handler attempts, all tenants."),
@@ -127,6 +163,8 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 func (m *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.handled, m.failed, m.dead, m.parked, m.queued, m.state,
+		m.timeLag, m.oldestParked, m.spillAge, m.spilled, m.refed, m.dwell,
+		m.pTimeLag, m.pCommitLag, m.pPaused, m.pCommitted,
 		m.tHandled, m.tFailed, m.tDead, m.tRetried, m.tPanics,
 		m.tParked, m.tQueued, m.tInFlight, m.tPaused, m.tTenants, m.tShown,
 		m.scopeKeys, m.scopeEvictions,
@@ -158,37 +196,131 @@ func (m *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(m.scopeKeys, float64(ss.Size))
 	counter(m.scopeEvictions, ss.Evictions)
 
-	ts := st.Tenants
-	if len(ts) > m.max {
-		// Keep the tenants most worth watching.
-		sort.SliceStable(ts, func(i, j int) bool {
-			a, b := ts[i], ts[j]
-			if a.State != b.State {
-				return rank(a.State) > rank(b.State)
-			}
-			if a.Parked != b.Parked {
-				return a.Parked > b.Parked
-			}
-			if a.Queued != b.Queued {
-				return a.Queued > b.Queued
-			}
-			return a.Tenant < b.Tenant
-		})
-		ts = ts[:m.max]
+	for _, p := range st.Partitions {
+		label := p.Partition.Topic + "/" + strconv.FormatInt(int64(p.Partition.ID), 10)
+		gauge(m.pTimeLag, p.TimeLag.Seconds(), label)
+		gauge(m.pCommitLag, float64(p.CommitLag), label)
+		gauge(m.pPaused, boolValue(p.Paused), label)
+		gauge(m.pCommitted, float64(p.Committed), label)
 	}
-	gauge(m.tShown, float64(len(ts)))
-	for _, t := range ts {
+
+	named, rest := topTenants(st.Tenants, m.max)
+	gauge(m.tShown, float64(len(named)))
+	for i := range named {
+		t := &named[i]
 		label := dlq.NoTenantToken
-		if t.Tenant != "" {
+		if !t.NoTenant {
 			label = dlq.TenantToken(t.Tenant)
 		}
-		counter(m.handled, t.Handled, label)
-		counter(m.failed, t.Failed, label)
-		counter(m.dead, t.DeadLettered, label)
-		gauge(m.parked, float64(t.Parked), label)
-		gauge(m.queued, float64(t.Queued), label)
-		gauge(m.state, stateValue(t.State), label)
+		m.tenant(ch, t, label)
 	}
+	m.tenant(ch, other(&st, named, rest), OtherTenant)
+}
+
+// tenant sends the series of one tenant (or of the rest, as OtherTenant).
+func (m *Collector) tenant(ch chan<- prometheus.Metric, t *consumer.TenantStats, label string) {
+	counter := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label)
+	}
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, label)
+	}
+	counter(m.handled, t.Handled)
+	counter(m.failed, t.Failed)
+	counter(m.dead, t.DeadLettered)
+	counter(m.spilled, t.Spilled)
+	counter(m.refed, t.Refed)
+	gauge(m.parked, float64(t.Parked))
+	gauge(m.queued, float64(t.Queued))
+	gauge(m.state, stateValue(t.State))
+	gauge(m.timeLag, t.TimeLag.Seconds())
+	gauge(m.oldestParked, t.OldestParked.Seconds())
+	gauge(m.spillAge, t.SpillBacklogAge.Seconds())
+	buckets := make(map[float64]uint64, len(m.buckets))
+	for i, b := range m.buckets {
+		if i < len(t.Dwell.Counts) {
+			buckets[b] = t.Dwell.Counts[i]
+		}
+	}
+	ch <- prometheus.MustNewConstHistogram(m.dwell, t.Dwell.Count, t.Dwell.Sum.Seconds(), buckets, label)
+}
+
+// topTenants splits ts into the (at most) k tenants most worth watching,
+// ordered by key, and the rest: an open, then half-open breaker first,
+// then most parked, spilling, oldest time lag, most queued, then by key.
+// It reorders ts.
+func topTenants(ts []consumer.TenantStats, k int) (named, rest []consumer.TenantStats) {
+	if len(ts) > k {
+		slices.SortFunc(ts, func(a, b consumer.TenantStats) int {
+			return cmp.Or(
+				cmp.Compare(rank(b.State), rank(a.State)),
+				cmp.Compare(b.Parked, a.Parked),
+				cmp.Compare(b.Spilling, a.Spilling),
+				cmp.Compare(b.TimeLag, a.TimeLag),
+				cmp.Compare(b.Queued, a.Queued),
+				cmp.Compare(a.Tenant, b.Tenant),
+			)
+		})
+		ts, rest = ts[:k], ts[k:]
+		slices.SortFunc(ts, func(a, b consumer.TenantStats) int {
+			if a.NoTenant != b.NoTenant {
+				if a.NoTenant {
+					return -1
+				}
+				return 1
+			}
+			return cmp.Compare(a.Tenant, b.Tenant)
+		})
+	}
+	return ts, rest
+}
+
+// other is the OtherTenant series' values: the engine's counters and dwell
+// minus the named tenants' (so that forgotten tenants' counts are in it
+// and the tenant series add up to the totals), the rest's gauges of counts
+// summed, and their ages and breaker state maxed.
+func other(st *consumer.Stats, named, rest []consumer.TenantStats) *consumer.TenantStats {
+	o := consumer.TenantStats{
+		Handled:      st.Handled,
+		Failed:       st.Failed,
+		DeadLettered: st.DeadLettered,
+		Spilled:      st.Spilled,
+		Refed:        st.Refed,
+		State:        policy.Closed,
+		Dwell: consumer.Histogram{
+			Counts: slices.Clone(st.Dwell.Counts),
+			Count:  st.Dwell.Count,
+			Sum:    st.Dwell.Sum,
+		},
+	}
+	sub := func(a *uint64, b uint64) { *a -= min(*a, b) }
+	for i := range named {
+		t := &named[i]
+		sub(&o.Handled, t.Handled)
+		sub(&o.Failed, t.Failed)
+		sub(&o.DeadLettered, t.DeadLettered)
+		sub(&o.Spilled, t.Spilled)
+		sub(&o.Refed, t.Refed)
+		sub(&o.Dwell.Count, t.Dwell.Count)
+		o.Dwell.Sum = max(o.Dwell.Sum-t.Dwell.Sum, 0)
+		for j := range o.Dwell.Counts {
+			if j < len(t.Dwell.Counts) {
+				sub(&o.Dwell.Counts[j], t.Dwell.Counts[j])
+			}
+		}
+	}
+	for i := range rest {
+		t := &rest[i]
+		o.Parked += t.Parked
+		o.Queued += t.Queued
+		if rank(t.State) > rank(o.State) {
+			o.State = t.State
+		}
+		o.TimeLag = max(o.TimeLag, t.TimeLag)
+		o.OldestParked = max(o.OldestParked, t.OldestParked)
+		o.SpillBacklogAge = max(o.SpillBacklogAge, t.SpillBacklogAge)
+	}
+	return &o
 }
 
 func rank(s policy.State) int {
@@ -201,12 +333,11 @@ func rank(s policy.State) int {
 	return 0
 }
 
-func stateValue(s policy.State) float64 {
-	switch s {
-	case policy.HalfOpen:
+func stateValue(s policy.State) float64 { return float64(rank(s)) }
+
+func boolValue(b bool) float64 {
+	if b {
 		return 1
-	case policy.Open:
-		return 2
 	}
 	return 0
 }

@@ -82,21 +82,25 @@ func TestCollectorPerTenantAndTotals(t *testing.T) {
 ringfence_tenant_handled_total{group="g",tenant="acme"} 2
 ringfence_tenant_handled_total{group="g",tenant="globex"} 0
 ringfence_tenant_handled_total{group="g",tenant="` + dlq.NoTenantToken + `"} 0
+ringfence_tenant_handled_total{group="g",tenant="_other"} 0
 # HELP ringfence_tenant_dead_lettered_total Messages of the tenant written to its dead-letter queue.
 # TYPE ringfence_tenant_dead_lettered_total counter
 ringfence_tenant_dead_lettered_total{group="g",tenant="acme"} 1
 ringfence_tenant_dead_lettered_total{group="g",tenant="globex"} 0
 ringfence_tenant_dead_lettered_total{group="g",tenant="` + dlq.NoTenantToken + `"} 1
+ringfence_tenant_dead_lettered_total{group="g",tenant="_other"} 0
 # HELP ringfence_tenant_parked Messages of the tenant waiting behind its open breaker.
 # TYPE ringfence_tenant_parked gauge
 ringfence_tenant_parked{group="g",tenant="acme"} 0
 ringfence_tenant_parked{group="g",tenant="globex"} 3
 ringfence_tenant_parked{group="g",tenant="` + dlq.NoTenantToken + `"} 0
+ringfence_tenant_parked{group="g",tenant="_other"} 0
 # HELP ringfence_tenant_breaker_state The tenant's breaker: 0 closed, 1 half-open, 2 open.
 # TYPE ringfence_tenant_breaker_state gauge
 ringfence_tenant_breaker_state{group="g",tenant="acme"} 0
 ringfence_tenant_breaker_state{group="g",tenant="globex"} 2
 ringfence_tenant_breaker_state{group="g",tenant="` + dlq.NoTenantToken + `"} 0
+ringfence_tenant_breaker_state{group="g",tenant="_other"} 0
 # HELP ringfence_handled_total Messages handled successfully, all tenants.
 # TYPE ringfence_handled_total counter
 ringfence_handled_total{group="g"} 2
@@ -114,8 +118,8 @@ ringfence_parked{group="g"} 3
 	}
 	// The failed attempts of the outage: at least the two that tripped the
 	// breaker, all of them globex's.
-	if got := testutil.CollectAndCount(col, "ringfence_tenant_failed_total"); got != 3 {
-		t.Fatalf("%d failed_total series, want 3", got)
+	if got := testutil.CollectAndCount(col, "ringfence_tenant_failed_total"); got != 4 {
+		t.Fatalf("%d failed_total series, want 4 (3 tenants and _other)", got)
 	}
 	problems, err := testutil.CollectAndLint(col)
 	if err != nil {
@@ -148,10 +152,12 @@ func TestCollectorBoundsTenantSeries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The open-breaker tenant is kept first, then by key.
+	// The open-breaker tenant is kept first, then by key; the rest are
+	// summed into _other.
 	want := `
 # HELP ringfence_tenant_breaker_state The tenant's breaker: 0 closed, 1 half-open, 2 open.
 # TYPE ringfence_tenant_breaker_state gauge
+ringfence_tenant_breaker_state{tenant="_other"} 0
 ringfence_tenant_breaker_state{tenant="a"} 0
 ringfence_tenant_breaker_state{tenant="z"} 2
 # HELP ringfence_tenants_tracked Tenants the engine tracks now.
@@ -163,9 +169,14 @@ ringfence_tenants_exported 2
 # HELP ringfence_handled_total Messages handled successfully, all tenants.
 # TYPE ringfence_handled_total counter
 ringfence_handled_total 5
+# HELP ringfence_tenant_handled_total Messages of the tenant handled successfully.
+# TYPE ringfence_tenant_handled_total counter
+ringfence_tenant_handled_total{tenant="_other"} 4
+ringfence_tenant_handled_total{tenant="a"} 1
+ringfence_tenant_handled_total{tenant="z"} 0
 `
 	if err := testutil.CollectAndCompare(col, strings.NewReader(want),
-		"ringfence_tenant_breaker_state", "ringfence_tenants_tracked", "ringfence_tenants_exported", "ringfence_handled_total"); err != nil {
+		"ringfence_tenant_breaker_state", "ringfence_tenants_tracked", "ringfence_tenants_exported", "ringfence_handled_total", "ringfence_tenant_handled_total"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -181,6 +192,7 @@ func TestCollectorTenantLabelIsAToken(t *testing.T) {
 	want := `
 # HELP ringfence_tenant_handled_total Messages of the tenant handled successfully.
 # TYPE ringfence_tenant_handled_total counter
+ringfence_tenant_handled_total{tenant="_other"} 0
 ringfence_tenant_handled_total{tenant="` + dlq.TenantToken(odd) + `"} 1
 `
 	if err := testutil.CollectAndCompare(col, strings.NewReader(want), "ringfence_tenant_handled_total"); err != nil {
