@@ -87,6 +87,19 @@
 // number of distinct tenants it has seen (TestEngineHeap). A tenant that
 // comes back starts afresh; its guard lives in the scope. idle.go.
 //
+// # Time
+//
+// [Stats] answers in seconds as well as counts. A message's age counts from
+// its produce time (Message.Time: the Kafka record's timestamp, the
+// JetStream message's; its receipt when it has none), which spill logs
+// keep, so a re-fed message is as old as its original. Per tenant:
+// TimeLag (its oldest unsettled message), OldestParked, SpillBacklogAge,
+// OpenSince and a Dwell histogram of produce to settle over
+// [DwellBuckets]; per partition, TimeLag. A settle adds to its tenant's
+// histogram with the engine's coarse clock (a tick's resolution), a
+// couple of atomic adds per run of messages; the ages are read from the
+// lanes' head messages by Stats. timelag.go.
+//
 // # Scheduling
 //
 // Workers take ready lanes in turns: a lane runs its turn (one message per

@@ -372,7 +372,8 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 }
 
 // Tenant returns the snapshot of one tenant, if the engine tracks it. Its
-// CommitLag is not computed (see Stats).
+// CommitLag, TimeLag, OldestParked and SpillBacklogAge are not computed
+// (see Stats).
 func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 	c.tmu.Lock()
 	t := c.tenants[key]

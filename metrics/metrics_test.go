@@ -24,6 +24,15 @@ import (
 // the end state is stable.
 func settledConsumer(t *testing.T, msgs [][2]string, failing map[string]bool, want func(consumer.Stats) bool) *consumer.Consumer {
 	t.Helper()
+	c := startConsumer(t, msgs, failing)
+	consumertest.Eventually(t, "the consumer's stats to settle", func() bool { return want(c.Stats()) })
+	return c
+}
+
+// startConsumer runs a consumer over msgs as settledConsumer does, and
+// returns it at once.
+func startConsumer(t *testing.T, msgs [][2]string, failing map[string]bool) *consumer.Consumer {
+	t.Helper()
 	p := policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 2, OpenTimeout: time.Hour}}
 	h := consumertest.NewMemHarness(1)
 	c, err := consumer.New(consumer.Config{
@@ -56,13 +65,6 @@ func settledConsumer(t *testing.T, msgs [][2]string, failing map[string]bool, wa
 			t.Error(err)
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for !want(c.Stats()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("stats never settled: %+v", c.Stats())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	return c
 }
 

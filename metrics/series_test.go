@@ -6,11 +6,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/metrics"
 )
 
@@ -161,7 +163,15 @@ func TestCollectorBoundsSeriesAt100kTenants(t *testing.T) {
 	for tn := range down {
 		msgs = append(msgs, [2]string{tn, "1"}, [2]string{tn, "2"}, [2]string{tn, "3"})
 	}
-	c := settledConsumer(t, msgs, down, func(s consumer.Stats) bool { return s.Handled == n && s.Parked == 9 })
+	c := startConsumer(t, msgs, down)
+	// Totals first: a Stats snapshot walks every tracked tenant.
+	consumertest.Eventually(t, "every message handled and the outage parked", func() bool {
+		if c.Totals().Handled < n {
+			time.Sleep(20 * time.Millisecond)
+			return false
+		}
+		return c.Stats().Parked == 9
+	})
 	col, err := metrics.NewCollector(c)
 	if err != nil {
 		t.Fatal(err)
