@@ -232,6 +232,16 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	for _, sh := range c.shards() {
 		c.commitShard(sh, c.clock(), true)
 	}
+	if c.tr != nil {
+		for _, sh := range c.shards() {
+			sh.mu.Lock()
+			open := c.openSpans(sh)
+			sh.mu.Unlock()
+			for _, m := range open {
+				traceDropped(m, "shutdown")
+			}
+		}
+	}
 
 	stopSrc()
 	if !stopped {
@@ -390,7 +400,11 @@ func (c *Consumer) Revoked(p Partition) {
 	// Still under pmu, so that the invariant checker never sees the shard
 	// gone while its lanes still count.
 	var forget []*tenant
+	var open []*Message
 	sh.mu.Lock()
+	if c.tr != nil {
+		open = c.openSpans(sh)
+	}
 	sh.refreshCommit(c.clock(), true) // the source commits it as Revoked returns
 	sh.dead = true
 	for _, l := range sh.lanes {
@@ -430,6 +444,9 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	for _, t := range forget {
 		c.unpin(t)
+	}
+	for _, m := range open {
+		traceDropped(m, "revoked")
 	}
 	c.emit(Event{Kind: EventRevoked, Partition: p})
 }

@@ -39,6 +39,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 			l.t.unwritable.Add(1)
 			c.log.Error("consumer: dead letter cannot be written; message set aside, holding its partition's commit", "tenant", l.key, "partition", m.Partition, "offset", m.Offset, "reason", reason, "err", err)
 			c.emit(Event{Kind: EventDLQUnwritable, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason})
+			traceEvent(m, "set-aside", 0)
 			w.res.aside = m
 			return
 		}
@@ -46,6 +47,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 			c.log.Warn("consumer: dead-letter write failed; message kept unsettled", "tenant", l.key, "offset", m.Offset, "err", err, "retry_in", wait)
 		}
 		c.emit(Event{Kind: EventDLQFailed, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason, Delay: wait})
+		traceEvent(m, "dlq-failed", wait)
 		w.res.wait = wait
 		return
 	}

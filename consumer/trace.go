@@ -272,7 +272,41 @@ func traceSpilled(m *Message, reason SpillReason) {
 	s.End()
 }
 
-// traceDropped ends m's span without a settle (a copy re-fed already).
+// openSpans returns sh's traced messages that wait in the engine, unsettled
+// (queued, parked, waiting to be spilled, set aside), for their spans to
+// be ended as the engine lets go of them (revocation, shutdown). A running
+// lane's are left to its worker. Called with sh.mu held.
+func (c *Consumer) openSpans(sh *shard) []*Message {
+	var out []*Message
+	keep := func(m *Message) {
+		if m.st.traced {
+			out = append(out, m)
+		}
+	}
+	add := func(l *lane) {
+		if l == nil || l.state == laneRunning {
+			return
+		}
+		for i := range l.q.len() {
+			keep(l.q.at(i))
+		}
+		for i := range l.pend.len() {
+			keep(l.pend.at(i))
+		}
+	}
+	for _, l := range sh.lanes {
+		add(l)
+	}
+	add(sh.none)
+	for _, m := range sh.aside.msgs {
+		keep(m)
+	}
+	return out
+}
+
+// traceDropped ends m's span without a settle: a copy re-fed already, or a
+// message the engine lets go of unsettled (revoked, shutdown), which its
+// redelivery traces anew.
 func traceDropped(m *Message, why string) {
 	if s := spanOf(m); s != nil {
 		s.AddEvent(why)

@@ -235,3 +235,47 @@ func TestTraceParentFromProducer(t *testing.T) {
 		t.Error("no messaging.system=kafka")
 	}
 }
+
+// endedWith counts the ended process spans whose last event is name.
+func endedWith(sr *tracetest.SpanRecorder, name string) int {
+	n := 0
+	for _, s := range sr.Ended() {
+		if ev := eventNames(s); s.SpanKind() == trace.SpanKindConsumer && len(ev) > 0 && ev[len(ev)-1] == name {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTraceEndsWhatTheEngineLetsGo: the spans of messages parked behind an
+// open breaker end when their partition is revoked ("revoked") and, for
+// their redelivered copies, when the engine shuts down ("shutdown"), so
+// that no span is left open and unexported.
+func TestTraceEndsWhatTheEngineLetsGo(t *testing.T) {
+	tp, sr := traced(t)
+	h := consumertest.NewMemHarness(1)
+	hd := consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return errors.New("dependency down") })
+	cfg := consumer.Config{Tracing: consumer.Tracing{Provider: tp}}
+	e := startScripted(t, h, fastPolicy(), cfg, hd)
+	for i := range 5 {
+		h.B.Append(0, nil, []byte{'a' + byte(i)}, dlq.Header{Key: consumertest.TenantHeader, Value: []byte("bad")})
+	}
+	parked := func() bool { ts, _ := e.c.Tenant("bad"); return ts.Parked >= 4 }
+	if !within(consumertest.WaitTimeout, parked) {
+		t.Fatal("tenant bad never parked its messages")
+	}
+	e.src.Rebalance()
+	if !within(consumertest.WaitTimeout, func() bool { return endedWith(sr, "revoked") >= 4 }) {
+		t.Fatalf("%d spans ended as revoked, want at least the 4 parked behind the head", endedWith(sr, "revoked"))
+	}
+	if !within(consumertest.WaitTimeout, parked) {
+		t.Fatal("the redelivered messages never parked")
+	}
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.done <- nil // for the cleanup's stop
+	if n := endedWith(sr, "shutdown"); n < 4 {
+		t.Errorf("%d spans ended at shutdown, want at least the 4 parked behind the head", n)
+	}
+}
