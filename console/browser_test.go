@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -129,9 +130,20 @@ func (b *browser) until(what, expr string) {
 // shot saves a screenshot of the whole page as name.png.
 func (b *browser) shot(name string) {
 	b.t.Helper()
+	b.save(name, chromedp.FullScreenshot(100))
+}
+
+// viewShot saves a screenshot of what the window shows as name.png.
+func (b *browser) viewShot(name string) {
+	b.t.Helper()
+	b.save(name, chromedp.CaptureScreenshot())
+}
+
+func (b *browser) save(name string, capture chromedp.Action[[]byte]) {
+	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, browserStep)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(ctx, capture)
 	if err != nil {
 		b.t.Fatalf("screenshot %s: %v", name, err)
 	}
@@ -183,18 +195,18 @@ func TestBrowserTenantView(t *testing.T) {
 	if first := eval[string](b, `document.querySelector('#tenant-rows tr').dataset.token`); first != "outage" {
 		t.Fatalf("the parked tenant is not listed first: %q", first)
 	}
-	b.until("parked event listed", `[...document.querySelectorAll('#event-list .kind')].some(k => k.textContent === 'parked')`)
+	b.until("parked event listed", `[...document.querySelectorAll('#event-list .kind')].some(k => k.textContent.split('/').includes('parked'))`)
 	b.shot("tenants-outage")
 
 	e.down.Delete("outage")
 	b.until("outage recovered", fmt.Sprintf(`(() => { const r = %s; return !!r && r.querySelector('.c-state').textContent === 'closed' && r.querySelector('.c-parked').textContent === '0' && Number(r.querySelector('.c-handled').textContent) > 0; })()`, row))
-	b.until("resumed event listed", `[...document.querySelectorAll('#event-list .kind')].some(k => k.textContent === 'resumed')`)
+	b.until("resumed event listed", `[...document.querySelectorAll('#event-list .kind')].some(k => k.textContent.split('/').includes('resumed'))`)
 	b.shot("tenants-recovered")
 	if !eval[bool](b, `window.__notReloaded === true`) {
 		t.Fatal("the page was reloaded: the live updates did not come from the event stream")
 	}
 	b.do("open the event log", chromedp.Navigate(srv.URL+"/log"))
-	b.until("events listed", `[...document.querySelectorAll('.events .kind')].some(k => k.textContent === 'resumed')`)
+	b.until("events listed", `[...document.querySelectorAll('.events .kind')].some(k => k.textContent.split('/').includes('resumed'))`)
 	b.shot("log")
 	if n := b.dialogs.Load(); n != 0 {
 		t.Fatalf("%d dialogs opened", n)
@@ -333,5 +345,71 @@ func TestBrowserDLQ(t *testing.T) {
 	b.shot("dlq-binary")
 	if n := b.dialogs.Load(); n != 0 {
 		t.Fatalf("%d dialogs opened: a hostile key ran", n)
+	}
+}
+
+// The plots while one tenant is in an outage: the console samples every
+// 250ms; the tenant view, refreshed in place, draws the outage tenant's
+// goodput and time lag as SVG paths and says since when its breaker is
+// open and how old its oldest message is.
+func TestBrowserTenantPlots(t *testing.T) {
+	b := newBrowser(t)
+	con, err := console.New(console.Options{Refresh: 200 * time.Millisecond, HistoryEvery: 250 * time.Millisecond, HistoryPoints: 120, Title: "ringfence console (test)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { con.Close() })
+	e := startEngine(t, con, 4)
+
+	tenants := []string{"acme", "globex", "initech", "outage", "umbrella"}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	traffic := make(chan struct{})
+	go func() {
+		defer close(traffic)
+		for i := 0; i < 6000 && ctx.Err() == nil; i++ {
+			e.produce(tenants, len(tenants))
+			time.Sleep(10 * time.Millisecond) // pacing, not waiting
+		}
+	}()
+	defer func() { <-traffic }()
+	defer stop()
+
+	b.do("open the tenant view", chromedp.Navigate(srv.URL+"/"))
+	eval[bool](b, `(window.__notReloaded = true)`)
+	// points counts the segments of a card's plot path.
+	points := func(token, plot string) string {
+		return fmt.Sprintf(`((p) => p ? (p.getAttribute('d') || '').split(/[ML]/).length - 1 : 0)(document.querySelector('#plots article[data-token="%s"] figure[data-plot="%s"] path.line'))`, token, plot)
+	}
+	b.until("every tenant plotted", `document.querySelectorAll('#plots article[data-token]').length === 5 && `+points("outage", "goodput")+` >= 20`)
+
+	e.down.Store("outage", true)
+	card := `document.querySelector('#plots article[data-token="outage"]')`
+	b.until("the outage tenant open and its plots going on", fmt.Sprintf(`(() => { const c = %s; return !!c && c.classList.contains('trouble') && c.querySelector('.state').textContent === 'open' && %s >= 40; })()`, card, points("outage", "goodput")))
+	b.until("its breaker open for a few seconds", fmt.Sprintf(`/breaker open for \d+s/.test(%s.querySelector('.since').textContent) && parseInt(%s.querySelector('.open-for b').textContent, 10) >= 6`, card, card))
+
+	if first := eval[string](b, `document.querySelector('#plots article').dataset.token`); first != "outage" {
+		t.Fatalf("the tenant in trouble is not plotted first: %q", first)
+	}
+	for _, plot := range []string{"goodput", "time lag"} {
+		if n := eval[int](b, points("outage", plot)); n < 2 {
+			t.Fatalf("the outage tenant's %s path has %d points", plot, n)
+		}
+	}
+	since := eval[string](b, card+`.querySelector('.since').textContent`)
+	if !regexp.MustCompile(`breaker open for \d+s \(since \d\d:\d\d:\d\d UTC\) · oldest message \d+(ms|s) · oldest parked \d+(ms|s)`).MatchString(since) {
+		t.Fatalf("since-when text %q", since)
+	}
+	if svgs := eval[int](b, card+`.querySelectorAll('svg').length`); svgs != 2 {
+		t.Fatalf("%d SVG plots for the outage tenant, want 2", svgs)
+	}
+	if !eval[bool](b, `window.__notReloaded === true`) {
+		t.Fatal("the page was reloaded: the plots were not refreshed in place")
+	}
+	b.viewShot("tenant-plots")
+	if n := b.dialogs.Load(); n != 0 {
+		t.Fatalf("%d dialogs opened", n)
 	}
 }

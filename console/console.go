@@ -66,6 +66,21 @@ type Options struct {
 	// Events is how many recent engine events (from OnEvent) are kept.
 	// Default 256.
 	Events int
+	// HistoryEvery is how often the console samples the engine for the
+	// tenant plots (goodput and time lag over the last minutes): from the
+	// moment an engine is attached until Close, one goroutine takes the
+	// shared snapshot (one consumer.Stats, or a viewer's fresh one) every
+	// HistoryEvery. Default 2s.
+	HistoryEvery time.Duration
+	// HistoryPoints is how many samples a tenant's plots keep. Default
+	// 150 (five minutes at 2s).
+	HistoryPoints int
+	// HistoryTenants bounds the tenants that have plots: those worth
+	// watching (breaker open or half-open, parked or spilling first, then
+	// the largest backlog, then the most handled). Memory stays
+	// HistoryTenants x HistoryPoints samples whatever the tenant count.
+	// Default 8.
+	HistoryTenants int
 	// MaxTenantRows bounds the tenant rows an HTML page shows (those in
 	// trouble first); the JSON has them all. Default 500.
 	MaxTenantRows int
@@ -101,17 +116,20 @@ var ErrInvalidOptions = errors.New("console: invalid options")
 
 // Defaults of Options.
 const (
-	defaultRefresh       = time.Second
-	defaultMaxStreams    = 16
-	defaultEvents        = 256
-	defaultMaxTenantRows = 500
-	defaultMaxPeek       = 100
-	defaultMaxDLQCalls   = 4
-	defaultMaxReplay     = 100
-	defaultReplayRate    = 10
-	defaultPurgeEvery    = 10 * time.Second
-	defaultTimeout       = 30 * time.Second
-	minTokenLen          = 16
+	defaultRefresh        = time.Second
+	defaultMaxStreams     = 16
+	defaultEvents         = 256
+	defaultHistoryEvery   = 2 * time.Second
+	defaultHistoryPoints  = 150
+	defaultHistoryTenants = 8
+	defaultMaxTenantRows  = 500
+	defaultMaxPeek        = 100
+	defaultMaxDLQCalls    = 4
+	defaultMaxReplay      = 100
+	defaultReplayRate     = 10
+	defaultPurgeEvery     = 10 * time.Second
+	defaultTimeout        = 30 * time.Second
+	minTokenLen           = 16
 )
 
 func (o Options) resolve() (Options, error) {
@@ -120,7 +138,8 @@ func (o Options) resolve() (Options, error) {
 		v    float64
 	}{
 		{"Refresh", float64(o.Refresh)}, {"MaxStreams", float64(o.MaxStreams)}, {"Events", float64(o.Events)},
-		{"MaxTenantRows", float64(o.MaxTenantRows)}, {"MaxPeek", float64(o.MaxPeek)},
+		{"HistoryEvery", float64(o.HistoryEvery)}, {"HistoryPoints", float64(o.HistoryPoints)},
+		{"HistoryTenants", float64(o.HistoryTenants)}, {"MaxTenantRows", float64(o.MaxTenantRows)}, {"MaxPeek", float64(o.MaxPeek)},
 		{"MaxDLQCalls", float64(o.MaxDLQCalls)}, {"MaxReplay", float64(o.MaxReplay)},
 		{"ReplayRate", o.ReplayRate}, {"PurgeEvery", float64(o.PurgeEvery)}, {"Timeout", float64(o.Timeout)},
 	} {
@@ -149,6 +168,11 @@ func (o Options) resolve() (Options, error) {
 	}
 	o.MaxStreams = orInt(o.MaxStreams, defaultMaxStreams)
 	o.Events = orInt(o.Events, defaultEvents)
+	if o.HistoryEvery == 0 {
+		o.HistoryEvery = defaultHistoryEvery
+	}
+	o.HistoryPoints = orInt(o.HistoryPoints, defaultHistoryPoints)
+	o.HistoryTenants = orInt(o.HistoryTenants, defaultHistoryTenants)
 	o.MaxTenantRows = orInt(o.MaxTenantRows, defaultMaxTenantRows)
 	o.MaxPeek = orInt(o.MaxPeek, defaultMaxPeek)
 	o.MaxDLQCalls = orInt(o.MaxDLQCalls, defaultMaxDLQCalls)
@@ -183,8 +207,9 @@ func orInt(v, d int) int {
 
 // Console is the ops console: an http.Handler serving the tenant view, the
 // DLQ browser and their JSON API (see the package documentation). It is
-// safe for concurrent use. With no request in progress it does nothing at
-// all: no goroutine, no timer, no call into the engine.
+// safe for concurrent use. With no request in progress it only samples the
+// attached engine for the plots, every Options.HistoryEvery; with no engine
+// it runs no goroutine and no timer.
 type Console struct {
 	o   Options
 	mux *http.ServeMux
@@ -194,6 +219,7 @@ type Console struct {
 
 	snaps  snapshots
 	events eventLog
+	hist   history
 
 	streams chan struct{} // a slot per open live stream (MaxStreams)
 	calls   chan struct{} // a slot per running DLQ call (MaxDLQCalls)
@@ -228,6 +254,7 @@ func New(o Options) (*Console, error) {
 		done:    make(chan struct{}),
 	}
 	c.events.init(o.Events)
+	c.hist.max, c.hist.points = o.HistoryTenants, o.HistoryPoints
 	c.snaps.c = c
 	c.SetEngine(o.Engine, o.Label)
 	c.SetDLQ(o.DLQ)
@@ -251,13 +278,16 @@ func (c *Console) Token() string { return c.o.Token }
 
 // SetEngine shows e (nil: none) under label from now on: a service that
 // restarts its consumer, or the demo running one consumer per run, points
-// the console at the new one.
+// the console at the new one. The plots start over with a new engine; the
+// sampler (see Options.HistoryEvery) runs while one is attached, until
+// Close.
 func (c *Console) SetEngine(e Engine, label string) {
 	if e == nil {
 		c.engine.Store(nil)
 		return
 	}
 	c.engine.Store(&engineRef{e: e, label: label})
+	c.startSampling()
 }
 
 // SetDLQ browses in (nil: none) from now on.
@@ -281,7 +311,7 @@ func (c *Console) OnEvent(e consumer.Event) {
 }
 
 // Close ends the live streams (an http.Server's Shutdown waits for them
-// otherwise). The console still answers other requests.
+// otherwise) and the sampler. The console still answers other requests.
 func (c *Console) Close() error {
 	c.doneOnce.Do(func() { close(c.done) })
 	return nil

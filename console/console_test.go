@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -38,6 +39,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}{
 		{"negative refresh", console.Options{Refresh: -1}},
 		{"negative rate", console.Options{ReplayRate: -1}},
+		{"negative sampling interval", console.Options{HistoryEvery: -time.Second}},
+		{"negative history bound", console.Options{HistoryTenants: -1}},
 		{"prefix without slash", console.Options{Prefix: "console"}},
 		{"short token", console.Options{Token: "short"}},
 		{"token with space", console.Options{Token: "a token with spaces in it"}},
@@ -347,13 +350,13 @@ func TestSnapshotShared(t *testing.T) {
 	}
 }
 
-// The event log keeps the newest events, drops retries, and renders keys
+// The event log keeps the newest lines, drops retries, and renders keys
 // as text.
 func TestEventLog(t *testing.T) {
 	c, srv := serve(t, console.Options{Events: 4})
 	c.OnEvent(consumer.Event{Kind: consumer.EventRetried, Tenant: "a"})
 	for i := range 6 {
-		c.OnEvent(consumer.Event{Kind: consumer.EventParked, Tenant: hostile, Partition: consumer.Partition{Topic: "t", ID: int32(i)}})
+		c.OnEvent(consumer.Event{Kind: consumer.EventParked, Tenant: fmt.Sprint(hostile, i), Partition: consumer.Partition{Topic: "t", ID: int32(i)}})
 	}
 	hc := client(t)
 	ls := lines(t, do(t, hc, "GET", srv.URL+"/log?format=json", nil, nil).body)

@@ -15,14 +15,48 @@
 //
 // # Cost
 //
-// With no one looking the console does nothing: it starts no goroutine and
-// no timer, and it does not touch the per-message path (OnEvent, if
-// chained, copies an event into a ring under a leaf lock; retry events are
-// dropped at once). A viewer triggers at most one consumer.Stats per
-// Options.Refresh, shared by every viewer (Stats takes each partition's
-// lock briefly, one at a time, and calls no user code); the console calls
-// it with no lock of its own held and writes to viewers with no lock held,
-// so a slow or stalled browser slows only its own stream.
+// The console does not touch the per-message path (OnEvent, if chained,
+// copies an event into a ring under a leaf lock, looking back over at most
+// 16 lines for a run to join; retry events are dropped at once). While an
+// engine is attached, one goroutine samples it for the plots every
+// Options.HistoryEvery (one consumer.Stats, or a viewer's fresh snapshot);
+// with no engine it starts no goroutine and no timer. A viewer triggers at
+// most one consumer.Stats per Options.Refresh, shared by every viewer and
+// the sampler (Stats takes each partition's lock briefly, one at a time,
+// and calls no user code); the console calls it with no lock of its own
+// held and writes to viewers with no lock held, so a slow or stalled
+// browser slows only its own stream.
+//
+// # Plots
+//
+// The tenant view draws, for the tenants worth watching, their goodput
+// (messages handled per second) and time lag (age of the oldest unsettled
+// message) over the last HistoryPoints x HistoryEvery (five minutes by
+// default), as inline SVG rendered by the server, and says since when each
+// breaker is open and how old the tenant's oldest message, oldest parked
+// message and spill backlog are. Only HistoryTenants tenants (8 by
+// default) have plots: those whose breaker is open or half-open, or that
+// are parked or spilling, take the place of calm ones; free places go to
+// the largest backlog, then the most handled. A watched tenant keeps its
+// plot while the engine lists it, unless a tenant in trouble needs its
+// place and it is calm. Memory stays HistoryTenants x HistoryPoints
+// samples whatever the number of tenants.
+//
+// # Events
+//
+// Repeated events of one tenant are one line of the event log, with a
+// count and the time of the first and last: an outage probed every few
+// seconds is one "parked/resumed x36, 12:00:01-12:00:39" line, not
+// seventy-two. An event joins the newest line of its tenant (for partition
+// events: of its partition) among the 16 newest lines when that line is of
+// the same class (parked and resumed; spilling and spill-drained;
+// partition paused and resumed; dead letters of one reason; reorders of
+// one reason; DLQ failures; spill failures; panics) and its last event is at most a minute old.
+// Events of other tenants do not break a run (tenants that fail together
+// interleave); an event of the same tenant in another class does (parked,
+// dead-lettered, resumed stays three lines). The joined line moves to the
+// newest place under a new seq, keeping its run id, so live viewers
+// replace it.
 //
 // # Routes
 //
@@ -31,14 +65,16 @@
 // first) with ?format=json or an Accept header asking for
 // application/json.
 //
-//	GET  /                   tenant view: totals, tenants (breaker, parked, queued, in flight,
-//	                         spilling, handled, failed, dead-lettered, latency, commit lag),
-//	                         partitions (paused, queued, unsettled, commit lag, oldest), events.
-//	                         JSON: one StatsLine.
+//	GET  /                   tenant view: totals, plots of the watched tenants, tenants (breaker,
+//	                         parked, queued, in flight, spilling, handled, failed, dead-lettered,
+//	                         latency, commit lag, open for, time lag, oldest parked, spill
+//	                         backlog age), partitions (paused, queued, unsettled, commit lag,
+//	                         oldest), events. JSON: one StatsLine.
+//	GET  /plots              the watched tenants' plots. JSON: one PlotLine per watched tenant.
 //	GET  /live               server-sent events: "stats" (a StatsLine) each Refresh, "log"
 //	                         (an EventLine, id = its seq) per new event.
 //	                         ?after=SEQ or Last-Event-ID resumes the events.
-//	GET  /log                the kept engine events. JSON: EventLines, oldest first.
+//	GET  /log                the kept engine events, runs collapsed. JSON: EventLines, oldest first.
 //	GET  /dlq                tenants with dead letters. JSON: TenantLines (as `ringfence dlq ls --json`).
 //	GET  /dlq/{token}        a tenant's oldest dead letters (?n=, at most MaxPeek), with headers
 //	                         and the value as text and hex. JSON: RecordLines (as `ringfence dlq

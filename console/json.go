@@ -248,6 +248,17 @@ type TenantStats struct {
 	Unwritable   uint64 `json:"unwritable"`
 	CommitLag    int64  `json:"commit_lag"`
 	LatencyNS    int64  `json:"latency_ns"`
+	// OpenSince is when its breaker last left closed (null while closed),
+	// OpenForNS how long before the snapshot that was.
+	OpenSince *time.Time `json:"open_since"`
+	OpenForNS int64      `json:"open_for_ns"`
+	// TimeLagNS is the age of its oldest unsettled message (since it was
+	// produced), OldestParkedNS of its oldest parked one, and
+	// SpillBacklogAgeNS of the oldest of its spilled messages not yet
+	// re-fed and settled; 0: none.
+	TimeLagNS         int64 `json:"time_lag_ns"`
+	OldestParkedNS    int64 `json:"oldest_parked_ns"`
+	SpillBacklogAgeNS int64 `json:"spill_backlog_age_ns"`
 }
 
 func statsLineOf(seq uint64, at time.Time, label string, s *consumer.Stats) StatsLine {
@@ -282,33 +293,55 @@ func statsLineOf(seq uint64, at time.Time, label string, s *consumer.Stats) Stat
 			DeadLettered: t.DeadLettered, Retried: t.Retried, Spilled: t.Spilled, Refed: t.Refed,
 			Unwritable: t.Unwritable, CommitLag: t.CommitLag, LatencyNS: int64(t.Latency),
 		})
+		setSince(&l.Tenants[len(l.Tenants)-1], &t, at)
 	}
 	return l
 }
 
-// EventLine is one engine event of GET /log (and a "log" event of GET
-// /live).
+// EventLine is one line of the event log (GET /log, a "log" event of GET
+// /live): an engine event, or a run of repeated events of one tenant (see
+// the package documentation, # Events) with Count above 1.
 type EventLine struct {
-	Type      string    `json:"type"` // "event"
-	Seq       uint64    `json:"seq"`
-	Time      time.Time `json:"time"`
-	Kind      string    `json:"kind"` // consumer.EventKind's name: parked, resumed, spilling, ...
-	Tenant    *Tenant   `json:"tenant"`
-	Topic     string    `json:"topic"`
-	Partition int32     `json:"partition"`
-	Offset    int64     `json:"offset"`
-	DelayNS   int64     `json:"delay_ns"`
-	Reason    string    `json:"reason"` // dead-letter reason
-	Pause     string    `json:"pause"`  // pause reason
-	Spill     string    `json:"spill"`  // spill reason
-	Error     string    `json:"error"`
+	Type string `json:"type"` // "event"
+	// Seq numbers the line's last update; Run the seq it was first stored
+	// under, which stays as the run grows (a live viewer replaces the line
+	// of the same Run).
+	Seq uint64 `json:"seq"`
+	Run uint64 `json:"run"`
+	// Time is its newest event's time (Last); First its first event's.
+	Time  time.Time `json:"time"`
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+	// Count is how many events the line stands for; Kinds their kinds in
+	// the order first seen (e.g. ["parked","resumed"]).
+	Count int      `json:"count"`
+	Kinds []string `json:"kinds"`
+	// Kind is the newest event's kind (consumer.EventKind's name: parked,
+	// resumed, spilling, ...), and the fields below are the newest event's.
+	Kind      string  `json:"kind"`
+	Tenant    *Tenant `json:"tenant"`
+	Topic     string  `json:"topic"`
+	Partition int32   `json:"partition"`
+	Offset    int64   `json:"offset"`
+	DelayNS   int64   `json:"delay_ns"`
+	Reason    string  `json:"reason"` // dead-letter reason
+	Pause     string  `json:"pause"`  // pause reason
+	Spill     string  `json:"spill"`  // spill reason
+	Error     string  `json:"error"`
 }
 
-func eventLineOf(seq uint64, at time.Time, e *consumer.Event) EventLine {
+func eventLineOf(s *storedEvent) EventLine {
+	e := &s.e
 	l := EventLine{
-		Type: "event", Seq: seq, Time: at.UTC(), Kind: e.Kind.String(), Topic: e.Partition.Topic,
+		Type: "event", Seq: s.seq, Run: s.run, Time: s.last.UTC(), First: s.first.UTC(), Last: s.last.UTC(),
+		Count: s.count, Kind: e.Kind.String(), Topic: e.Partition.Topic,
 		Partition: e.Partition.ID, Offset: e.Offset, DelayNS: int64(e.Delay), Reason: string(e.Reason),
 		Pause: e.Pause.String(), Spill: spillName(e.Spill),
+	}
+	for _, k := range s.kinds {
+		if k != 0 {
+			l.Kinds = append(l.Kinds, k.String())
+		}
 	}
 	if e.Tenant != "" || e.NoTenant {
 		t := TenantOf(e.Tenant)

@@ -34,6 +34,10 @@ const (
 
 var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
 	"dur":            durText,
+	"age":            ageText,
+	"clock":          clockText,
+	"add":            func(a, b int) int { return a + b },
+	"kinds":          func(k []string) string { return strings.Join(k, "/") },
 	"stamp":          stamp,
 	"short":          func(s string) string { return cut(s, keyTextLimit) },
 	"trouble":        func(t TenantStats) bool { return inTrouble(&t) },
@@ -74,6 +78,32 @@ func durText(ns int64) string {
 	default:
 		return fmt.Sprintf("%.2fs", d.Seconds())
 	}
+}
+
+// ageText shows how old something is (ns nanoseconds), coarser than
+// durText: "-", "850ms", "38s", "2m05s", "1h02m". live.js has the same.
+func ageText(ns int64) string {
+	d := time.Duration(ns)
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d/time.Millisecond)
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", d/time.Second)
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", d/time.Minute, d%time.Minute/time.Second)
+	default:
+		return fmt.Sprintf("%dh%02dm", d/time.Hour, d%time.Hour/time.Minute)
+	}
+}
+
+// clockText is the time of day, UTC.
+func clockText(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("15:04:05")
 }
 
 func stamp(t time.Time) string {

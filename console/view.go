@@ -29,6 +29,7 @@ func (c *Console) routes() *http.ServeMux {
 	get("/{$}", c.home)
 	get("/live", c.live)
 	get("/log", c.log)
+	get("/plots", c.plotsPage)
 	get("/dlq", c.dlqList)
 	get("/dlq/{token}", c.dlqTenant)
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFS)))
@@ -53,6 +54,8 @@ type tenantsView struct {
 	EventSeq uint64        // the last event shown; the live stream goes on from it
 	Refresh  int64         // ms between live updates
 	MaxRows  int           // MaxTenantRows
+	Plots    plotsView     // the watched tenants' plots
+	Every    int64         // ms between samples (HistoryEvery)
 }
 
 // inTrouble is the order of the tenant rows: open or half-open breakers,
@@ -73,7 +76,8 @@ func (c *Console) home(w http.ResponseWriter, r *http.Request) {
 		w.Write(append(snap.json[:len(snap.json):len(snap.json)], '\n'))
 		return
 	}
-	v := tenantsView{Stats: snap.line, Refresh: c.o.Refresh.Milliseconds(), MaxRows: c.o.MaxTenantRows}
+	v := tenantsView{Stats: snap.line, Refresh: c.o.Refresh.Milliseconds(), MaxRows: c.o.MaxTenantRows, Every: c.o.HistoryEvery.Milliseconds()}
+	v.Plots = c.plots(snap.line.Tenants)
 	v.Rows = slices.Clone(snap.line.Tenants)
 	slices.SortStableFunc(v.Rows, func(a, b TenantStats) int {
 		ta, tb := inTrouble(&a), inTrouble(&b)

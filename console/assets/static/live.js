@@ -1,6 +1,8 @@
 // Live updates of the tenant view, from the server-sent events of /live.
 // The page is complete without this script; it only keeps it current.
-// Everything from the server is set with textContent (never as HTML).
+// Everything from the server's JSON is set with textContent (never as
+// HTML); the plots section is replaced by the same section of /plots,
+// which the server renders with html/template as it renders this page.
 (function () {
   'use strict';
   var root = document.getElementById('tenants');
@@ -13,6 +15,8 @@
   es.onerror = function () { status.textContent = 'reconnecting…'; };
   es.addEventListener('stats', function (ev) { render(JSON.parse(ev.data)); });
   es.addEventListener('log', function (ev) { addEvent(JSON.parse(ev.data)); });
+  var every = parseInt(root.dataset.every, 10) || 2000;
+  setInterval(refreshPlots, every);
 
   function cut(s, n) {
     var cps = Array.from(s);
@@ -26,6 +30,15 @@
     if (ns < 1e9) { return (ns / 1e6).toFixed(1) + 'ms'; }
     return (ns / 1e9).toFixed(2) + 's';
   }
+  function age(ns) {
+    if (ns <= 0) { return '-'; }
+    var s = Math.floor(ns / 1e9);
+    if (s < 1) { return Math.floor(ns / 1e6) + 'ms'; }
+    if (s < 60) { return s + 's'; }
+    if (s < 3600) { return Math.floor(s / 60) + 'm' + String(s % 60).padStart(2, '0') + 's'; }
+    return Math.floor(s / 3600) + 'h' + String(Math.floor(s / 60) % 60).padStart(2, '0') + 'm';
+  }
+  function clock(s) { return stamp(s).slice(11); }
   function stamp(s) { return (!s || s.indexOf('0001-') === 0) ? '-' : s.replace('T', ' ').slice(0, 19); }
   function trouble(t) { return t.state !== 'closed' || t.parked > 0 || t.spilling > 0; }
   function cell(tr, cls, text) {
@@ -74,9 +87,14 @@
       cell(tr, 'c-dead_lettered', String(t.dead_lettered));
       cell(tr, 'c-latency', dur(t.latency_ns));
       cell(tr, 'c-commit_lag', String(t.commit_lag));
+      var of = cell(tr, 'c-open_for', age(t.open_for_ns));
+      if (t.open_since) { of.title = 'since ' + stamp(t.open_since) + ' UTC'; }
+      cell(tr, 'c-time_lag', age(t.time_lag_ns));
+      cell(tr, 'c-oldest_parked', age(t.oldest_parked_ns));
+      cell(tr, 'c-spill_backlog_age', age(t.spill_backlog_age_ns));
       body.appendChild(tr);
     });
-    if (!ts.length) { var e = document.createElement('tr'); e.className = 'empty'; cell(e, '', 'no tenants tracked').colSpan = 11; body.appendChild(e); }
+    if (!ts.length) { var e = document.createElement('tr'); e.className = 'empty'; cell(e, '', 'no tenants tracked').colSpan = 15; body.appendChild(e); }
     document.getElementById('tenant-rows').replaceWith(body);
     var h = document.getElementById('tenant-hidden');
     h.hidden = hidden === 0;
@@ -112,17 +130,38 @@
     var list = document.getElementById('event-list');
     var empty = list.querySelector('.empty');
     if (empty) { empty.remove(); }
+    // A run that grew comes again under a new seq: it replaces its line.
+    list.querySelectorAll('li[data-run]').forEach(function (old) {
+      if (old.dataset.run === String(e.run)) { old.remove(); }
+    });
     var li = document.createElement('li');
+    li.dataset.run = String(e.run);
     var tm = document.createElement('time');
     tm.textContent = stamp(e.time);
     li.appendChild(tm);
-    span(li, 'kind kind-' + e.kind, e.kind);
+    span(li, 'kind kind-' + e.kind, (e.kinds || [e.kind]).join('/'));
     if (e.tenant) { span(li, 'who', tenantName(e.tenant)); }
+    if (e.count > 1) { span(li, 'run', '×' + e.count + ', ' + clock(e.first) + '–' + clock(e.last)); }
     if (e.topic) { span(li, 'where', e.topic + '/' + e.partition); }
     var extra = (e.reason ? ' reason ' + e.reason : '') + (e.pause ? ' (' + e.pause + ')' : '') + (e.spill ? ' (' + e.spill + ')' : '');
     if (extra) { li.appendChild(document.createTextNode(extra)); }
     if (e.error) { span(li, 'err', e.error); }
     list.insertBefore(li, list.firstChild);
     while (list.children.length > 20) { list.removeChild(list.lastChild); }
+  }
+
+  var plotsBusy = false;
+  function refreshPlots() {
+    if (plotsBusy || document.hidden) { return; }
+    plotsBusy = true;
+    fetch(root.dataset.plots, { headers: { Accept: 'text/html' }, credentials: 'same-origin' })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, 'text/html').getElementById('plots');
+        var cur = document.getElementById('plots');
+        if (fresh && cur) { cur.replaceWith(document.importNode(fresh, true)); }
+      })
+      .catch(function () {})
+      .then(function () { plotsBusy = false; });
   }
 }());
