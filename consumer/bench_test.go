@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/cputime"
@@ -168,14 +170,49 @@ func BenchmarkEngine(b *testing.B) {
 				if bc.zipf > 0 {
 					pick = zipf(bc.zipf, bc.tenants)
 				}
-				benchEngine(b, newKeyedSource(b.N, bc.parts, 64, pick), bc.tenants, bc.concurrency, gc)
+				benchEngine(b, newKeyedSource(b.N, bc.parts, 64, pick), bc.tenants, bc.concurrency, gc, consumer.Tracing{})
 			})
 		}
 	}
 }
 
-// benchEngine runs one row of BenchmarkEngine over src.
-func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bool) {
+// BenchmarkEngineTracing is BenchmarkEngine's first and third rows with
+// tracing: none configured, an SDK that samples nothing, and one that
+// records every span (and discards it as it ends).
+func BenchmarkEngineTracing(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{
+		{"none", nil},
+		{"always-off", sdktrace.NeverSample()},
+		{"always-on", sdktrace.AlwaysSample()},
+	} {
+		for _, bc := range []struct{ tenants, parts, concurrency int }{{1, 1, 1}, {100, 4, 8}} {
+			b.Run(fmt.Sprintf("tracing=%s/tenants=%d/partitions=%d/concurrency=%d", tc.name, bc.tenants, bc.parts, bc.concurrency), func(b *testing.B) {
+				var tr consumer.Tracing
+				if tc.sampler != nil {
+					tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(tc.sampler), sdktrace.WithSpanProcessor(discardSpans{}))
+					defer func() { _ = tp.Shutdown(context.Background()) }()
+					tr.Provider = tp
+				}
+				benchEngine(b, newBatchSource(b.N, bc.parts, bc.tenants, 64), bc.tenants, bc.concurrency, false, tr)
+			})
+		}
+	}
+}
+
+// discardSpans is a span processor that drops every span.
+type discardSpans struct{}
+
+func (discardSpans) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (discardSpans) OnEnd(sdktrace.ReadOnlySpan)                     {}
+func (discardSpans) Shutdown(context.Context) error                  { return nil }
+func (discardSpans) ForceFlush(context.Context) error                { return nil }
+
+// benchEngine runs src's messages through an engine of concurrency workers
+// and a handler that succeeds, with the collector off unless gc.
+func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bool, tr consumer.Tracing) {
 	p := policy.Default()
 	p.AttemptTimeout = 0 // measure the engine, not the guard's attempt timer (reported separately)
 	c, err := consumer.New(consumer.Config{
@@ -186,6 +223,7 @@ func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bo
 		Concurrency: concurrency,
 		// The bulkhead is the workers here: one tenant may use them all.
 		TenantConcurrency: concurrency,
+		Tracing:           tr,
 	})
 	if err != nil {
 		b.Fatal(err)

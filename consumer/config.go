@@ -157,6 +157,9 @@ type Config struct {
 	// must be safe for concurrent use; it runs on the engine's goroutines,
 	// so a slow hook slows the engine.
 	OnEvent func(Event)
+	// Tracing configures OpenTelemetry traces: a process span per message
+	// (see the package doc's # Tracing). The zero value traces nothing.
+	Tracing Tracing
 	// Logger receives warnings (DLQ, spill or settle failures). Nil means
 	// slog.Default().
 	Logger *slog.Logger

@@ -31,6 +31,7 @@ type Consumer struct {
 	fallback *policy.Guard // used when the scope's Shape panics
 	log      *slog.Logger
 	src      Source
+	tr       *tracer // nil: no tracing
 	// settleNoop: src's Settle does nothing (SettleNooper), so the engine
 	// never calls it.
 	settleNoop bool
@@ -107,6 +108,7 @@ func New(cfg Config) (*Consumer, error) {
 		epoch:    time.Now(),
 		tenants:  make(map[string]*tenant),
 		noTenant: &tenant{none: true},
+		tr:       newTracer(cfg),
 	}
 	c.epochNano = c.epoch.UnixNano()
 	if c.scope == nil {
@@ -155,6 +157,9 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 		return errors.New("consumer: Run called twice")
 	}
 	c.src = src
+	if c.tr != nil {
+		c.tr.setSource(src)
+	}
 	if n, ok := src.(SettleNooper); ok && n.SettleIsNoop() {
 		c.settleNoop = true
 	}
@@ -226,6 +231,16 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	<-hkDone
 	for _, sh := range c.shards() {
 		c.commitShard(sh, c.clock(), true)
+	}
+	if c.tr != nil {
+		for _, sh := range c.shards() {
+			sh.mu.Lock()
+			open := c.openSpans(sh)
+			sh.mu.Unlock()
+			for _, m := range open {
+				traceDropped(m, "shutdown")
+			}
+		}
 	}
 
 	stopSrc()
@@ -385,7 +400,11 @@ func (c *Consumer) Revoked(p Partition) {
 	// Still under pmu, so that the invariant checker never sees the shard
 	// gone while its lanes still count.
 	var forget []*tenant
+	var open []*Message
 	sh.mu.Lock()
+	if c.tr != nil {
+		open = c.openSpans(sh)
+	}
 	sh.refreshCommit(c.clock(), true) // the source commits it as Revoked returns
 	sh.dead = true
 	for _, l := range sh.lanes {
@@ -425,6 +444,9 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	for _, t := range forget {
 		c.unpin(t)
+	}
+	for _, m := range open {
+		traceDropped(m, "revoked")
 	}
 	c.emit(Event{Kind: EventRevoked, Partition: p})
 }

@@ -39,6 +39,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 			l.t.unwritable.Add(1)
 			c.log.Error("consumer: dead letter cannot be written; message set aside, holding its partition's commit", "tenant", l.key, "partition", m.Partition, "offset", m.Offset, "reason", reason, "err", err)
 			c.emit(Event{Kind: EventDLQUnwritable, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason})
+			traceEvent(m, "set-aside", 0)
 			w.res.aside = m
 			return
 		}
@@ -46,6 +47,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 			c.log.Warn("consumer: dead-letter write failed; message kept unsettled", "tenant", l.key, "offset", m.Offset, "err", err, "retry_in", wait)
 		}
 		c.emit(Event{Kind: EventDLQFailed, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason, Delay: wait})
+		traceEvent(m, "dlq-failed", wait)
 		w.res.wait = wait
 		return
 	}
@@ -53,6 +55,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 	l.t.dead.Add(1)
 	c.settleSource(l.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
+	traceDead(m, reason, cause)
 	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
 }
 
@@ -70,6 +73,7 @@ func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *
 		FirstFailure: m.st.rd().first,
 		LastFailure:  m.st.rd().last,
 		Reason:       reason,
+		TraceParent:  traceParent(m),
 	}
 	if !l.t.none {
 		rec.Tenant = l.key
@@ -134,6 +138,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		d.flush(&l.t.dwell)
 		c.settleSource(sh, m, nil)
 		done = append(done, m)
+		traceDead(m, m.st.rd().dlqReason, m.st.rd().lastErr)
 		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.rd().lastErr, Reason: m.st.rd().dlqReason})
 	}
 	if len(done) == 0 {

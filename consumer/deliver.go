@@ -69,6 +69,13 @@ func (c *Consumer) tenantOf(m *Message) string {
 	// stall. lane is set by deliverRun, lprev and lnext mean something only
 	// while listed, and fail only while failSet.
 	m.st.msgScalars = msgScalars{}
+	if c.tr != nil {
+		valid := key
+		if err != nil {
+			valid = ""
+		}
+		c.tr.start(m, valid, false)
+	}
 	if err != nil {
 		m.st.wr().tenantErr = err
 		return ""

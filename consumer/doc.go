@@ -111,4 +111,26 @@
 // TenantConcurrency messages in flight, so a tenant whose calls hang holds
 // a bounded share of the workers. The worker loop and turns are in
 // worker.go, the scheduler's ring of partitions in sched.go.
+//
+// # Tracing
+//
+// With Config.Tracing.Provider set, each message gets an OpenTelemetry span
+// "process <destination>" (SpanKindConsumer, the messaging semantic
+// conventions' attributes, the tenant's token under ringfence.tenant),
+// started when the engine receives it and ended when it is settled:
+// handled, dead-lettered, or appended to its spill log (a "spilled" event).
+// Its events say what happened on the way: attempt (number, error), retry,
+// park, resume, re-fed, dlq-failed, set-aside, dead-letter (reason). The
+// producer's context, read from the message's headers (W3C traceparent by
+// default), is a link, or the parent with ParentFromProducer. The handler's
+// ctx carries the span, so the handler's own spans are its children. A
+// spilled message's copy and a dead-letter record carry the span's
+// traceparent in a ringfence-traceparent header (HeaderTraceParent); the
+// span of the re-fed copy, or of a replayed dead letter, is linked to it
+// (the header stays on that message, as ringfence-redrive does on a
+// replayed one). A message the engine lets go of unsettled ends its span
+// with a "revoked" or "shutdown" event (its redelivery starts one). With no
+// Provider the engine starts nothing and allocates nothing for tracing
+// (BenchmarkEngineTracing guards this). The spans are started and ended in
+// trace.go.
 package consumer

@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ringfence/ringfence/dlq"
 )
 
@@ -328,6 +330,10 @@ type msgScalars struct {
 	late    bool // delivered after a higher offset: in its shard's late (shard mu)
 	spilled bool // in pend or being appended (not runnable) (shard mu)
 	aside   bool // set aside: its dead letter cannot be written (shard mu)
+	// traced: fail holds the message's process span (see tracer.start),
+	// even while failSet is false. Set where the message reaches the
+	// engine, before it is queued.
+	traced bool
 }
 
 // failState is the part of a message's state that only a message that
@@ -344,9 +350,12 @@ type failState struct {
 	panicked   bool
 	probeFails int
 	evidence   bool // failed in a judge round that a later message won
+	tparked    bool // its span's last park event has no resume yet (see tracePark)
 	dlqReason  dlq.Reason
 	dlqFails   int
 	asideAt    int64 // engine clock of its last set-aside write
+	// span is the message's process span (see msgScalars.traced).
+	span trace.Span
 }
 
 // noFail is what rd returns for a message that never failed. Never written.
@@ -371,7 +380,11 @@ func (s *msgState) failed() *failState {
 // wr returns the failure state for writing, allocating it if needed.
 func (s *msgState) wr() *failState {
 	if !s.failSet {
-		s.fail, s.failSet = new(failState), true
+		if s.traced {
+			s.failSet = true // fail holds the span alone so far
+		} else {
+			s.fail, s.failSet = new(failState), true
+		}
 		if l := s.lane; l != nil && !l.tried.Load() {
 			l.tried.Store(true)
 		}

@@ -68,6 +68,7 @@ func (c *Consumer) maybeResume(sh *shard) {
 func (c *Consumer) parkRefused(w *worker, g *policy.Guard, refusal error) {
 	w.res.park = true
 	w.res.wait = decideRefused(c.retryAfter(g, refusal)).delay
+	tracePark(w.job.m, w.res.wait)
 }
 
 // retryAfter is how long a refused lane waits before asking again: the

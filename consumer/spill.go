@@ -226,13 +226,22 @@ func (c *Consumer) spillWork(l *lane) {
 			for i, n := 0, min(l.pend.len(), spillBatch); i < n; i++ {
 				batch = append(batch, l.pend.at(i))
 			}
+			reason := l.spill.reason
 			sh.mu.Unlock()
+			if c.tr != nil {
+				for _, m := range batch {
+					if tp := traceParent(m); tp != "" {
+						m.Headers = withTraceParent(m.Headers, tp)
+					}
+				}
+			}
 			if err := c.cfg.Spill.Append(c.hctx, sl, batch); err != nil {
 				c.spillFailed(l, "append", err, &ev)
 				return
 			}
 			for _, m := range batch {
 				c.settleSource(sh, m, nil)
+				traceSpilled(m, reason)
 			}
 			sh.mu.Lock()
 			if l.dead {
@@ -270,6 +279,12 @@ func (c *Consumer) spillWork(l *lane) {
 				c.spillFailed(l, "read", err, &ev)
 				return
 			}
+			if c.tr != nil {
+				for _, m := range msgs {
+					m.st = msgState{}
+					c.tr.start(m, l.key, true)
+				}
+			}
 			sh.mu.Lock()
 			if l.dead {
 				sh.mu.Unlock()
@@ -297,8 +312,11 @@ func (c *Consumer) spillWork(l *lane) {
 				sh.mu.Unlock()
 				return
 			}
-			c.refeed(l, msgs)
+			dups := c.refeed(l, msgs)
 			sh.mu.Unlock()
+			for _, m := range dups {
+				traceDropped(m, "duplicate")
+			}
 		default:
 			l.spill.job = false
 			if c.needsSpillWork(l) && l.spill.commit.want.Load() > l.spill.commit.done.Load() {
@@ -334,8 +352,9 @@ func (c *Consumer) refeedRoom(l *lane) int {
 
 // refeed puts messages read from l's spill log into q, dropping copies of
 // messages re-fed already (a crash or a failed append may have written one
-// twice). Called with l's shard mu held.
-func (c *Consumer) refeed(l *lane, msgs []*Message) {
+// twice); it returns the traced copies it dropped, whose spans the caller
+// ends. Called with l's shard mu held.
+func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 	sh, t := l.sh, l.t
 	now := c.clock()
 	for _, m := range msgs {
@@ -346,10 +365,13 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 			c.stats.duplicates.Add(1)
 			t.spillDone.Add(1)
 			l.spill.out = max(l.spill.out-1, 0)
+			if m.st.traced {
+				dups = append(dups, m)
+			}
 			continue
 		}
 		m.Refed = true
-		m.st = msgState{lane: l, msgScalars: msgScalars{gen: uint32(sh.gen), at: now}}
+		m.st = msgState{lane: l, fail: m.st.fail, msgScalars: msgScalars{gen: uint32(sh.gen), at: now, traced: m.st.traced}}
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
 		sh.count.queued++
@@ -365,6 +387,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 	if l.state == laneIdle && l.q.len() > 0 && !c.draining.Load() {
 		c.makeReady(l)
 	}
+	return dups
 }
 
 // spillFailed backs l's spill job off after a failed call: the messages stay

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/policy"
 )
@@ -52,6 +54,7 @@ func (c *Consumer) stepHead(w *worker) {
 		return
 	}
 	r.unpark = true
+	traceResume(m)
 	attempt := 1
 	if !j.fresh {
 		attempt = int(m.st.attempts) + 1
@@ -150,10 +153,12 @@ func (c *Consumer) carryOut(w *worker, g *policy.Guard, m *Message, err error, v
 		r.wait = v.delay
 		w.n.retried.Add(1)
 		m.st.lane.t.retried.Add(1)
+		traceEvent(m, "retry", v.delay)
 		c.emit(Event{Kind: EventRetried, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err, Delay: v.delay})
 	case actPark:
 		r.park = true
 		r.wait = max(g.RetryAfter(), time.Millisecond)
+		tracePark(m, r.wait)
 	case actSuspect:
 		r.suspect = v.reason // judged at its next step, at once
 	case actWait:
@@ -172,6 +177,7 @@ func (c *Consumer) wait(w *worker, g *policy.Guard, m *Message, err error) {
 	if v.act == actPark {
 		r.park = true
 		r.wait = max(g.RetryAfter(), time.Millisecond)
+		tracePark(m, r.wait)
 		return
 	}
 	r.wait = v.delay
@@ -392,7 +398,12 @@ func (c *Consumer) call(w *worker, g *policy.Guard, m *Message, judged bool) (er
 			panicked = true
 		}
 	}()
-	err = c.cfg.Handler.Handle(ctx, m)
+	if m.st.traced {
+		// The handler's own spans are children of the process span.
+		err = c.cfg.Handler.Handle(trace.ContextWithSpan(ctx, m.st.fail.span), m)
+	} else {
+		err = c.cfg.Handler.Handle(ctx, m)
+	}
 	if err != nil && hang && ctx.expired.Load() {
 		// The attempt ran out its AttemptTimeout: a hang, which the
 		// breaker weighs as policy.Breaker.TimeoutFailures.
@@ -423,6 +434,7 @@ func (c *Consumer) noteFailure(w *worker, m *Message, err error, panicked bool) 
 	f.last = now
 	f.lastErr = err
 	f.panicked = panicked
+	traceAttempt(m, f.total, err, panicked)
 	if panicked {
 		w.n.panics.Add(1)
 		c.emit(Event{Kind: EventPanicked, Tenant: m.st.lane.key, Partition: m.Partition, Offset: m.Offset, Err: err})
@@ -450,4 +462,7 @@ func (c *Consumer) handled(w *worker, m *Message) {
 		c.settleSource(m.st.lane.sh, m, &w.settling)
 	}
 	w.res.settled = append(w.res.settled, m)
+	if m.st.traced {
+		traceHandled(m)
+	}
 }

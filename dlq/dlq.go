@@ -86,6 +86,10 @@ type Record struct {
 	// Redrive counts how many times this message was replayed from a DLQ
 	// (RedriveCount reads it from the redelivered message's headers).
 	Redrive int
+	// TraceParent is the W3C traceparent of the message's process span
+	// (empty when the consumer traced nothing): a replay carries it, and
+	// the replayed message's process span links to it.
+	TraceParent string
 
 	// Time is when the record was written to the DLQ; set by inspectors,
 	// not carried in headers.

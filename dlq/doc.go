@@ -56,6 +56,7 @@
 //	ringfence-error-type     ErrorType     if set; Go type, e.g. "*net.OpError"
 //	ringfence-reason         Reason        if set; "permanent", "exhausted", "poison", ...
 //	ringfence-redrive        Redrive       if set; times replayed from a DLQ
+//	ringfence-traceparent    TraceParent   if set; W3C traceparent of the message's process span
 //
 // Adapters add headers of their own under the same prefix (the NATS DLQ's
 // "ringfence-nats-body", naming a body stored out of line); DecodeRecord
@@ -64,7 +65,10 @@
 // When a replayed message fails again, the engine passes its headers as they
 // came: EncodeHeaders drops the stale ringfence- ones (matched ignoring ASCII
 // case), so each appears once, and RedriveCount reads the count that
-// Record.ReplayHeaders raised.
+// Record.ReplayHeaders raised. A replay keeps ringfence-traceparent too, so
+// that the replayed message's process span links to the original's; the
+// producer's own traceparent, among the original headers, is kept as it
+// was.
 //
 // A record whose headers include HeaderMarker is a marker, not a dead
 // letter: MarkerDLQ marks a Kafka DLQ topic at creation, MarkerMoved lists

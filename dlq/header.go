@@ -28,6 +28,7 @@ const (
 	HeaderErrorType    = "ringfence-error-type"
 	HeaderReason       = "ringfence-reason"
 	HeaderRedrive      = "ringfence-redrive"
+	HeaderTraceParent  = "ringfence-traceparent"
 
 	// HeaderMarker marks a marker record: not a dead letter but a note an
 	// adapter keeps in a DLQ, such as "this topic is a ringfence DLQ"
@@ -48,7 +49,7 @@ const (
 )
 
 // numHeaders is how many ringfence- headers EncodeHeaders can write.
-const numHeaders = 15
+const numHeaders = 16
 
 // MaxErrorLen caps Record.Error, in bytes. Longer texts are cut on a UTF-8
 // boundary.
@@ -146,7 +147,7 @@ func (r *Record) EncodeHeaders() []Header {
 	token := TenantToken(r.Bucket())
 	// All values share one buffer: 2 allocations for the whole encoding.
 	e := encoder{buf: make([]byte, 0, len(r.Tenant)+len(token)+len(r.Source)+len(r.Stream)+
-		len(r.Group)+len(errText)+len(r.ErrorType)+len(r.Reason)+6*20+2*len(TimeLayout))}
+		len(r.Group)+len(errText)+len(r.ErrorType)+len(r.Reason)+len(r.TraceParent)+6*20+2*len(TimeLayout))}
 	e.putString(HeaderTenant, r.Tenant)
 	e.putString(HeaderTenantToken, token)
 	if r.Source != "" {
@@ -184,6 +185,9 @@ func (r *Record) EncodeHeaders() []Header {
 	}
 	if r.Redrive != 0 {
 		e.putInt(HeaderRedrive, int64(r.Redrive))
+	}
+	if r.TraceParent != "" {
+		e.putString(HeaderTraceParent, r.TraceParent)
 	}
 	for i := 0; i < e.n; i++ {
 		start, end := e.starts[i], len(e.buf)
@@ -234,14 +238,18 @@ func timeInRange(t time.Time) bool {
 
 // ReplayHeaders returns the headers to republish the record to its source
 // with: the original headers, without ringfence- ones, plus HeaderRedrive
-// set to r.Redrive+1. The engine reads it back with RedriveCount when the
-// message fails again.
+// set to r.Redrive+1, and HeaderTraceParent when r.TraceParent is set (the
+// engine links the replayed message's process span to it). The engine
+// reads HeaderRedrive back with RedriveCount when the message fails again.
 func (r *Record) ReplayHeaders() []Header {
-	out := make([]Header, 0, len(r.Headers)+1)
+	out := make([]Header, 0, len(r.Headers)+2)
 	for _, h := range r.Headers {
 		if !IsRingfenceHeader(h.Key) {
 			out = append(out, h)
 		}
+	}
+	if r.TraceParent != "" {
+		out = append(out, Header{Key: HeaderTraceParent, Value: []byte(r.TraceParent)})
 	}
 	return append(out, Header{Key: HeaderRedrive, Value: strconv.AppendInt(nil, int64(r.Redrive)+1, 10)})
 }
@@ -318,6 +326,7 @@ var headerNames = [numHeaders]string{
 	HeaderTenant, HeaderTenantToken, HeaderSource, HeaderPartition, HeaderOffset,
 	HeaderStream, HeaderSequence, HeaderGroup, HeaderAttempts, HeaderFirstFailure,
 	HeaderLastFailure, HeaderError, HeaderErrorType, HeaderReason, HeaderRedrive,
+	HeaderTraceParent,
 }
 
 func headerIndex(name string) int {
@@ -346,6 +355,8 @@ func (r *Record) decodeField(name string, v []byte) error {
 		r.ErrorType = string(v)
 	case HeaderReason:
 		r.Reason = Reason(v)
+	case HeaderTraceParent:
+		r.TraceParent = string(v)
 	case HeaderPartition:
 		var p int64
 		p, err = strconv.ParseInt(string(v), 10, 32)

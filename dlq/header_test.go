@@ -29,6 +29,7 @@ func fullRecord() Record {
 		ErrorType:    "*errors.errorString",
 		Reason:       ReasonExhausted,
 		Redrive:      2,
+		TraceParent:  "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 	}
 }
 
@@ -93,6 +94,7 @@ func TestEncodeHeaders(t *testing.T) {
 		{HeaderErrorType, []byte("*errors.errorString")},
 		{HeaderReason, []byte("exhausted")},
 		{HeaderRedrive, []byte("2")},
+		{HeaderTraceParent, []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
 	}
 	if !equalHeaders(hs, want) {
 		t.Fatalf("EncodeHeaders =\n%q\nwant\n%q", hs, want)
@@ -410,4 +412,25 @@ func unpackHeaders(b []byte) []Header {
 		hs = append(hs, Header{Key: string(parts[i]), Value: parts[i+1]})
 	}
 	return hs
+}
+
+// A replay carries the dead-lettered message's process span on, for the
+// replayed message's span to link to; the producer's headers stay as they
+// were.
+func TestReplayHeadersKeepTraceParent(t *testing.T) {
+	t.Parallel()
+	r := fullRecord()
+	r.Headers = append(r.Headers, Header{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")},
+		Header{Key: HeaderTraceParent, Value: []byte("stale")})
+	hs := r.ReplayHeaders()
+	if got := headerValues(hs, HeaderTraceParent); len(got) != 1 || got[0] != r.TraceParent {
+		t.Errorf("%s = %q, want [%q]", HeaderTraceParent, got, r.TraceParent)
+	}
+	if got := headerValues(hs, "traceparent"); len(got) != 1 || got[0] != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
+		t.Errorf("traceparent = %q, want the producer's", got)
+	}
+	r.TraceParent = ""
+	if got := headerValues(r.ReplayHeaders(), HeaderTraceParent); len(got) != 0 {
+		t.Errorf("untraced record replays %s = %q", HeaderTraceParent, got)
+	}
 }

@@ -354,7 +354,11 @@ func (s *Source) Settle(context.Context, *consumer.Message) error { return nil }
 // a message is settled by the commit of its partition's watermark.
 func (s *Source) SettleIsNoop() bool { return true }
 
+// MessagingSystem implements consumer.SystemNamer: "kafka" in traces.
+func (s *Source) MessagingSystem() string { return "kafka" }
+
 var _ consumer.SettleNooper = (*Source)(nil)
+var _ consumer.SystemNamer = (*Source)(nil)
 
 // Commit records that every message of p below next is settled. The
 // generation's committer sends it within CommitInterval. After Run has

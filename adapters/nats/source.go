@@ -355,6 +355,11 @@ func (s *Source) Settle(ctx context.Context, m *consumer.Message) error {
 // Commit does nothing: JetStream acks each message in Settle.
 func (s *Source) Commit(context.Context, consumer.Partition, int64) error { return nil }
 
+// MessagingSystem implements consumer.SystemNamer: "nats" in traces.
+func (s *Source) MessagingSystem() string { return "nats" }
+
+var _ consumer.SystemNamer = (*Source)(nil)
+
 // Pause stops handing messages of p to the engine: it blocks the consume
 // callback (messages nats.go already buffered wait in the client).
 func (s *Source) Pause(p consumer.Partition) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -129,7 +130,15 @@ func failing(h InspectorHarness, tenant, value string, reason dlq.Reason, errTex
 	r.FirstFailure = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
 	r.LastFailure = r.FirstFailure.Add(time.Second)
 	r.Error, r.ErrorType, r.Reason = errText, "*errors.errorString", reason
+	r.TraceParent = traceParentOf(value)
 	return r
+}
+
+// traceParentOf is a W3C traceparent made from value (a process span's,
+// which a replayed message's span links to).
+func traceParentOf(value string) string {
+	id := fmt.Sprintf("%016x", len(value)*1000+int(value[len(value)-1]))
+	return "00-" + id + id + "-" + id + "-01"
 }
 
 func inspectRoundTrip(t *testing.T, h InspectorHarness) {
@@ -168,6 +177,8 @@ func inspectRoundTrip(t *testing.T, h InspectorHarness) {
 		t.Fatalf("peeked record = %+v", p)
 	case p.Error != "bad json" || p.ErrorType != want.ErrorType || p.Reason != dlq.ReasonPermanent || !p.LastFailure.Equal(want.LastFailure):
 		t.Fatalf("peeked record's failure = %q %q %q %v", p.Error, p.ErrorType, p.Reason, p.LastFailure)
+	case p.TraceParent != want.TraceParent:
+		t.Fatalf("peeked record's TraceParent = %q, want %q", p.TraceParent, want.TraceParent)
 	case len(p.Headers) != 1 || p.Headers[0].Key != "trace" || string(p.Headers[0].Value) != "t-a1":
 		t.Fatalf("peeked headers %q: want the original trace header only (a stale ringfence- header is replaced)", p.Headers)
 	case p.Time.IsZero() || len(p.Copies) != 1 || p.Copies[0].Position != p.Position:
@@ -196,6 +207,9 @@ func inspectRoundTrip(t *testing.T, h InspectorHarness) {
 		v := []string{"a1", "a2"}[i]
 		if string(m.Value) != v || m.Key != nil && string(m.Key) != "key-"+v || header(m.Headers, "trace") != "t-"+v || header(m.Headers, dlq.HeaderAttempts) != "" {
 			t.Fatalf("replayed message %d = key %q value %q headers %q; want %s's with its trace header and no ringfence- failure headers", i, m.Key, m.Value, m.Headers, v)
+		}
+		if tp := header(m.Headers, dlq.HeaderTraceParent); tp != traceParentOf(v) {
+			t.Fatalf("replayed %s carries %s %q, want %q (its process span's)", v, dlq.HeaderTraceParent, tp, traceParentOf(v))
 		}
 		if n := dlq.RedriveCount(m.Headers); n != i+1 {
 			t.Fatalf("replayed %s has redrive count %d, want %d", v, n, i+1)

@@ -83,7 +83,11 @@ func readAll(t testing.TB, log consumer.SpillLog, lane consumer.SpillLane, from 
 func spillAppendRead(t *testing.T, h SpillLogHarness) {
 	log, p := h.Open(t), h.Partition()
 	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
-	hs := []dlq.Header{{Key: "b", Value: []byte("2")}, {Key: "a", Value: []byte("1")}, {Key: "a", Value: []byte("dup")}, {Key: "empty", Value: []byte{}}}
+	hs := []dlq.Header{{Key: "b", Value: []byte("2")}, {Key: "a", Value: []byte("1")}, {Key: "a", Value: []byte("dup")}, {Key: "empty", Value: []byte{}},
+		// A producer's trace context, and the engine's for a traced
+		// message's process span: a re-fed copy's span links to both.
+		{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+		{Key: consumer.HeaderTraceParent, Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}}
 	var want []*consumer.Message
 	for i := range 3 {
 		var batch []*consumer.Message

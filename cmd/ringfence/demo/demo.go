@@ -50,6 +50,10 @@ type Options struct {
 	// ConsoleAddr, if set, serves the ops console's tenant view of the
 	// running consumer at http://ConsoleAddr/ while the demo runs.
 	ConsoleAddr string
+	// Traces, if set, prints the traces of that many of the bad tenant's
+	// messages (those that parked or spilled first) after each ringfence
+	// run, as trees, recorded with the OpenTelemetry SDK in memory.
+	Traces int
 	// JSON prints one JSON object per broker instead of tables.
 	JSON bool
 	// Check makes Run fail when a broker's results are not as expected.
@@ -135,6 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	kafkaAddr := fs.String("kafka", "", "HOST:PORT of a real Kafka broker (default: start kfake in a child process)")
 	natsURL := fs.String("nats", "", "URL of a real NATS server with JetStream (default: start one in a child process)")
 	consoleAddr := fs.String("console", "", "serve the ops console at ADDR while the demo runs, to watch a tenant park, spill and recover live (e.g. 127.0.0.1:8089)")
+	traces := fs.Int("traces", 0, "after the ringfence run, print N of the bad tenant's messages' traces as trees (a message that parked, spilled and came back), recorded with the OpenTelemetry SDK in memory")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at ADDR/metrics while the demo runs (e.g. 127.0.0.1:9464)")
 	asJSON := fs.Bool("json", false, "print one JSON object per broker instead of tables")
 	check := fs.Bool("check", false, "exit 1 unless the scenario's acceptance checks pass (see the summary's checks)")
@@ -193,6 +198,7 @@ Flags:
 		NATSURL:     *natsURL,
 		MetricsAddr: *metricsAddr,
 		ConsoleAddr: *consoleAddr,
+		Traces:      *traces,
 		JSON:        *asJSON,
 		Check:       *check,
 	}
@@ -349,7 +355,15 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 			if m == Baseline {
 				p = base
 			}
+			var rec *traceRecorder
+			if o.Traces > 0 && m == PerTenant {
+				rec = newTraceRecorder(res.Bad)
+				rc.tracing = rec.tracing()
+			}
 			r, err := runMode(ctx, p, g, m, rc)
+			if rec != nil {
+				rec.print(o.Stdout, name, o.Traces)
+			}
 			v.Done()
 			if err != nil {
 				b.Close()

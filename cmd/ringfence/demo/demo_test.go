@@ -373,3 +373,33 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatal("collector still exported after the run")
 	}
 }
+
+// TestRunMemoryTraces prints the bad tenant's traces after the ringfence
+// run: a message that failed and parked, as a tree of its process span.
+func TestRunMemoryTraces(t *testing.T) {
+	t.Parallel()
+	o, err := parseFlags([]string{"--broker", "memory", "--traces", "2"}, io.Discard)
+	if err != nil || o.Traces != 2 {
+		t.Fatalf("--traces 2: %+v, %v", o.Traces, err)
+	}
+	var out bytes.Buffer
+	_, err = Run(context.Background(), Options{Brokers: []string{"memory"}, Scenario: shortScenario(KindOutage), Traces: 1,
+		Modes: []Mode{Baseline, PerTenant}, Stdout: &out, Progress: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	i := strings.Index(s, "Traces (memory, bad tenant, 1 of ")
+	if i < 0 {
+		t.Fatalf("no traces printed:\n%s", s)
+	}
+	tree := s[i:]
+	for _, want := range []string{"process ", "[consumer]", "ringfence.tenant=tenant-02", "· attempt ringfence.attempt=1 ringfence.error=", "· park "} {
+		if !strings.Contains(tree, want) {
+			t.Errorf("trace lacks %q:\n%s", want, tree)
+		}
+	}
+	if strings.Count(s, "Traces (") != 1 {
+		t.Errorf("traces printed %d times, want once (the ringfence run's)", strings.Count(s, "Traces ("))
+	}
+}

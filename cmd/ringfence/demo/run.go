@@ -56,6 +56,7 @@ type runConfig struct {
 	consumer func(*consumer.Consumer, Mode) func() // registers metrics; returns unregister
 	onEvent  func(consumer.Event)                  // also receives the engine's events (the console); may be nil
 	tick     time.Duration
+	tracing  consumer.Tracing // the ringfence run's; zero traces nothing
 }
 
 // started is a consumer running on a topic.
@@ -101,6 +102,7 @@ func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, sc
 		Logger:       rc.logger,
 		DrainTimeout: sc.ShutdownTimeout,
 		OnEvent:      onEvent,
+		Tracing:      rc.tracing,
 	})
 	if err != nil {
 		return nil, err

@@ -301,6 +301,15 @@ type readySource struct {
 	ready chan struct{}
 }
 
+// MessagingSystem passes on the wrapped source's (consumer.SystemNamer),
+// which the embedded interface does not promote.
+func (s *readySource) MessagingSystem() string {
+	if n, ok := s.Source.(consumer.SystemNamer); ok {
+		return n.MessagingSystem()
+	}
+	return ""
+}
+
 type readyDispatcher struct {
 	consumer.Dispatcher
 	s *readySource
