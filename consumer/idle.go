@@ -55,7 +55,7 @@ func (l *idleList) remove(t *tenant) {
 // last of them ends (zombieDone), so that a listed tenant is always one
 // that holds nothing.
 func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
-	if t.none || t.lanes > 0 || t.onIdle || t.inflight.Load() > 0 {
+	if t.none || t.gone || t.lanes > 0 || t.onIdle || t.inflight.Load() > 0 {
 		return nil
 	}
 	c.idle.push(t)
@@ -65,6 +65,7 @@ func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
 	f := c.idle.head
 	c.idle.remove(f)
 	delete(c.tenants, f.key)
+	f.gone = true
 	c.forgotten++
 	f.dwell.addTo(&c.goneDwell, &c.goneDwellSum)
 	return f

@@ -71,6 +71,10 @@ type tenant struct {
 	lanes              int
 	onIdle             bool
 	idlePrev, idleNext *tenant
+	// gone: forgotten (out of the tenants map). A job of a lane dropped
+	// while it ran may end after that (zombieDone): such a tenant is never
+	// listed again. Guarded by Consumer.tmu.
+	gone bool
 
 	inflight atomic.Int32 // messages of this tenant being handled (bulkhead)
 	// zombies counts in-flight slots held by jobs of lanes dropped while

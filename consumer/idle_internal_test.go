@@ -109,3 +109,27 @@ func TestLaneBound(t *testing.T) {
 		}
 	}
 }
+
+// A tenant forgotten while a job of its lane dropped mid-run had not yet
+// reported its end (the partition was revoked, and its other lane swept)
+// is not listed as idle again when that job's end comes (zombieDone): the
+// list would hold a tenant the table does not, and forgetting it a second
+// time would release its key's pin twice.
+func TestForgottenTenantIsNotListedAgain(t *testing.T) {
+	c := newTestConsumer(t, Config{MaxIdleTenants: 1})
+	a := c.tenantFor("a", false)
+	b := c.tenantFor("b", false)
+	if f := c.releaseTenant(a); f != nil {
+		t.Fatalf("forgot %q with one idle tenant", f.key)
+	}
+	if f := c.releaseTenant(b); f != a {
+		t.Fatalf("past the bound: forgot %v, want a", f)
+	}
+	c.zombieDone(a)
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	if a.onIdle || c.idle.n != 1 || c.idle.head != b || c.tenants["a"] != nil {
+		t.Fatalf("after a late job end of forgotten a: a listed %v, %d idle (head %v), a in the table %v; want only b",
+			a.onIdle, c.idle.n, c.idle.head == b, c.tenants["a"] != nil)
+	}
+}
