@@ -179,10 +179,12 @@ func (g *guard) admit(ctx context.Context) error {
 }
 
 // Done reports the outcome of the attempt: nil for success, an error for a
-// failure (unless the breaker excludes it). A success slower than the
-// slow-call threshold is a failure to the breaker (see [SlowCall]). An
-// outcome from an earlier breaker generation is counted in Stats but does
-// not move the breaker. Done zeroes the permit: a second call does nothing.
+// failure (unless the breaker excludes it; an error marked [Permanent] is a
+// failure in Stats but not to the breaker, see Breaker.CountPermanent). A
+// success slower than the slow-call threshold is a failure to the breaker
+// (see [SlowCall]). An outcome from an earlier breaker generation is
+// counted in Stats but does not move the breaker. Done zeroes the permit: a
+// second call does nothing.
 func (p *Permit) Done(err error) {
 	g := p.g
 	if g == nil {
@@ -275,6 +277,14 @@ func (p *Permit) record(g *guard, err error) {
 	}
 	g.counts[p.shard&(counterShards-1)].failures.Add(1)
 	if g.r.breaker {
+		if !g.r.countPermanent && IsPermanent(err) {
+			// The work's own fault, not the dependency's (see
+			// Breaker.CountPermanent).
+			if p.probe {
+				g.releaseProbe(p)
+			}
+			return
+		}
 		if end < 0 {
 			end = g.now()
 		}
