@@ -208,3 +208,5 @@ func (x *callCtx) expireIfDue(now int64) {
 	x.mu.Unlock()
 	runAfters(afters)
 }
+
+var _ context.Context = (*callCtx)(nil)

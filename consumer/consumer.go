@@ -44,8 +44,8 @@ type Consumer struct {
 	hctx    context.Context // parent of handler contexts; cancelled past DrainTimeout
 	hcancel context.CancelFunc
 	// hdone is set once hctx is cancelled: a call's begin loads it rather
-	// than asking hctx.Err() (an atomic.Value load and a type check, ~10 ns
-	// a message at one tenant).
+	// than asking hctx.Err() (an atomic.Value load and a type check a
+	// message; BenchmarkEngine at one tenant guards this).
 	hdone    atomic.Bool
 	bg       context.Context // for Source, spill and DLQ calls; cancelled when Run returns
 	bgCancel context.CancelFunc
@@ -206,8 +206,8 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	timer.Stop()
 	// The drain is over: end what still waits on hctx, such as the source's
 	// Assigned callback retrying a spill log's Pending (recoverSpills), so
-	// the source's Run can return. Found by the property test: a spill log
-	// down while a partition was assigned held Run after cancel for ever.
+	// the source's Run can return: a spill log that is down while a
+	// partition is assigned would hold Run after cancel for ever.
 	c.hcancel()
 	close(hkStop)
 	<-hkDone
@@ -272,8 +272,8 @@ func (c *Consumer) shards() []*shard {
 
 // partTable is the assigned partitions' shards. few holds them too when
 // there are at most fewParts, for shardOf to compare with instead of
-// hashing a Partition (a string and an ID: ~80 ns of a NATS delivery's
-// path, one lookup per message); nil when there are more.
+// hashing a Partition (a string and an ID) on a NATS delivery's path, one
+// lookup per message; nil when there are more.
 type partTable struct {
 	m   map[Partition]*shard
 	few []*shard
@@ -380,11 +380,11 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	clear(sh.lanes)
 	sh.none = nil
-	sh.aside = nil
+	sh.aside.msgs = nil
 	sh.ready.reset()
-	sh.unsettled, sh.oldestAt, sh.stale, sh.late = 0, -1, false, nil
-	sh.queued = 0
-	sh.quickQueued, sh.aheadLanes = 0, 0
+	sh.commit.unsettled, sh.commit.oldestAt, sh.commit.stale, sh.commit.late = 0, -1, false, nil
+	sh.count.queued = 0
+	sh.count.quickQueued, sh.count.aheadLanes = 0, 0
 	if sh.inRing {
 		c.sched.leave(sh)
 	}
@@ -399,8 +399,8 @@ func (c *Consumer) Revoked(p Partition) {
 			yield()
 		}
 	}
-	sh.commit.stop()
-	if sh.pause.stop() && !c.draining.Load() {
+	sh.commit.src.stop()
+	if sh.pause.src.stop() && !c.draining.Load() {
 		// The pause was the engine's, for state it just dropped.
 		c.src.Resume(p)
 	}
@@ -435,69 +435,80 @@ func (c *Consumer) dropLane(l *lane) *tenant {
 	return c.releaseTenant(l.t)
 }
 
-// requestPause records that the engine wants sh paused for reason (zero:
-// resumed) and applies it, with no lock held.
-func (c *Consumer) requestPause(sh *shard, reason PauseReason) {
+// yield waits a little while another goroutine finishes a call (a Settle,
+// Commit or Pause in progress); these waits happen on revocation and
+// shutdown only.
+func yield() { time.Sleep(50 * time.Microsecond) }
+
+// maintain is housekeeping for one shard, every 100ms: it spills the tenant
+// of a message that holds the partition's commit for longer than
+// StuckAfter, retries set-aside dead letters that are due, lifts a pause
+// whose pressure is gone, and sweeps idle lanes.
+func (c *Consumer) maintain(sh *shard, now int64) {
+	var ev []Event
+	var forget []*tenant
+	var aside []*Message
+	resume := false
 	sh.mu.Lock()
 	if sh.dead {
 		sh.mu.Unlock()
 		return
 	}
-	c.setPause(sh, reason)
-	sh.mu.Unlock()
-	c.syncPause(sh)
-}
-
-// setPause records why the engine wants sh paused (zero: it does not).
-// Called with sh.mu held, so that the wish and the decision behind it
-// change together; syncPause applies it once the lock is released.
-func (c *Consumer) setPause(sh *shard, reason PauseReason) {
-	if reason != 0 && sh.pauseReason == 0 {
-		sh.pausedAt = c.clock()
-	}
-	sh.pauseReason = reason
-	sh.pause.set(reason != 0)
-}
-
-// syncPause makes the Source's pause state follow the engine's last wish,
-// one call at a time and with no lock held.
-func (c *Consumer) syncPause(sh *shard) {
-	for _, paused := range sh.pause.run(func(pause bool) {
-		if pause {
-			c.src.Pause(sh.p)
-		} else {
-			c.src.Resume(sh.p)
-		}
-	}) {
-		if paused {
-			sh.mu.Lock()
-			r := sh.pauseReason
-			sh.mu.Unlock()
-			c.emit(Event{Kind: EventPaused, Partition: sh.p, Pause: r})
-		} else {
-			c.emit(Event{Kind: EventResumedPartition, Partition: sh.p})
+	if c.cfg.Spill != nil && sh.commit.unsettled > 0 {
+		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
+			if l := h.st.lane; !l.spill.on && !l.spill.want {
+				c.requestSpill(l, SpillStuck, &ev)
+			}
 		}
 	}
-}
-
-// commitShard finds sh's commit point (refreshCommit) and passes it to the
-// Source (syncCommit), with no lock held during the call.
-func (c *Consumer) commitShard(sh *shard, now int64, force bool) {
-	sh.mu.Lock()
-	if !sh.dead {
-		sh.refreshCommit(now, force)
+	if len(sh.aside.msgs) > 0 && !sh.aside.busy.Load() {
+		for _, m := range sh.aside.msgs {
+			if now-m.st.rd().asideAt >= int64(asideRetry) {
+				m.st.wr().asideAt = now
+				aside = append(aside, m)
+			}
+		}
+		if len(aside) > 0 {
+			sh.aside.busy.Store(true)
+		}
+	}
+	switch {
+	case (sh.pause.reason == PauseQueueFull || sh.pause.reason == PauseSpillUnavailable || sh.pause.reason == PauseParkedBound || sh.pause.reason == PauseReadAhead) && c.pressureGone(sh):
+		c.setPause(sh, 0)
+		resume = true
+	case sh.pause.reason == PauseReadAhead && now-sh.pause.at >= int64(aheadStall):
+		// Its quick lanes stopped moving (their calls hang, or the lanes
+		// wait for workers held elsewhere): holding the partition back
+		// helps no one, so it reads on, up to its other bounds, until
+		// the count is down to half.
+		sh.pause.aheadOff = true
+		c.setPause(sh, 0)
+		resume = true
+	}
+	if len(sh.lanes) > sh.sweepAt {
+		for k, l := range sh.lanes {
+			if l.q.len() == 0 && l.pend.len() == 0 && l.state == laneIdle && !l.spill.on && !l.spill.job && l.spill.refed.n == 0 {
+				if l.seen {
+					l.seen = false
+					continue
+				}
+				delete(sh.lanes, k)
+				forget = append(forget, c.dropLane(l))
+			}
+		}
+		sh.sweepAt = max(1024, 2*len(sh.lanes))
 	}
 	sh.mu.Unlock()
-	c.syncCommit(sh)
-}
-
-// syncCommit passes sh's newest commit point to the Source, with no lock
-// held.
-func (c *Consumer) syncCommit(sh *shard) {
-	if sh.commit.want.Load() <= sh.commit.done.Load() {
-		return
+	if resume {
+		c.syncPause(sh)
 	}
-	if err := sh.commit.run(func(next int64) error { return c.src.Commit(c.bg, sh.p, next) }); err != nil {
-		c.log.Warn("consumer: commit failed; retried at the next advance", "partition", sh.p, "err", err)
+	if len(aside) > 0 {
+		go c.retryAside(sh, aside)
+	}
+	for _, t := range forget {
+		c.unpin(t)
+	}
+	for i := range ev {
+		c.emit(ev[i])
 	}
 }

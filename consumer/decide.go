@@ -10,8 +10,9 @@ import (
 // This file is the engine's decision core: pure functions from a message's
 // state, the guard's answer and an attempt's outcome to what happens next.
 // They do no I/O, take no lock and read no clock; step.go carries their
-// verdicts out. The package doc's "Dead letters" section explains the rules
-// in prose; decide_test.go pins them with tables.
+// verdicts out. The package doc's "Dead letters" section states the rules
+// and Consumer.judge (step.go) the judge round in full; decide_test.go
+// pins them with tables.
 
 // act is what happens to a lane's head message next.
 type act uint8
@@ -173,8 +174,7 @@ func decideJudgeStart(f judgeFacts) (judge, headFirst bool) {
 // evidence: an earlier round's evidence is checked against the dependency
 // as it is now, so that an outage that came back (a message that failed
 // before a winner only because the outage ended mid-round) dead-letters
-// nothing. Found by the property test (seed 10023) when evidence alone
-// dead-lettered such a head.
+// nothing, where evidence alone would dead-letter such a head.
 func decideJudgeHead(o outcome, f judgeFacts) verdict {
 	switch {
 	case o.err == nil:

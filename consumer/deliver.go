@@ -12,12 +12,10 @@ import (
 // enough (at least one; see runQuick): the source's goroutine spends a
 // core on every message itself (the NATS client's dispatcher parses each
 // and hands it over), and messages arrive one by one, each readying a lane,
-// so a second quick worker was woken for about one message in eight, each
-// wake-up a futex call and a thread brought back on the other core, only to
-// compete with that goroutine for the two cores (NATS engine row, 2 cores:
-// ~0.12 wake-ups a message, ~0.035 with one; engine/nats.go 1.039 -> 1.052
-// median of 8 alternating processes, 6 -> 8 of them at least 1.0).
-// DeliverBatch delivers slices of a fetch: there every core's worker helps.
+// so a second quick worker would be woken for many of them, each wake-up a
+// futex call and a thread brought back on another core, only to compete
+// with that goroutine for the cores (the NATS adapter's BenchmarkConsume
+// guards this). DeliverBatch delivers slices of a fetch: there every core's worker helps.
 func (c *Consumer) Deliver(m *Message) {
 	one := [1]*Message{m}
 	key := [1]string{c.tenantOf(m)}
@@ -65,8 +63,7 @@ func (c *Consumer) tenantOf(m *Message) string {
 	// Its scalar fields are written, not compared first: a comparison
 	// reads the state's line, cold in a message the source built long ago,
 	// one stall per message, where stores to it go on in parallel
-	// (BenchmarkEngine: 291 -> 272 ns at 1000 tenants, 224 -> 185 ns at 1
-	// tenant, medians of 6 alternating processes). Its pointer fields are
+	// (BenchmarkEngine guards this). Its pointer fields are
 	// not written at all: while the collector marks, a pointer store, even
 	// of nil, first reads the old value for the write barrier, that same
 	// stall. lane is set by deliverRun, lprev and lnext mean something only
@@ -99,19 +96,19 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 		none := m.st.rd().tenantErr != nil
 		l := sh.laneFor(keys[i], none)
 		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now
-		sh.unsettled++
-		if m.Offset >= sh.next {
-			sh.next = m.Offset + 1
+		sh.commit.unsettled++
+		if m.Offset >= sh.commit.next {
+			sh.commit.next = m.Offset + 1
 		} else {
 			// A redelivery after later messages (JetStream after
 			// AckWait): oldest cannot find it by the lanes' order.
 			m.st.late = true
-			sh.late = append(sh.late, m)
+			sh.commit.late = append(sh.commit.late, m)
 		}
 		if !l.seen {
 			l.seen = true
 		}
-		sh.queued++
+		sh.count.queued++
 		t := l.t
 		if l.spill.on {
 			m.st.spilled = true
@@ -129,25 +126,25 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 				c.makeReady(l)
 			}
 			switch {
-			case l.parked && (t.parked.Load() >= int64(sh.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
-				if !c.requestSpill(l, SpillParked, &ev) && sh.pauseReason == 0 {
+			case l.parked && (t.parked.Load() >= int64(sh.bounds.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)):
+				if !c.requestSpill(l, SpillParked, &ev) && sh.pause.reason == 0 {
 					pause = PauseParkedBound
 				}
-			case !none && l.q.len() > sh.maxQueuedTenant:
+			case !none && l.q.len() > sh.bounds.maxQueuedTenant:
 				c.requestSpill(l, SpillBacklog, &ev)
 			}
 		}
-		if sh.queued >= sh.maxQueued && sh.pauseReason == 0 && pause == 0 {
+		if sh.count.queued >= sh.bounds.maxQueued && sh.pause.reason == 0 && pause == 0 {
 			pause = PauseQueueFull
 			if l.spill.on && l.spill.fails > 0 {
 				pause = PauseSpillUnavailable
 			}
 		}
 	}
-	if pause == 0 && sh.pauseReason == 0 && c.aheadFull(sh) {
+	if pause == 0 && sh.pause.reason == 0 && c.aheadFull(sh) {
 		pause = PauseReadAhead
 	}
-	if pause != 0 && sh.pauseReason == 0 {
+	if pause != 0 && sh.pause.reason == 0 {
 		c.setPause(sh, pause)
 	}
 	sh.mu.Unlock()
@@ -171,14 +168,14 @@ func (c *Consumer) recount(l *lane) {
 	sh := l.sh
 	switch {
 	case n > 0 && l.rq == 0:
-		sh.aheadLanes++
+		sh.count.aheadLanes++
 	case n == 0 && l.rq > 0:
-		sh.aheadLanes--
+		sh.count.aheadLanes--
 	}
-	sh.quickQueued += n - l.rq
+	sh.count.quickQueued += n - l.rq
 	l.rq = n
-	if sh.aheadOff && sh.quickQueued <= c.aheadLimit(sh)/2 {
-		sh.aheadOff = false
+	if sh.pause.aheadOff && sh.count.quickQueued <= c.aheadLimit(sh)/2 {
+		sh.pause.aheadOff = false
 	}
 }
 
@@ -188,129 +185,20 @@ const aheadPerLane = 8
 
 // aheadLimit is how many messages of quick tenants sh may hold: ReadAhead,
 // or aheadPerLane for each lane holding some, if that is more. The bound
-// is shared by the partition's quick lanes; with a thousand of them, 2500
-// messages were 2.5 a lane, so that a lane's turn served fewer messages
-// (BenchmarkEngine at 1000 tenants: ~7% slower than with the partition's
-// queue bound alone). Called with sh.mu held.
+// is shared by the partition's quick lanes; with a thousand of them,
+// ReadAhead alone is a few messages a lane, so that a lane's turn would
+// serve fewer messages (BenchmarkEngine at 1000 tenants guards this).
+// Called with sh.mu held.
 func (c *Consumer) aheadLimit(sh *shard) int {
-	return max(sh.readAhead, aheadPerLane*sh.aheadLanes)
+	return max(sh.bounds.readAhead, aheadPerLane*sh.count.aheadLanes)
 }
 
 // aheadFull reports whether sh holds as many messages of quick tenants as
 // it may (and the bound applies). Called with sh.mu held.
 func (c *Consumer) aheadFull(sh *shard) bool {
-	return sh.readAhead > 0 && !sh.aheadOff && sh.quickQueued >= c.aheadLimit(sh)
+	return sh.bounds.readAhead > 0 && !sh.pause.aheadOff && sh.count.quickQueued >= c.aheadLimit(sh)
 }
 
 // aheadStall is how long a read-ahead pause may last before housekeeping
 // lifts it (see maintain): a healthy quick backlog halves in milliseconds.
 const aheadStall = 100 * time.Millisecond
-
-// maintain is housekeeping for one shard, every 100ms: it spills the tenant
-// of a message that holds the partition's commit for longer than
-// StuckAfter, retries set-aside dead letters that are due, lifts a pause
-// whose pressure is gone, and sweeps idle lanes.
-func (c *Consumer) maintain(sh *shard, now int64) {
-	var ev []Event
-	var forget []*tenant
-	var aside []*Message
-	resume := false
-	sh.mu.Lock()
-	if sh.dead {
-		sh.mu.Unlock()
-		return
-	}
-	if c.cfg.Spill != nil && sh.unsettled > 0 {
-		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
-			if l := h.st.lane; !l.spill.on && !l.spill.want {
-				c.requestSpill(l, SpillStuck, &ev)
-			}
-		}
-	}
-	if len(sh.aside) > 0 && !sh.asideBusy.Load() {
-		for _, m := range sh.aside {
-			if now-m.st.rd().asideAt >= int64(asideRetry) {
-				m.st.wr().asideAt = now
-				aside = append(aside, m)
-			}
-		}
-		if len(aside) > 0 {
-			sh.asideBusy.Store(true)
-		}
-	}
-	switch {
-	case (sh.pauseReason == PauseQueueFull || sh.pauseReason == PauseSpillUnavailable || sh.pauseReason == PauseParkedBound || sh.pauseReason == PauseReadAhead) && c.pressureGone(sh):
-		c.setPause(sh, 0)
-		resume = true
-	case sh.pauseReason == PauseReadAhead && now-sh.pausedAt >= int64(aheadStall):
-		// Its quick lanes stopped moving (their calls hang, or the lanes
-		// wait for workers held elsewhere): holding the partition back
-		// helps no one, so it reads on, up to its other bounds, until
-		// the count is down to half.
-		sh.aheadOff = true
-		c.setPause(sh, 0)
-		resume = true
-	}
-	if len(sh.lanes) > sh.sweepAt {
-		for k, l := range sh.lanes {
-			if l.q.len() == 0 && l.pend.len() == 0 && l.state == laneIdle && !l.spill.on && !l.spill.job && l.spill.refed.n == 0 {
-				if l.seen {
-					l.seen = false
-					continue
-				}
-				delete(sh.lanes, k)
-				forget = append(forget, c.dropLane(l))
-			}
-		}
-		sh.sweepAt = max(1024, 2*len(sh.lanes))
-	}
-	sh.mu.Unlock()
-	if resume {
-		c.syncPause(sh)
-	}
-	if len(aside) > 0 {
-		go c.retryAside(sh, aside)
-	}
-	for _, t := range forget {
-		c.unpin(t)
-	}
-	for i := range ev {
-		c.emit(ev[i])
-	}
-}
-
-// pressureGone reports whether an engine pause of sh may end. Called with
-// sh.mu held.
-func (c *Consumer) pressureGone(sh *shard) bool {
-	if sh.pauseReason == PauseReadAhead {
-		// A bound of the partition reached meanwhile pauses it again, for
-		// its own reason, at the next delivery.
-		return sh.quickQueued <= c.aheadLimit(sh)/2
-	}
-	if sh.queued > sh.maxQueued/2 {
-		// A full queue's pressure is the messages that can run. Parked
-		// ones are bounded on their own (MaxParkedPerTenant, MaxParked:
-		// PauseParkedBound); counted here, a queue whose every message
-		// waits behind an open breaker for a message still in the broker
-		// (a poison head needs a later message of its tenant as evidence)
-		// stayed paused for ever. Found by the property test (seed 15030).
-		if sh.pauseReason != PauseQueueFull || sh.queued-sh.parked > sh.maxQueued/2 {
-			return false
-		}
-	}
-	if sh.pauseReason == PauseParkedBound {
-		// Below 90% of the bounds, compared without rounding: with a bound
-		// of 2, rounded 90% is 1, and one parked message (a poison head
-		// waiting for a later message still in the broker) kept the
-		// partition paused for ever.
-		if c.parkedTotal.Load()*10 >= int64(c.cfg.MaxParked)*9 {
-			return false
-		}
-		for _, l := range sh.lanes {
-			if l.parked && l.t.parked.Load()*10 >= int64(sh.maxParkedTenant)*9 {
-				return false
-			}
-		}
-	}
-	return true
-}

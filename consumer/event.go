@@ -118,11 +118,6 @@ type Event struct {
 	Err       error
 }
 
-// laneEvent is an event about lane l.
-func laneEvent(kind EventKind, l *lane) Event {
-	return Event{Kind: kind, Tenant: l.key, NoTenant: l.t.none, Partition: l.sh.p}
-}
-
 // emit passes e to OnEvent. Called with no engine lock held.
 func (c *Consumer) emit(e Event) {
 	if c.cfg.OnEvent != nil {

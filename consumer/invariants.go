@@ -63,7 +63,7 @@ func (c *Consumer) checkInvariants() error {
 			}
 			lanes = append(lanes, sh.none)
 		}
-		queued, live, ready := len(sh.aside), len(sh.aside), false
+		queued, live, ready := len(sh.aside.msgs), len(sh.aside.msgs), false
 		shParked, quickQueued, aheadLanes := 0, 0, 0
 		for _, l := range lanes {
 			rq := 0
@@ -142,35 +142,35 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v/%q: dead lane still in a live shard", sh.p, l.key)
 			}
 		}
-		if quickQueued != sh.quickQueued || aheadLanes != sh.aheadLanes {
-			bad("%v: read-ahead count %d in %d lanes, lanes count %d in %d", sh.p, sh.quickQueued, sh.aheadLanes, quickQueued, aheadLanes)
+		if quickQueued != sh.count.quickQueued || aheadLanes != sh.count.aheadLanes {
+			bad("%v: read-ahead count %d in %d lanes, lanes count %d in %d", sh.p, sh.count.quickQueued, sh.count.aheadLanes, quickQueued, aheadLanes)
 		}
-		if queued != sh.queued {
-			bad("%v: queued count %d, lanes hold %d", sh.p, sh.queued, queued)
+		if queued != sh.count.queued {
+			bad("%v: queued count %d, lanes hold %d", sh.p, sh.count.queued, queued)
 		}
-		if live != sh.unsettled {
-			bad("%v: %d unsettled messages counted, lanes and aside hold %d live ones", sh.p, sh.unsettled, live)
+		if live != sh.commit.unsettled {
+			bad("%v: %d unsettled messages counted, lanes and aside hold %d live ones", sh.p, sh.commit.unsettled, live)
 		}
 		// At least once: the commit point never passes an unsettled
 		// message, and the last scan's oldest is still the oldest unless
 		// a settle marked it for a new scan. (A late message, a broker's
 		// redelivery of an offset it had passed, may be below both.)
 		if o := sh.oldestInOrder(); o != nil {
-			if w := sh.commit.want.Load(); w > o.Offset {
+			if w := sh.commit.src.want.Load(); w > o.Offset {
 				bad("%v: commit point %d passes unsettled message %d", sh.p, w, o.Offset)
 			}
-			if !sh.stale && sh.oldestAt >= 0 && o.Offset < sh.oldestAt {
-				bad("%v: oldest unsettled message %d is older than the last scan's %d", sh.p, o.Offset, sh.oldestAt)
+			if !sh.commit.stale && sh.commit.oldestAt >= 0 && o.Offset < sh.commit.oldestAt {
+				bad("%v: oldest unsettled message %d is older than the last scan's %d", sh.p, o.Offset, sh.commit.oldestAt)
 			}
 		}
-		for _, m := range sh.aside {
+		for _, m := range sh.aside.msgs {
 			if m.st.lane.sh != sh {
 				bad("%v: set-aside message %d from another partition", sh.p, m.Offset)
 			}
 			at(m.st.lane.t).queued++
 		}
-		if shParked != sh.parked {
-			bad("%v: parked count %d, lanes hold %d parked messages", sh.p, sh.parked, shParked)
+		if shParked != sh.count.parked {
+			bad("%v: parked count %d, lanes hold %d parked messages", sh.p, sh.count.parked, shParked)
 		}
 		if ready && !sh.inRing {
 			bad("%v: has ready lanes but is not in the scheduler's ring", sh.p)

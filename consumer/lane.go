@@ -45,7 +45,7 @@ type lane struct {
 	rq    int
 
 	// judge, when set, means the head is suspect and says why (exhausted,
-	// panic or poison); see the package doc's "Dead letters". judgeSpan is
+	// panic or poison); see Consumer.judge. judgeSpan is
 	// how many of the following messages the next judge may try.
 	judge     dlq.Reason
 	judgeSpan int
@@ -266,9 +266,9 @@ func (l *msgList) reset() {
 // It is 64 bytes, the last of a 256-byte Message (a size class whose
 // objects, and the elements of a source's []Message, start on a cache
 // line): the delivering goroutine writes it and the worker reads it, so
-// a message's state crosses between cores as one line, where at 80 bytes
-// it spanned two (BenchmarkEngine 4-8% faster a message at 4 partitions).
-// Keep it at 64 bytes (TestMessageLayout).
+// a message's state crosses between cores as one line, not two
+// (BenchmarkEngine at 4 partitions guards this). Keep it at 64 bytes
+// (TestMessageLayout).
 type msgState struct {
 	lane         *lane
 	lprev, lnext *Message // meaningful only while listed

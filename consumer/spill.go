@@ -240,13 +240,13 @@ func (c *Consumer) spillWork(l *lane) {
 			l.spill.fails = 0
 			for range batch {
 				m := l.pend.remove(0)
-				sh.queued--
+				sh.count.queued--
 				c.unlist(sh, l, m) // the next tick commits past them
 			}
 			t.spilled.Add(uint64(len(batch)))
 			c.stats.spilled.Add(uint64(len(batch)))
-			resume := sh.pauseReason != 0 && sh.pauseReason != PauseDraining && sh.queued <= sh.maxQueued/2 &&
-				(sh.pauseReason != PauseReadAhead || c.pressureGone(sh))
+			resume := sh.pause.reason != 0 && sh.pause.reason != PauseDraining && sh.count.queued <= sh.bounds.maxQueued/2 &&
+				(sh.pause.reason != PauseReadAhead || c.pressureGone(sh))
 			if resume {
 				c.setPause(sh, 0)
 			}
@@ -313,7 +313,7 @@ func (c *Consumer) spillWork(l *lane) {
 // (a poison head must not keep its tenant parked for lack of a message to
 // compare it with). Called with l's shard mu held.
 func (c *Consumer) refeedRoom(l *lane) int {
-	want := min(c.cfg.RefeedWindow, l.sh.maxQueuedTenant)
+	want := min(c.cfg.RefeedWindow, l.sh.bounds.maxQueuedTenant)
 	if g := l.t.peekGuard(); g != nil && !g.Closed() {
 		want = 1
 	}
@@ -345,7 +345,7 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) {
 		m.st = msgState{lane: l, msgScalars: msgScalars{gen: uint32(sh.gen), at: now}}
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
-		sh.queued++
+		sh.count.queued++
 		t.refed.Add(1)
 		c.stats.refed.Add(1)
 		if l.parked {

@@ -155,14 +155,14 @@ func (c *Consumer) Stats() Stats {
 	queued := map[*tenant]int{}
 	now := c.clock()
 	for _, sh := range c.shards() {
-		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.done.Load()}
+		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.src.done.Load()}
 		sh.mu.Lock()
-		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.queued, sh.unsettled, sh.next, len(sh.lanes)
-		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.quickQueued
-		ps.PauseReason = sh.pauseReason
-		ps.Paused = sh.pauseReason != 0
+		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.count.queued, sh.commit.unsettled, sh.commit.next, len(sh.lanes)
+		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.count.quickQueued
+		ps.PauseReason = sh.pause.reason
+		ps.Paused = sh.pause.reason != 0
 		held = sh.heldRefs(held[:0]) // sorted below, with no lock held
-		next := sh.next
+		next := sh.commit.next
 		for _, l := range sh.lanes {
 			if n := l.q.len() + l.pend.len(); n > 0 {
 				queued[l.t] += n
@@ -171,7 +171,7 @@ func (c *Consumer) Stats() Stats {
 		if sh.none != nil {
 			queued[sh.none.t] += sh.none.q.len()
 		}
-		for _, m := range sh.aside {
+		for _, m := range sh.aside.msgs {
 			queued[m.st.lane.t]++
 		}
 		sh.mu.Unlock()
@@ -277,7 +277,7 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 		if l := sh.lanes[key]; l != nil {
 			x.Queued += l.q.len() + l.pend.len()
 		}
-		for _, m := range sh.aside {
+		for _, m := range sh.aside.msgs {
 			if m.st.lane.t == t {
 				x.Queued++
 			}

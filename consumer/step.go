@@ -1,11 +1,9 @@
 package consumer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/ringfence/ringfence/dlq"
@@ -85,9 +83,9 @@ func (c *Consumer) stepHead(w *worker) {
 // attempt runs the handler on the head m under permit (the permit is done)
 // and carries out what decideAttempt says of the outcome. A success is
 // settled here without building the outcome: decideAttempt's first case
-// (handled: settle), written out because it is every message's path (the
-// outcome and the verdict, built and copied, were ~25 ns a message of the
-// Kafka engine row's profile).
+// (handled: settle), written out because it is every message's path
+// (building and copying the outcome and the verdict would cost every
+// message; BenchmarkEngine guards this).
 func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) {
 	probe := permit.Probe()
 	err, panicked := c.call(w, g, m, false)
@@ -179,9 +177,25 @@ func (c *Consumer) wait(w *worker, g *policy.Guard, m *Message, err error) {
 	r.wait = v.delay
 }
 
-// judge runs a judge round on the suspect head: see the package doc's
-// "Dead letters". The permit covers the whole round; its outcome is the
-// round's.
+// judge runs a judge round on the suspect head. The permit covers the
+// whole round; its outcome is the round's.
+//
+// A head that used all its attempts (or its policy's Deadline for the
+// round) while the breaker stayed closed, or that failed PoisonProbes
+// probes in a row, is suspect. Its round tries the messages behind it, in
+// order, up to a span that starts at one and doubles each time they all
+// fail (so a run of bad messages cannot stall a lane), stopping at the
+// first success. If they all fail, it is an outage: nothing moves and the
+// head starts over after a growing backoff. If one succeeds (the winner),
+// the head gets one last attempt; if that fails, the messages behind the
+// winner are tried the same way (see confirm), and one success among them
+// dead-letters the head (reason exhausted, panic or poison), while all
+// failing means the outage is back and the head starts over. With no
+// message behind the winner, the head is dead-lettered at once. The
+// messages that failed before the winner carry the same evidence and are
+// judged next; as head, each is tried again, then the messages behind it,
+// and if they all fail its evidence is dropped. So a run of poison
+// messages needs a success behind each of them.
 func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f judgeFacts, headFirst bool) {
 	j, r := &w.job, &w.res
 	m := j.m
@@ -228,9 +242,9 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 		}
 		// The head's last attempt follows alt's success at once: settling
 		// alt (a Source call) and its event (a user callback) come after
-		// it. An outage that ends and returns between the two calls would
-		// have the head dead-lettered; the property test saw it happen
-		// while those ran in between on a loaded machine.
+		// it: an outage that ends and returns between the two calls would
+		// have the head dead-lettered, and those calls in between would
+		// widen that window.
 		herr, hpanicked := c.call(w, g, m, true)
 		last.Done(herr)
 		c.handled(w, alt)
@@ -259,8 +273,8 @@ func (c *Consumer) judge(w *worker, g *policy.Guard, permit *policy.Permit, f ju
 }
 
 // confirm decides a suspect head that failed its last attempt right after
-// a winner: the outage may have come back between the two calls (the
-// property test saw a 100-150 µs handler let it, seed 10023). So the
+// a winner: the outage may have come back between the two calls (a
+// handler that takes a while gives it time to). So the
 // messages behind the winner (rest of the span, then j.confirm) are tried,
 // in order and under one permit, up to the round's span, until one
 // succeeds: then the head failed between two successes and is
@@ -319,26 +333,6 @@ func (c *Consumer) confirm(w *worker, g *policy.Guard, herr error, f judgeFacts,
 	c.handled(w, cm)
 	c.emit(Event{Kind: EventReordered, Tenant: j.l.key, Partition: cm.Partition, Offset: cm.Offset, Reason: f.reason})
 	c.carryOut(w, g, m, herr, decideConfirm(true, f))
-}
-
-// parkRefused parks the job's lane after its guard refused a permit, for
-// as long as the refusal says.
-func (c *Consumer) parkRefused(w *worker, g *policy.Guard, refusal error) {
-	w.res.park = true
-	w.res.wait = decideRefused(c.retryAfter(g, refusal)).delay
-}
-
-// retryAfter is how long a refused lane waits before asking again: the
-// breaker's open period, or DLQRetry for an Admit refusal.
-func (c *Consumer) retryAfter(g *policy.Guard, refusal error) time.Duration {
-	var oe *policy.OpenError
-	if errors.As(refusal, &oe) {
-		return oe.RetryAfter()
-	}
-	if errors.Is(refusal, policy.ErrAdmitRefused) {
-		return c.cfg.DLQRetry
-	}
-	return g.RetryAfter()
 }
 
 // call runs the handler on m under the attempt's context, turning a panic
@@ -457,195 +451,3 @@ func (c *Consumer) handled(w *worker, m *Message) {
 	}
 	w.res.settled = append(w.res.settled, m)
 }
-
-// settleRun counts the messages a quick run handled and tells the source
-// they are settled (see handled), with no lock held.
-func (c *Consumer) settleRun(w *worker) {
-	if w.runHandled > 0 {
-		w.n.handled.Add(w.runHandled)
-		w.runHandled = 0
-	}
-	if len(w.unsettled) == 0 {
-		return
-	}
-	c.settleCounted(w.job.sh, w.unsettled, &w.settling)
-	clear(w.unsettled)
-	w.unsettled = w.unsettled[:0]
-}
-
-// settleSource tells the source that m is settled (a re-fed message's
-// original was settled when it was spilled). It makes no call for a
-// partition revoked since m's delivery. A worker passes its own slot to
-// count itself in (a store to its own line); other callers use the
-// partition's shared count.
-func (c *Consumer) settleSource(sh *shard, m *Message, slot *atomic.Pointer[shard]) {
-	if c.settleNoop || m.Refed || m.st.gen != uint32(sh.gen) {
-		return
-	}
-	if slot != nil {
-		one := [1]*Message{m}
-		c.settleCounted(sh, one[:], slot)
-		return
-	}
-	if !sh.gate.enter() {
-		return
-	}
-	defer sh.gate.exit()
-	c.settleOne(sh, m)
-}
-
-// settleCounted settles ms, of sh, with a worker counted in by its slot:
-// Revoked waits while the slot holds sh, and the worker settles nothing
-// once the gate is closed (see settleGate).
-func (c *Consumer) settleCounted(sh *shard, ms []*Message, slot *atomic.Pointer[shard]) {
-	slot.Store(sh)
-	if !sh.gate.closed.Load() {
-		for _, m := range ms {
-			c.settleOne(sh, m)
-		}
-	}
-	slot.Store(nil)
-}
-
-// settleOne calls Source.Settle for m, of a partition the caller counted
-// itself in on (see settleSource).
-func (c *Consumer) settleOne(sh *shard, m *Message) {
-	if m.Refed || m.st.gen != uint32(sh.gen) {
-		return
-	}
-	if err := c.src.Settle(c.bg, m); err != nil {
-		c.log.Warn("consumer: settle failed; the message may be redelivered", "partition", m.Partition, "offset", m.Offset, "err", err)
-	}
-}
-
-// deadLetter writes m to its tenant's DLQ and settles it. While the DLQ
-// fails, m stays unsettled at the head of its lane and the write is retried
-// after a doubling wait; a record the sink says can never be written is set
-// aside (see setAside).
-func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause error) {
-	l := m.st.lane
-	rec := c.record(l, m, reason, cause)
-	err := c.cfg.DLQ.Write(c.hctx, rec)
-	if err != nil {
-		f := m.st.wr()
-		f.dlqReason = reason
-		f.dlqFails++
-		wait, aside := decideDLQFailed(f.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
-		if aside {
-			w.n.unwritable.Add(1)
-			l.t.unwritable.Add(1)
-			c.log.Error("consumer: dead letter cannot be written; message set aside, holding its partition's commit", "tenant", l.key, "partition", m.Partition, "offset", m.Offset, "reason", reason, "err", err)
-			c.emit(Event{Kind: EventDLQUnwritable, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason})
-			w.res.aside = m
-			return
-		}
-		if c.hctx.Err() == nil {
-			c.log.Warn("consumer: dead-letter write failed; message kept unsettled", "tenant", l.key, "offset", m.Offset, "err", err, "retry_in", wait)
-		}
-		c.emit(Event{Kind: EventDLQFailed, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason, Delay: wait})
-		w.res.wait = wait
-		return
-	}
-	w.n.dead.Add(1)
-	l.t.dead.Add(1)
-	c.settleSource(l.sh, m, &w.settling)
-	w.res.settled = append(w.res.settled, m)
-	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
-}
-
-// record builds m's dead-letter record.
-func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *dlq.Record {
-	rec := &dlq.Record{
-		Key:          m.Key,
-		Value:        m.Value,
-		Headers:      m.Headers,
-		Source:       m.Topic,
-		Partition:    m.Partition.ID,
-		Offset:       m.Offset,
-		Group:        c.cfg.Group,
-		Attempts:     m.st.rd().total,
-		FirstFailure: m.st.rd().first,
-		LastFailure:  m.st.rd().last,
-		Reason:       reason,
-	}
-	if !l.t.none {
-		rec.Tenant = l.key
-	}
-	if rec.FirstFailure.IsZero() {
-		now := time.Now()
-		rec.FirstFailure, rec.LastFailure = now, now
-	}
-	if cause != nil {
-		rec.Error, rec.ErrorType = dlq.CapError(cause)
-	}
-	rec.Redrive = dlq.RedriveCount(m.Headers)
-	if m.Stream != "" {
-		rec.Stream, rec.Sequence = m.Stream, uint64(m.Offset)
-		rec.Offset = -1
-	}
-	return rec
-}
-
-// setAside takes a head whose dead letter cannot be written out of its lane,
-// so its tenant moves on; it stays unsettled (holding its partition's
-// commit, as at-least-once requires) and its write is tried again every
-// asideRetry, in case the DLQ's limits change. Called with sh.mu held.
-func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
-	for i, n := 0, l.q.len(); i < n; i++ {
-		if l.q.at(i) == m {
-			l.q.remove(i)
-			if i == 0 {
-				l.judge, l.judgeSpan = "", 0
-			}
-			break
-		}
-	}
-	if l.parked {
-		c.addParked(l, -1)
-	}
-	m.st.aside = true
-	m.st.wr().asideAt = c.clock()
-	sh.aside = append(sh.aside, m)
-}
-
-// asideRetry is how often a set-aside dead letter is tried again.
-const asideRetry = time.Minute
-
-// retryAside tries to write the dead letters of sh's set-aside messages
-// that are due, settling those that succeed. Run by housekeeping on its own
-// goroutine, with no lock held.
-func (c *Consumer) retryAside(sh *shard, ms []*Message) {
-	defer sh.asideBusy.Store(false)
-	var done []*Message
-	for _, m := range ms {
-		l := m.st.lane
-		rec := c.record(l, m, m.st.rd().dlqReason, m.st.rd().lastErr)
-		if err := c.cfg.DLQ.Write(c.hctx, rec); err != nil {
-			continue
-		}
-		c.stats.dead.Add(1)
-		l.t.dead.Add(1)
-		c.settleSource(sh, m, nil)
-		done = append(done, m)
-		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.rd().lastErr, Reason: m.st.rd().dlqReason})
-	}
-	if len(done) == 0 {
-		return
-	}
-	sh.mu.Lock()
-	if !sh.dead {
-		for _, m := range done {
-			for i, x := range sh.aside {
-				if x == m {
-					sh.aside = append(sh.aside[:i], sh.aside[i+1:]...)
-					break
-				}
-			}
-			sh.queued--
-			sh.settled(m) // the next tick commits past it
-		}
-	}
-	sh.mu.Unlock()
-}
-
-var _ context.Context = (*callCtx)(nil)

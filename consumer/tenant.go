@@ -128,22 +128,24 @@ func (t *tenant) block(l *lane) {
 	t.bmu.Unlock()
 }
 
-// unblockOne pops the oldest blocked lane that is still alive, if any.
-// Called with no shard lock held.
+// unblockOne pops the oldest blocked lane, if any. The lane may have been
+// dropped or unblocked meanwhile: its state is guarded by its shard's mu,
+// which is not held here, so the caller checks it under that lock (see
+// unblock). Called with no shard lock held.
 func (t *tenant) unblockOne() *lane {
 	t.bmu.Lock()
 	defer t.bmu.Unlock()
-	for len(t.blocked) > 0 {
-		l := t.blocked[0]
-		t.blocked[0] = nil
-		t.blocked = t.blocked[1:]
-		if len(t.blocked) == 0 {
-			t.blocked = nil
-		}
-		t.nblocked.Add(-1)
-		return l
+	if len(t.blocked) == 0 {
+		return nil
 	}
-	return nil
+	l := t.blocked[0]
+	t.blocked[0] = nil
+	t.blocked = t.blocked[1:]
+	if len(t.blocked) == 0 {
+		t.blocked = nil
+	}
+	t.nblocked.Add(-1)
+	return l
 }
 
 // tenantFor returns the tenant of key (none: the no-tenant bucket), making

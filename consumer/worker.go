@@ -106,8 +106,8 @@ type job struct {
 	// fresh: no message of the lane had been tried when the job was
 	// loaded (lane.tried clear), so none of m and run has a failure state,
 	// an attempt or a round begun: the steps read nothing of their states
-	// (a line the delivering core wrote last: ~10 ns a message of the
-	// Kafka engine row). Only the messages the job steps get tried, each
+	// (a line the delivering core wrote last; BenchmarkEngine guards
+	// this). Only the messages the job steps get tried, each
 	// after it was stepped, so it holds for the rest of the job.
 	fresh bool
 }
@@ -115,10 +115,9 @@ type job struct {
 // runMax caps a lane's messages stepped between two visits to the shard's
 // lock (a run): one finish then settles them all. A quick tenant's turn is
 // bounded in time by its credit (about quickTurn, see creditOf), so the
-// cap only matters for calls well under a microsecond: 64 instead of 16
-// took BenchmarkEngine at 1 tenant from 186 to 155 ns a message (medians
-// of 5 alternating processes, the cores close) and the Kafka engine row's
-// CPU from ~881 to ~852 ns a message (24 runs each).
+// cap only matters for calls well under a microsecond, where a longer run
+// pays for the lock and finish over more messages (BenchmarkEngine at 1
+// tenant guards this).
 const runMax = 64
 
 // stepResult is what a step did, applied to the lane by finish under the
@@ -233,9 +232,10 @@ func (c *Consumer) work(w *worker) {
 
 // forget drops w's references to the messages of its last job, as it
 // leaves the shard (it may go idle next): the run's settled list (reused
-// from its start, never cleared) and the job's. Kept, they stayed
-// reachable while the worker idled, up to ~129 settled messages a worker
-// outside every bound the engine counts, each pinning its value
+// from its start, never cleared) and the job's. Kept, they would stay
+// reachable while the worker idles, up to about two runs of settled
+// messages a worker outside every bound the engine counts, each pinning
+// its value
 // (TestSettledMessagesAreNotKept). Once per visit to a shard that gave w a
 // job, not per message.
 func (w *worker) forget() {
@@ -378,6 +378,17 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 	if !l.quick {
 		w.turn += j.next // a quick lane's run is one job (see shardTurn)
 	}
+	c.applyResult(sh, w)
+	return c.moveOn(sh, w)
+}
+
+// applyResult applies w.res to the live lane of w.job: it takes out the
+// settled messages, sets the head aside, parks or unparks the lane, marks
+// or clears its suspect head, and notes what flush must do for it. Called
+// by finish with sh.mu held.
+func (c *Consumer) applyResult(sh *shard, w *worker) {
+	r := &w.res
+	l, t := w.job.l, w.job.l.t
 	for _, m := range r.settled {
 		c.removeSettled(sh, l, m)
 	}
@@ -403,17 +414,25 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		c.parkLane(l)
 		w.events = append(w.events, Event{Kind: EventParked, Tenant: l.key, Partition: sh.p, Delay: r.wait})
 	}
-	if l.parked && !l.spill.on && (t.parked.Load() >= int64(sh.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
+	if l.parked && !l.spill.on && (t.parked.Load() >= int64(sh.bounds.maxParkedTenant) || c.parkedTotal.Load() >= int64(c.cfg.MaxParked)) && c.spillable(l) {
 		l.spill.want, l.spill.reason = true, SpillParked
 	}
-	if sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh) {
+	if sh.pause.reason != 0 && sh.pause.reason != PauseDraining && c.pressureGone(sh) {
 		w.resume = sh
 	}
 	if l.spill.on && !l.spill.job && (l.q.len() < max(c.cfg.RefeedWindow/2, 1) || l.judge != "") && c.refeedRoom(l) > 0 {
 		w.spills = append(w.spills, l)
 	}
 	c.recount(l)
+}
 
+// moveOn decides what the lane of w.job does next (idle, spilling, waiting,
+// ready, or kept by w for another run) and, unless w keeps it, releases its
+// bulkhead slot and takes the next ready lane of sh. Called by finish with
+// sh.mu held, after applyResult; it reports whether w.job holds a new job.
+func (c *Consumer) moveOn(sh *shard, w *worker) bool {
+	j, r := &w.job, &w.res
+	l, t := j.l, j.l.t
 	switch {
 	case c.draining.Load():
 		l.state = laneIdle
@@ -453,11 +472,9 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 // comes to sh waits instead of taking one. Workers on quick
 // lanes do not wait for a dependency, so as many as there are cores keep
 // up with all of a partition's quick lanes; woken beyond that, they only
-// queue for its lock. With the default 64 workers and 1000 tenants of
-// no-op handlers (BenchmarkEngine), workers waited 2.8 s in all for the
-// partitions' locks in a run of 0.31 s, and 64 workers took ~20% longer a
-// message than 8 did (300-367 ns against 246-305, in pairs, the cores far
-// apart). A call that turns out to hang is covered by housekeeping (see
+// queue for its lock: with the default 64 workers and 1000 tenants of
+// no-op handlers they would wait for the partitions' locks longer than
+// they run (BenchmarkEngine at 1000 tenants guards this). A call that turns out to hang is covered by housekeeping (see
 // sched.rescue). Called with sh.mu held.
 func (c *Consumer) runQuick(sh *shard, w *worker, l *lane) (enough bool) {
 	if !l.quickNow {
@@ -477,7 +494,7 @@ func (c *Consumer) quickFull(sh *shard) bool { return sh.quick >= sh.quickMax }
 // quickNow reports whether t's calls are quick (under quickTurn/2) by its
 // guard's latency estimate. Read by finish, right after the step: the
 // guard's line is then in the worker's cache, where take, on any worker,
-// would find it cold (a 50 µs handler's row lost ~2.5% to that read).
+// would find it cold (BenchmarkHandler guards this).
 func quickNow(t *tenant) bool {
 	if t.none {
 		return false
@@ -531,12 +548,10 @@ const quickTurn = 10 * time.Microsecond
 // the ratio of their weights. Without an estimate yet, the weight alone.
 // quick reports a credit by quickTurn.
 //
-// Before slowTurn such a lane took one message a turn: with 50µs calls on
-// 1000 tenants (the wait-50us row of BenchmarkHandler) each message paid a
-// take and a finish under its partition's lock, and the workers' waits on
-// those locks added up to more than the run's time (1.77s in a 1.2s run);
-// turns by slowTurn took the row from 0.898 to 0.963 of the bare pool
-// (means of six alternating processes each; 500µs: 0.950).
+// With one message a turn, such a lane's calls of 50µs on 1000 tenants
+// would each pay a take and a finish under its partition's lock, and the
+// workers would wait on those locks longer than they run: turns by
+// slowTurn spare that (BenchmarkHandler's wait-50us rows guard this).
 func (c *Consumer) creditOf(t *tenant) (credit int, quick bool) {
 	g := t.peekGuard()
 	if g == nil {
@@ -661,80 +676,5 @@ func (c *Consumer) wake(l *lane, seq uint64) {
 	l.state = laneIdle
 	if l.q.len() > 0 && !c.draining.Load() {
 		c.makeReady(l)
-	}
-}
-
-// removeSettled takes a settled message out of its lane, and out of the
-// counts of its partition's unsettled messages (live) or its lane's spill
-// cursor (re-fed). Called with sh.mu held.
-func (c *Consumer) removeSettled(sh *shard, l *lane, m *Message) {
-	for i, n := 0, l.q.len(); i < n; i++ {
-		if l.q.at(i) == m {
-			l.q.remove(i)
-			if i == 0 && (l.judge != "" || l.judgeSpan != 0) {
-				// Written only when set: the line is also the one the
-				// delivering goroutine reads for every message (spill.on),
-				// and a store per message took it from that core's cache
-				// each time.
-				l.judge, l.judgeSpan = "", 0
-			}
-			break
-		}
-	}
-	sh.queued--
-	if l.parked {
-		c.addParked(l, -1)
-	}
-	c.unlist(sh, l, m)
-}
-
-// unlist counts a settled message out of what tracks its commit: its
-// partition's unsettled messages (live), whose commit point the next tick
-// raises if m may have been the oldest (see shard.refreshCommit), or its
-// lane's spill cursor (re-fed), whose move is handed to the lane's spill
-// job. Called with sh.mu held.
-func (c *Consumer) unlist(sh *shard, l *lane, m *Message) {
-	if l.spill.refed.n > 0 && m.Refed { // n counts l's re-fed messages: most lanes read no message here
-		l.t.spillDone.Add(1)
-		if l.spill.refed.remove(m) {
-			c.raiseSpillCursor(l)
-		}
-		return
-	}
-	sh.settled(m)
-}
-
-// parkLane starts counting l's messages as parked. Called with sh.mu held.
-func (c *Consumer) parkLane(l *lane) {
-	l.parked = true
-	c.addParked(l, l.q.len())
-}
-
-// unparkLane stops counting l's messages as parked. Called with sh.mu held.
-func (c *Consumer) unparkLane(l *lane) {
-	l.parked = false
-	c.addParked(l, -l.q.len())
-}
-
-// addParked counts n more (or, negative, fewer) messages of parked lane l
-// as parked: for its tenant, for the engine, and for its shard (whose
-// count lets pressureGone tell a full queue's runnable messages without
-// walking the shard's lanes on every finish). Called with l.sh.mu held.
-func (c *Consumer) addParked(l *lane, n int) {
-	l.sh.parked += n
-	l.t.parked.Add(int64(n))
-	c.parkedTotal.Add(int64(n))
-}
-
-// maybeResume lifts an engine pause of sh whose pressure is gone.
-func (c *Consumer) maybeResume(sh *shard) {
-	sh.mu.Lock()
-	ok := !sh.dead && sh.pauseReason != 0 && sh.pauseReason != PauseDraining && c.pressureGone(sh)
-	if ok {
-		c.setPause(sh, 0)
-	}
-	sh.mu.Unlock()
-	if ok {
-		c.syncPause(sh)
 	}
 }

@@ -115,11 +115,11 @@
 // for a caller still holding the retired Guard: a Guard built by a Recycler
 // counts each call in and out of its state, a state is reused only when no
 // call is in, and a retired Guard's next call moves it to a fresh state of
-// its own. That counting costs a guard from a Recycler about 12 ns per Run
-// on one core (two atomic adds), about 30 ns when two cores run the same
-// guard; other guards skip it. An engine that makes attempts on one guard
-// in a row counts in once for all of them with a [Batch], which also adds
-// their successes to the guard's counters once.
+// its own. That counting costs a guard from a Recycler two atomic adds per
+// Run (more when two cores run the same guard; BenchmarkSuccess's
+// ringfence-recycled rows measure it); other guards skip it. An engine that
+// makes attempts on one guard in a row counts in once for all of them with
+// a [Batch], which also adds their successes to the guard's counters once.
 //
 // # Concurrency
 //

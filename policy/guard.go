@@ -120,10 +120,10 @@ type tail struct {
 const counterShards = 4 // a power of two
 
 type counterShard struct {
-	// lead puts active and successes at 16 bytes past a line (see
+	// The lead pad puts active and successes at 16 bytes past a line (see
 	// TestGuardLayout), so that they share one whether the allocator puts
 	// the guard at a line's start or 8 bytes in.
-	lead [32]byte
+	_ [32]byte
 	// active counts the calls in progress on a recycled state (see
 	// Guard.enter); always zero on a state that is never recycled. It comes
 	// right before successes, the other field every success writes.

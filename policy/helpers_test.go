@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -13,6 +14,9 @@ var (
 	errFail = errors.New("test: dependency failed")
 	errSkip = errors.New("test: excluded")
 )
+
+// okFn is a unit of work that succeeds.
+func okFn(context.Context) error { return nil }
 
 // fakeClock is a Clock that moves only when told.
 type fakeClock struct {

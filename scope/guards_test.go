@@ -9,12 +9,11 @@ import (
 	"github.com/ringfence/ringfence/scope"
 )
 
-// TestDoubleDoneCannotReachAnotherTenant is the regression test of issue 14
-// defect 7: a second Done on a permit of a scope's guard drove the guard's
-// in-use count negative, so that a permit still out no longer kept the
-// state from being recycled; the state then served another key, and the old
-// tenant's late failure opened the new tenant's breaker. Done and Release
-// are idempotent now: every repeated call below does nothing.
+// A second Done on a permit of a scope's guard must not drive the guard's
+// in-use count negative: if it did, a permit still out would no longer keep
+// the state from being recycled, the state would serve another key, and the
+// old tenant's late failure would open the new tenant's breaker. Done and
+// Release are idempotent: every repeated call below does nothing.
 func TestDoubleDoneCannotReachAnotherTenant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

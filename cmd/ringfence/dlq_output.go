@@ -21,8 +21,6 @@ type (
 	jsonTenant = console.Tenant
 	lsLine     = console.TenantLine
 	recordLine = console.RecordLine
-	copyLine   = console.CopyLine
-	headerLine = console.HeaderLine
 	replayLine = console.ReplayLine
 	purgeLine  = console.PurgeLine
 	errorLine  = console.ErrorLine

@@ -21,11 +21,10 @@ import (
 	"github.com/ringfence/ringfence/internal/natstest"
 )
 
-// These tests need only the command line, so they run against any version
-// of the CLI (issue 15 items 2, 4 and 6).
+// These tests drive only the command line: its flags, exit codes and output.
 
 // purge against a stream of live data exits 1 and deletes nothing; so do
-// the other commands (issue 15 item 2).
+// the other commands.
 func TestDLQRefusesLiveStream(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Start(t)
@@ -60,8 +59,7 @@ func TestDLQRefusesLiveStream(t *testing.T) {
 }
 
 // purge against a topic named like a DLQ that holds live data exits 1 and
-// moves no cursor; a misspelt --topic says that no DLQ exists and exits 1
-// (issue 15 items 2 and 6).
+// moves no cursor; a misspelt --topic says that no DLQ exists and exits 1.
 func TestDLQRefusesLiveTopic(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "live", "live.dlq.acme"))
@@ -103,8 +101,7 @@ func TestDLQRefusesLiveTopic(t *testing.T) {
 	}
 }
 
-// Bad flag values are usage errors: exit 2 before any network (issue 15
-// item 4).
+// Bad flag values are usage errors: exit 2 before any network.
 func TestDLQBadFlagValuesAreUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -158,7 +155,7 @@ func silentListener(t *testing.T) string {
 }
 
 // A port that accepts but never answers fails within the handshake bound,
-// not the whole --timeout (issue 15 item 4).
+// not the whole --timeout.
 func TestDLQSilentBrokerFailsFast(t *testing.T) {
 	t.Parallel()
 	addr := silentListener(t)
@@ -183,7 +180,7 @@ func TestDLQSilentBrokerFailsFast(t *testing.T) {
 
 // --json is JSON Lines for every command, and lossless: two invalid UTF-8
 // keys stay apart and come back byte for byte, and repeated headers are
-// all kept (issue 15 item 3).
+// all kept.
 func TestDLQJSONIsLossless(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))
@@ -245,8 +242,7 @@ func TestDLQJSONIsLossless(t *testing.T) {
 	}
 }
 
-// ls names the no-tenant bucket, with its token, and sorts rows by key
-// (issue 15 item 6).
+// ls names the no-tenant bucket, with its token, and sorts rows by key.
 func TestDLQLsNamesTheNoTenantBucketAndSortsByKey(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.MustStart(t, kfake.SeedTopics(1, "orders"))

@@ -109,8 +109,7 @@ func ctxFor(t *testing.T) context.Context {
 }
 
 // Every hostile key round-trips through ls, peek, replay and purge, in JSON
-// and as text, addressed by its token (issue 15 items 3 and 6; the test the
-// issue asks for).
+// and as text, addressed by its token.
 func TestDLQHostileKeysRoundTrip(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) dlqBroker{"kafka": kafkaBroker, "nats": natsBroker} {
@@ -233,8 +232,7 @@ func TestDLQHostileKeysRoundTrip(t *testing.T) {
 }
 
 // One message dead-lettered three times (redeliveries) is one row, count
-// 1, one peeked record with three copies, and one replay (issue 15 item 7;
-// the test the issue asks for).
+// 1, one peeked record with three copies, and one replay.
 func TestDLQCopiesCountOnce(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) dlqBroker{"kafka": kafkaBroker, "nats": natsBroker} {
@@ -337,7 +335,7 @@ func countKafka(t *testing.T, addrs []string, topic string, v []byte) int {
 }
 
 // The CLI peeks and replays a dead letter as large as its broker allows
-// byte for byte (issue 15 item 1).
+// byte for byte.
 func TestDLQBigMessageRoundTrip(t *testing.T) {
 	t.Parallel()
 	for name, open := range map[string]func(*testing.T) (dlqBroker, int){

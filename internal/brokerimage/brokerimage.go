@@ -9,12 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	gobuild "go/build"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -106,11 +106,14 @@ func Ensure(ctx context.Context, cli client.APIClient, s Spec, dir string) (Imag
 	return img, nil
 }
 
+// goTool returns the go command: the one on PATH, else the one in GOROOT
+// (the environment's, else the toolchain's that built this binary, which
+// for a test binary is the one that runs it).
 func goTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	return filepath.Join(gobuild.Default.GOROOT, "bin", "go")
 }
 
 func compile(ctx context.Context, pkg, out, dir string) error {

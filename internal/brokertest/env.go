@@ -2,12 +2,12 @@ package brokertest
 
 import "os"
 
-// Defaults for testcontainers-go on a machine with no container registry,
-// set when this package is loaded and only where the user has not set them,
-// so that `go test ./...` needs nothing exported:
+// Defaults for testcontainers-go that need no container registry, set when
+// this package is loaded and only where the user has not set them, so that
+// `go test ./...` needs nothing exported:
 //
-//   - TESTCONTAINERS_RYUK_DISABLED=true: the reaper's image cannot be
-//     pulled; every test terminates the containers it started.
+//   - TESTCONTAINERS_RYUK_DISABLED=true: the reaper's image would need a
+//     registry; every test terminates the containers it started.
 //   - TESTCONTAINERS_HOST_OVERRIDE=127.0.0.1: without it testcontainers
 //     dials the Docker bridge's gateway address for mapped ports, while
 //     every port here is mapped on loopback.

@@ -10,11 +10,11 @@ import (
 // RoundTrip is the time two goroutines on their own threads take to hand a
 // cache line to each other and back: the median of rounds of up to n
 // round trips each (a round stops early after 50ms). On a virtual machine
-// it says how far apart the host placed the vCPUs right now: on the
-// project's 2-vCPU machine it reads ~80-130 ns when they share a cache and
-// ~350 ns when they do not, and the host moves them between the two while
-// a benchmark runs. Every figure in which work crosses between cores (the
-// engine's) moves with it, so benchmarks report it beside their own. With
+// it says how far apart the host placed the vCPUs right now: it reads
+// several times higher when they share no cache than when they do, and a
+// host may move them between the two while a benchmark runs. Every figure
+// in which work crosses between cores (the engine's) moves with it, so
+// benchmarks report it beside their own. With
 // other processes busy on the cores it reads far higher still (a spinning
 // thread waits for its turn on a core): then the row beside it is not to be
 // trusted either. It is 0 where it cannot be measured: fewer than 2 CPUs or

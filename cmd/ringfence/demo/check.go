@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The thresholds of --check.
+// The thresholds of --check: what a tenant's fault may cost the others.
 const (
 	// MinGoodputRatio is the least healthy goodput during the fault, as a
 	// fraction of the no-fault run's, for all healthy tenants and for the

@@ -194,7 +194,7 @@ func (s Scenario) withDefaults() Scenario {
 	if s.FaultStart == 0 && s.FaultEnd == 0 {
 		if s.Kind == KindOutage {
 			if s.Duration == 0 {
-				// The original demo's proportions: the fault from 25% to 65%.
+				// The fault from 25% to 65% of the run.
 				s.Duration = 8 * time.Second
 				if s.Fault > 0 {
 					s.Duration = s.Fault * 5 / 2
@@ -277,8 +277,8 @@ func (s Scenario) withDefaults() Scenario {
 // handles one call at a time, each of Latency to twice it, so the
 // messages it sends during the fault take up to 2 Latency each, and timers
 // and a busy machine add about as much again. A 5-minute hot fault makes
-// 600,000 such messages: ~16 minutes of work in order, which the default
-// 5-minute drain cut short and called unfinished. The drain ends as soon
+// 600,000 such messages: ~16 minutes of work in order, which a 5-minute
+// drain would cut short and call unfinished. The drain ends as soon
 // as everything is done or nothing progresses for Stall, so a long bound
 // costs nothing when the run goes well. Zero for the other kinds.
 func (s Scenario) hotWork() time.Duration {

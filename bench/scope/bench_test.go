@@ -15,6 +15,7 @@ import (
 	"github.com/maypok86/otter/v2"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
@@ -33,7 +34,7 @@ func benchKeyNames(n int) []string {
 func runHit(b *testing.B, keys []string, lookup func(string) bool) {
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
-		cpu := cpuTime()
+		cpu := cputime.Process()
 		i := 0
 		for b.Loop() {
 			if !lookup(keys[i]) {
@@ -47,7 +48,7 @@ func runHit(b *testing.B, keys []string, lookup func(string) bool) {
 	})
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
-		cpu := cpuTime()
+		cpu := cputime.Process()
 		defer reportCPU(b, cpu)
 		var seed sync.Mutex
 		next := 0
@@ -72,7 +73,7 @@ func runHit(b *testing.B, keys []string, lookup func(string) bool) {
 // goroutines for parallel runs), a figure less sensitive than ns/op to other
 // processes on the machine.
 func reportCPU(b *testing.B, cpu time.Duration) {
-	if c := cpuTime(); c > 0 && b.N > 0 {
+	if c := cputime.Process(); c > 0 && b.N > 0 {
 		b.ReportMetric(float64(c-cpu)/float64(b.N), "cpu-ns/op")
 	}
 }
@@ -88,7 +89,10 @@ func BenchmarkHit(b *testing.B) {
 		for _, k := range keys {
 			s.For(k)
 		}
-		s.Quiesce()
+		// Fewer keys than MaxKeys: no sweep is due, none may evict.
+		if st := s.Stats(); st.Sweeps != 0 || st.Size != len(keys) {
+			b.Fatalf("scope holds %d of %d keys after %d sweeps", st.Size, len(keys), st.Sweeps)
+		}
 		runHit(b, keys, func(k string) bool { return s.For(k) != nil })
 	})
 
@@ -317,8 +321,8 @@ func (l *latencies) merge(o *latencies) {
 // warmUp runs the whole key sequence once through lookup, untimed, so that
 // the store is full and evicting and the Go heap has grown to its steady
 // size before anything is measured: the first growth of the heap faults in
-// fresh pages (10-20 µs each on the VM this was measured on), a start-up
-// cost that is not the latency under churn. It returns stats counting from
+// fresh pages (microseconds each on a VM), a start-up cost that is not the
+// latency under churn. It returns stats counting from
 // the end of the warm-up.
 func warmUp(lookup lookupFunc, stats func() (uint64, uint64, float64), keys *packed, seq []int32) func() (uint64, uint64, float64) {
 	for _, k := range seq {
@@ -352,7 +356,7 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 			stats = warmUp(lookup, stats, keys, seq)
 			l := new(latencies)
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			i := 0
 			for b.Loop() {
 				g, took, hit := lookup(keys.at(seq[i]))
@@ -376,7 +380,7 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 			total := new(latencies)
 			next := 0
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			b.RunParallel(func(pb *testing.PB) {
 				mu.Lock()
 				i := next * (len(seq) / 8)

@@ -14,14 +14,14 @@ import (
 	"github.com/ringfence/ringfence/policy"
 )
 
-// The benchmarks compare the executor a user would otherwise pick, in one
-// run: go test -run '^$' -bench . -benchmem ./policy/
+// The benchmarks compare Guard with the executor a user would otherwise
+// pick, in one run (from bench/): go test -run '^$' -bench . -benchmem ./policy/
 //
 // Success: a closed breaker and a handler that succeeds. Ours runs the
 // breaker (slow-call check included), retry, budget and latency estimate
-// from policy.Default() without its AttemptTimeout (the rows before
-// AttemptTimeout existed had none, and with one Run allocates the attempt's
-// context: "ringfence-attempt-timeout" is Default() as is).
+// from policy.Default() without its AttemptTimeout: the other libraries
+// time no attempt, and with a timeout Run allocates the attempt's context
+// ("ringfence-attempt-timeout" is Default() as is).
 // "ringfence-timed" also times every attempt instead of a random one in 8;
 // "ringfence-no-slow-call" turns the slow-call check off;
 // "ringfence-bulkhead" counts units in flight against MaxConcurrent.

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// Benchmark names, without the "Benchmark" prefix and GOMAXPROCS suffix.
+const (
+	engine1000  = "Engine/tenants=1000/partitions=4/concurrency=64"
+	engine1     = "Engine/tenants=1/partitions=1/concurrency=1"
+	kEngine     = "Consume/ringfence-engine"
+	kSource     = "Consume/ringfence-source"
+	kFloor      = "Consume/handoff-floor"
+	kReader     = "Consume/kafka-go-reader"
+	kKgo        = "Consume/franz-go-kgo"
+	nEngine     = "Consume/ringfence-Source-engine"
+	nLoop       = "Consume/ringfence-Source-loop"
+	nNatsGo     = "Consume/nats.go-Consume-Ack"
+	churnScope  = "Churn/zipf=1.01/scope.For/serial"
+	churnOtter  = "Churn/zipf=1.01/otter.Get/serial"
+	handlerWait = "Handler/wait-50us/"
+	handlerCPU  = "Handler/cpu-50us/"
+)
+
+// table writes the published table from s: one row per comparison, the
+// ratio column ringfence's throughput (or the alternative's time) over the
+// alternative's, so above 1 is better for ringfence. It returns the first
+// figure it found missing.
+func table(w io.Writer, s *samples) error {
+	ns := func(name string) float64 { return s.med(name, "ns/op") }
+	allocs := func(name string) string { return strconv.FormatFloat(s.med(name, "allocs/op"), 'f', 0, 64) + " allocs" }
+	gb := func(mode string) float64 { return ns("Success/gobreaker/" + mode) }
+
+	rows := [][4]string{
+		{
+			"guard success path, serial (breaker + retry + budget + latency estimate)",
+			fmt.Sprintf("%.1f ns, %s", ns("Success/ringfence/serial"), allocs("Success/ringfence/serial")),
+			fmt.Sprintf("gobreaker `Execute` %.1f ns", gb("serial")),
+			x1(gb("serial") / ns("Success/ringfence/serial")),
+		},
+		{
+			"guard success path, parallel",
+			fmt.Sprintf("%.1f ns, %s", ns("Success/ringfence/parallel"), allocs("Success/ringfence/parallel")),
+			fmt.Sprintf("gobreaker %.1f ns", gb("parallel")),
+			x1(gb("parallel") / ns("Success/ringfence/parallel")),
+		},
+		{
+			"the same, guard from a scope (recycled state), serial / parallel",
+			fmt.Sprintf("%.1f / %.1f ns, %s", ns("Success/ringfence-recycled/serial"), ns("Success/ringfence-recycled/parallel"), allocs("Success/ringfence-recycled/serial")),
+			fmt.Sprintf("gobreaker %.1f / %.1f ns", gb("serial"), gb("parallel")),
+			x1(gb("serial")/ns("Success/ringfence-recycled/serial")) + " / " + x1(gb("parallel")/ns("Success/ringfence-recycled/parallel")),
+		},
+		{
+			"`Allow` + `Done` on a guard from a scope, one by one / in a `Batch` of 8 (as the engine runs a lane), serial / parallel",
+			fmt.Sprintf("%.1f / %.1f ns; batch %.1f / %.1f ns, %s",
+				ns("AllowDone/ringfence-recycled/serial"), ns("AllowDone/ringfence-recycled/parallel"),
+				ns("AllowDone/ringfence-recycled-batch8/serial"), ns("AllowDone/ringfence-recycled-batch8/parallel"),
+				allocs("AllowDone/ringfence-recycled/serial")),
+			fmt.Sprintf("gobreaker %.1f / %.1f ns", gb("serial"), gb("parallel")),
+			fmt.Sprintf("%s / %s; batch %s / %s",
+				x1(gb("serial")/ns("AllowDone/ringfence-recycled/serial")), x1(gb("parallel")/ns("AllowDone/ringfence-recycled/parallel")),
+				x1(gb("serial")/ns("AllowDone/ringfence-recycled-batch8/serial")), x1(gb("parallel")/ns("AllowDone/ringfence-recycled-batch8/parallel"))),
+		},
+		{
+			"guard success path, serial, every attempt timed",
+			fmt.Sprintf("%.1f ns, %s", ns("Success/ringfence-timed/serial"), allocs("Success/ringfence-timed/serial")),
+			fmt.Sprintf("gobreaker %.1f ns", gb("serial")),
+			x1(gb("serial") / ns("Success/ringfence-timed/serial")),
+		},
+		{
+			"guard success path, serial",
+			fmt.Sprintf("%.1f ns", ns("Success/ringfence/serial")),
+			fmt.Sprintf("failsafe-go retry + breaker %.1f ns, %s", ns("Success/failsafe/serial"), allocs("Success/failsafe/serial")),
+			x1(ns("Success/failsafe/serial") / ns("Success/ringfence/serial")),
+		},
+		{
+			"open-breaker rejection, serial",
+			fmt.Sprintf("%.1f ns, %s", ns("Rejected/ringfence/serial"), allocs("Rejected/ringfence/serial")),
+			fmt.Sprintf("gobreaker %.1f ns", ns("Rejected/gobreaker/serial")),
+			x1(ns("Rejected/gobreaker/serial") / ns("Rejected/ringfence/serial")),
+		},
+		{
+			"`Scope.For` hit, parallel",
+			fmt.Sprintf("%.1f ns, %s", ns("Hit/scope.For/parallel"), allocs("Hit/scope.For/parallel")),
+			fmt.Sprintf("otter `Get` %.1f ns; `RWMutex` + map of gobreakers %.1f ns", ns("Hit/otter.Get/parallel"), ns("Hit/rwmutex-map-gobreaker/parallel")),
+			x1(ns("Hit/otter.Get/parallel")/ns("Hit/scope.For/parallel")) + "; " + x1(ns("Hit/rwmutex-map-gobreaker/parallel")/ns("Hit/scope.For/parallel")),
+		},
+		{
+			"`Scope.For` under churn (Zipf 1.01 over 1M keys, 1024 kept), serial",
+			churnCell(s, churnScope),
+			"otter `Get` with a loader " + churnCell(s, churnOtter),
+			fmt.Sprintf("%.1fx; %.0fx", ns(churnOtter)/ns(churnScope), s.med(churnOtter, "p99.9-ns")/s.med(churnScope, "p99.9-ns")),
+		},
+		{
+			fmt.Sprintf("engine overhead per message, no-op handler, 1000 tenants, 4 partitions, 64 workers, batches of 64, median of %d", s.count(engine1000, "ns/op")),
+			engineCell(s, engine1000),
+			"none to compare with", "",
+		},
+		{
+			fmt.Sprintf("the same, 1 tenant, 1 partition, 1 worker, median of %d", s.count(engine1, "ns/op")),
+			engineCell(s, engine1),
+			"", "",
+		},
+		handlerRow(s, handlerWait, fmt.Sprintf("handler that waits 50 µs for a dependency, 1000 tenants, 64 workers, %d processes, median of the paired ratios", s.procs(handlerWait+"engine", "msgs/s")), "a bare pool of 64 goroutines over the same source"),
+		handlerRow(s, handlerCPU, "handler that computes for 50 µs (2 cores: at most 40k msg/s)", "bare pool"),
+		kafkaRow(s),
+		natsRow(s),
+	}
+	if s.err != nil {
+		return s.err
+	}
+	fmt.Fprintln(w, "| what | ringfence | alternative | ratio |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r[0], r[1], r[2], r[3])
+	}
+	return nil
+}
+
+func churnCell(s *samples, name string) string {
+	p50, p999 := s.med(name, "p50-ns"), s.med(name, "p99.9-ns")
+	return fmt.Sprintf("%.0f ns/op, %.0f B/op; p50 %s, p99.9 %s (%.0fx the median)",
+		s.med(name, "ns/op"), s.med(name, "B/op"), dur(p50), dur(p999), s.med(name, "p99.9/p50"))
+}
+
+func engineCell(s *samples, name string) string {
+	lo, hi := s.span(name, "ns/op")
+	xlo, xhi := s.span(name, "xcore-ns")
+	return fmt.Sprintf("%.1f ns (%.1f-%.1f), %s allocs; %.0f ns of CPU; `xcore-ns` %.0f-%.0f",
+		s.med(name, "ns/op"), lo, hi, strconv.FormatFloat(s.med(name, "allocs/op"), 'f', 0, 64), s.med(name, "cpu-ns/op"), xlo, xhi)
+}
+
+func handlerRow(s *samples, prefix, what, alt string) [4]string {
+	paired := s.paired(prefix+"engine", prefix+"bare-pool", "msgs/s")
+	each := make([]string, len(paired))
+	for i, r := range paired {
+		each[i] = fmt.Sprintf("%.3f", r)
+	}
+	ratio := fmt.Sprintf("%.2fx", median(paired))
+	if len(paired) > 1 {
+		ratio += " (" + strings.Join(each, ", ") + ")"
+	}
+	return [4]string{
+		what,
+		fmt.Sprintf("%s msg/s", thousands(s.med(prefix+"engine", "msgs/s"))),
+		fmt.Sprintf("%s %s msg/s", alt, thousands(s.med(prefix+"bare-pool", "msgs/s"))),
+		ratio,
+	}
+}
+
+func kafkaRow(s *samples) [4]string {
+	procs := s.procs(kEngine, "msgs/s")
+	n := s.count(kEngine, "msgs/s")
+	rate := func(name string) float64 { return s.med(name, "msgs/s") }
+	cpu := func(name string) string { return thousands(s.med(name, "cpu-ns/msg")) }
+	perProc := func(a, b string) string {
+		r := s.paired(a, b, "msgs/s")
+		if len(r) == 0 {
+			return ""
+		}
+		lo, hi := r[0], r[0]
+		for _, v := range r {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		return fmt.Sprintf("%.2fx (%.2f-%.2f)", median(r), lo, hi)
+	}
+	return [4]string{
+		fmt.Sprintf("Kafka: consume 100k messages on kfake, no-op handler, engine included, %d processes x %d (after two unmeasured reads of the topic), median of %d", procs, n/max(procs, 1), n),
+		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kEngine)), cpu(kEngine)),
+		fmt.Sprintf("kafka-go group `Reader` %s msg/s (%s ns CPU); franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the source alone %s (%s ns CPU); the source with each delivered slice handed whole to one goroutine (`handoff-floor`) %s (%s ns CPU)",
+			thousands(rate(kReader)), cpu(kReader), thousands(rate(kKgo)), cpu(kKgo),
+			thousands(rate(kSource)), cpu(kSource), thousands(rate(kFloor)), cpu(kFloor)),
+		fmt.Sprintf("from the rows' medians %.2fx, %.2fx, **%.2fx** of the source; medians of the per-process ratios %s, %s, %s; the floor %.2fx of the source",
+			rate(kEngine)/rate(kReader), rate(kEngine)/rate(kKgo), rate(kEngine)/rate(kSource),
+			perProc(kEngine, kReader), perProc(kEngine, kKgo), perProc(kEngine, kSource),
+			rate(kFloor)/rate(kSource)),
+	}
+}
+
+func natsRow(s *samples) [4]string {
+	rate := func(name string) float64 { return s.med(name, "msgs/s") }
+	paired := s.paired(nEngine, nNatsGo, "msgs/s")
+	lo, hi := 0.0, 0.0
+	if len(paired) > 0 {
+		lo, hi = paired[0], paired[0]
+		for _, v := range paired {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	return [4]string{
+		fmt.Sprintf("NATS: consume %s messages on nats-server, no-op handler, engine included, %d processes, median", thousands(s.med(nEngine, "N")), s.procs(nEngine, "msgs/s")),
+		fmt.Sprintf("%s msg/s; %s of CPU a message (server included)", thousands(rate(nEngine)), dur(s.med(nEngine, "cpu-ns/op"))),
+		fmt.Sprintf("nats.go `Consume` + `Ack` %s msg/s, %s CPU (same processes); the source loop alone %s", thousands(rate(nNatsGo)), dur(s.med(nNatsGo, "cpu-ns/op")), thousands(rate(nLoop))),
+		fmt.Sprintf("%.3fx from the rows' medians; %.3f the median of the paired ratios (%.2f-%.2f); the source loop %.2fx",
+			rate(nEngine)/rate(nNatsGo), median(paired), lo, hi, rate(nLoop)/rate(nNatsGo)),
+	}
+}
+
+// x1 formats a ratio with one decimal.
+func x1(r float64) string { return fmt.Sprintf("%.1fx", r) }
+
+// dur formats nanoseconds with about three significant digits.
+func dur(ns float64) string {
+	v, unit := ns, "ns"
+	switch {
+	case ns >= 1e6:
+		v, unit = ns/1e6, "ms"
+	case ns >= 1e3:
+		v, unit = ns/1e3, "µs"
+	}
+	switch {
+	case v >= 100 || unit == "ns":
+		return fmt.Sprintf("%.0f %s", v, unit)
+	case v >= 10:
+		return fmt.Sprintf("%.1f %s", v, unit)
+	default:
+		return fmt.Sprintf("%.2f %s", v, unit)
+	}
+}
+
+// thousands formats v rounded to an integer, with commas between groups
+// of three digits.
+func thousands(v float64) string {
+	d := strconv.FormatFloat(v, 'f', 0, 64)
+	neg := strings.HasPrefix(d, "-")
+	d = strings.TrimPrefix(d, "-")
+	var b strings.Builder
+	for i, c := range d {
+		if i > 0 && (len(d)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}

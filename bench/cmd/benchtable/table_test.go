@@ -1,0 +1,126 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// output returns benchmark lines for every figure of the table, as one
+// process of scale would print them: every time and throughput is 1 for
+// ringfence and scale for the alternatives, so each ratio reads scale.
+func output(scale float64) string {
+	var b strings.Builder
+	line := func(name string, pairs ...any) {
+		fmt.Fprintf(&b, "Benchmark%s-2 \t 1000\t", name)
+		for i := 0; i < len(pairs); i += 2 {
+			fmt.Fprintf(&b, " %v %s", pairs[i], pairs[i+1])
+		}
+		b.WriteString("\n")
+	}
+	for _, mode := range []string{"serial", "parallel"} {
+		for _, r := range []string{"ringfence", "ringfence-recycled", "ringfence-timed"} {
+			line("Success/"+r+"/"+mode, 10, "ns/op", 0, "B/op", 0, "allocs/op")
+		}
+		for _, r := range []string{"gobreaker", "failsafe"} {
+			line("Success/"+r+"/"+mode, 10*scale, "ns/op", 0, "B/op", 17, "allocs/op")
+		}
+		line("Rejected/ringfence/"+mode, 10, "ns/op", 0, "allocs/op")
+		line("Rejected/gobreaker/"+mode, 10*scale, "ns/op", 0, "allocs/op")
+		line("AllowDone/ringfence-recycled/"+mode, 10, "ns/op", 0, "allocs/op")
+		line("AllowDone/ringfence-recycled-batch8/"+mode, 10, "ns/op", 0, "allocs/op")
+		line("Hit/scope.For/"+mode, 10, "ns/op", 0, "allocs/op")
+		line("Hit/otter.Get/"+mode, 10*scale, "ns/op", 0, "allocs/op")
+		line("Hit/rwmutex-map-gobreaker/"+mode, 10*scale, "ns/op", 0, "allocs/op")
+	}
+	line(churnScope, 100, "ns/op", 46, "B/op", 50, "p50-ns", 500, "p99.9-ns", 10, "p99.9/p50")
+	line(churnOtter, 100*scale, "ns/op", 797, "B/op", 50, "p50-ns", 500*scale, "p99.9-ns", 10, "p99.9/p50")
+	for _, e := range []string{engine1000, engine1} {
+		line(e, 150, "ns/op", 0, "allocs/op", 300, "cpu-ns/op", 400, "xcore-ns")
+	}
+	for _, h := range []string{handlerWait, handlerCPU} {
+		line(h+"bare-pool", 1000, "msgs/s")
+		line(h+"engine", 1000*scale, "msgs/s")
+	}
+	for _, k := range []string{kEngine, kSource, kFloor} {
+		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
+	}
+	for _, k := range []string{kReader, kKgo} {
+		line(k, 1000, "msgs/s", 800, "cpu-ns/msg")
+	}
+	line(nEngine, 1000*scale, "msgs/s", 7500, "cpu-ns/op")
+	for _, n := range []string{nLoop, nNatsGo} {
+		line(n, 1000, "msgs/s", 7500, "cpu-ns/op")
+	}
+	b.WriteString("PASS\nok  \tgithub.com/ringfence/ringfence/bench/policy\t1.0s\n")
+	return b.String()
+}
+
+func samplesOf(t *testing.T, procs ...string) *samples {
+	t.Helper()
+	s := newSamples()
+	for i, p := range procs {
+		if err := s.read(strings.NewReader(p), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func TestTableRatios(t *testing.T) {
+	var b strings.Builder
+	if err := table(&b, samplesOf(t, output(4), output(2), output(3))); err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(rows) != 2+15 {
+		t.Fatalf("%d lines, want a header, a rule and 15 rows:\n%s", len(rows), b.String())
+	}
+	for _, want := range []string{
+		"| guard success path, parallel | 10.0 ns, 0 allocs | gobreaker 30.0 ns | 3.0x |",
+		"| 3.0x; 3x |", // churn: the medians' ratios
+		"3.000x from the rows' medians; 3.000 the median of the paired ratios (2.00-4.00)",
+		"3.00x (4.000, 2.000, 3.000)", // the handler's paired ratios, in process order
+		"3 processes x 1", "median of 3",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestTableMissingFigure(t *testing.T) {
+	out := output(2)
+	var kept []string
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.Contains(l, "franz-go-kgo") {
+			kept = append(kept, l)
+		}
+	}
+	var b strings.Builder
+	err := table(&b, samplesOf(t, strings.Join(kept, "\n")))
+	if err == nil || !strings.Contains(err.Error(), "franz-go-kgo") {
+		t.Fatalf("err = %v, want one naming the missing row", err)
+	}
+	if b.Len() != 0 {
+		t.Errorf("printed a table with a figure missing:\n%s", b.String())
+	}
+}
+
+func TestReadStripsProcsSuffix(t *testing.T) {
+	s := samplesOf(t, "BenchmarkSpill/refeed-window-64-2 \t 50\t 12.5 ns/op\n"+
+		"BenchmarkEngine/tenants=1/partitions=1/concurrency=1-16   300000   95.3 ns/op   0 allocs/op\n")
+	if v := s.med("Spill/refeed-window-64", "ns/op"); v != 12.5 {
+		t.Errorf("refeed-window-64: %v, want 12.5", v)
+	}
+	if v := s.med(engine1, "N"); v != 300000 {
+		t.Errorf("iterations: %v, want 300000", v)
+	}
+	if s.err != nil {
+		t.Error(s.err)
+	}
+	if v := s.med("Nothing", "ns/op"); !math.IsNaN(v) || s.err == nil {
+		t.Errorf("a missing figure: %v, err %v", v, s.err)
+	}
+}

@@ -1,0 +1,428 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ringfence/ringfence/adapters/kafka"
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/internal/cputime"
+	"github.com/ringfence/ringfence/internal/kafkatest"
+)
+
+const (
+	benchMsgs    = 100_000
+	benchParts   = 4
+	benchTenants = 20
+)
+
+// benchTopic fills one topic once; every row of BenchmarkConsume reads the
+// same data with a fresh group.
+func benchTopic(b *testing.B) (addrs []string, topic string) {
+	b.Helper()
+	c, err := kafkatest.Start(kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	topic = "bench"
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	ctx := context.Background()
+	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{
+		Topics: []kafkago.TopicConfig{{Topic: topic, NumPartitions: benchParts, ReplicationFactor: -1}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := resp.Errors[topic]; err != nil {
+		b.Fatal(err)
+	}
+	w := &kafkago.Writer{Addr: kafkago.TCP(c.Addrs()...), Topic: topic, Balancer: &kafkago.RoundRobin{}, BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireAll}
+	defer w.Close()
+	value := make([]byte, 100)
+	batch := make([]kafkago.Message, 0, 1000)
+	for i := range benchMsgs {
+		batch = append(batch, kafkago.Message{Key: []byte(fmt.Sprintf("tenant-%02d", i%benchTenants)), Value: value})
+		if len(batch) == cap(batch) {
+			if err := w.WriteMessages(ctx, batch...); err != nil {
+				b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	return c.Addrs(), topic
+}
+
+// BenchmarkConsume reads the same 100,000 messages (4 partitions, 20
+// tenants, 100-byte values) with a no-op handler: kafka-go's own group
+// Reader (FetchMessage + CommitMessages, commits batched by
+// CommitInterval), ringfence's kafka.Source driven by a minimal loop that
+// commits every message, the Source with each delivered slice handed whole
+// to one goroutine that commits past its messages (handoff-floor: what
+// running handlers off the fetch goroutine costs at the least), the Source
+// under the full engine, and franz-go's kgo client in a group (a
+// PollFetches loop, committed by kgo's default autocommit: every 5s, only
+// what earlier polls returned, so a record is committed only once the loop
+// has handled it and polled again). One op is the whole topic, group join
+// and shutdown included; msgs/s is the figure to compare. The rows run in
+// a random order in one invocation, each row's -count repetitions back to
+// back; for medians and ratios, interleave the rows with a process per
+// round (bench/run.sh does), from bench/:
+//
+//	for i in 1 2 3 4 5; do go test -run '^$' -bench 'Consume$' -benchtime 1x -count 3 ./kafka/; done
+func BenchmarkConsume(b *testing.B) {
+	addrs, topic := benchTopic(b)
+	var groups atomic.Int64
+	group := func() string { return fmt.Sprintf("bench-%d", groups.Add(1)) }
+	// msgs/s counts from the first message to the last of each op, so the
+	// group join and the shutdown (kafka-go's Close alone is slow on kfake)
+	// do not blur the comparison; ns/op includes them. It flatters a
+	// client whose first delivery is large: kgo's first poll hands over
+	// about a third of the topic already fetched and decoded, which that
+	// window never sees. incl-join-msgs/s counts from the client's creation
+	// to the last message instead (group join and first fetch included,
+	// shutdown not): read both. cpu-ns/msg is the process's CPU time over
+	// that same span, the in-process broker included: what a row costs
+	// the machine, which load from other processes distorts far less.
+	// faults/op is the process's page faults over the same span: on a VM a
+	// fault costs microseconds, and an op takes from a few to thousands, as
+	// often as the runtime's scavenger returned the pages the fetch path
+	// allocates from; it explains more of an op's CPU than anything else
+	// that varies.
+	// gc-ns/msg is the part of cpu-ns/msg the collector took (the runtime's
+	// estimate, idle-time marking included) and gcs/op the cycles it
+	// completed: a row that keeps more heap live (the engine keeps up to
+	// its read-ahead of messages a partition), or allocates more, pays for
+	// it there.
+	var streaming, sinceStart time.Duration
+	var cpu, cpu0 time.Duration     // process CPU time, creation to last message
+	var faults, faults0 int64       // the process's page faults, the same span
+	var gcCPU, gcCPU0 time.Duration // the collector's CPU (cputime.GC), the same span
+	var gcs, gcs0 uint64            // GC cycles completed, the same span
+	report := func(b *testing.B) {
+		b.ReportMetric(float64(benchMsgs*b.N)/streaming.Seconds(), "msgs/s")
+		b.ReportMetric(float64(streaming.Nanoseconds())/float64(benchMsgs*b.N), "ns/msg")
+		b.ReportMetric(float64(benchMsgs*b.N)/sinceStart.Seconds(), "incl-join-msgs/s")
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(benchMsgs*b.N), "cpu-ns/msg")
+		b.ReportMetric(float64(faults)/float64(b.N), "faults/op")
+		b.ReportMetric(float64(gcCPU.Nanoseconds())/float64(benchMsgs*b.N), "gc-ns/msg")
+		b.ReportMetric(float64(gcs)/float64(b.N), "gcs/op")
+		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
+		streaming, sinceStart, cpu, faults, gcCPU, gcs = 0, 0, 0, 0, 0, 0
+	}
+	var started, first time.Time
+	var firstOnce sync.Once
+	begin := func() {
+		started, cpu0, faults0 = time.Now(), cputime.Process(), cputime.Faults()
+		gcCPU0, gcs0 = cputime.GC()
+	}
+	mark := func() { firstOnce.Do(func() { first = time.Now() }) }
+	lap := func() {
+		cpu += cputime.Process() - cpu0
+		faults += cputime.Faults() - faults0
+		g, n := cputime.GC()
+		gcCPU += g - gcCPU0
+		gcs += n - gcs0
+		streaming += time.Since(first)
+		sinceStart += time.Since(started)
+		firstOnce = sync.Once{}
+	}
+
+	// runTo runs src into d until done, times the op (lap) and stops src.
+	runTo := func(b *testing.B, src *kafka.Source, d consumer.Dispatcher, done <-chan struct{}) {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- src.Run(ctx, d) }()
+		<-done
+		lap()
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	lastOffsets := map[int32]int64{} // filled by the warm-up reads below
+	var rows []benchRow
+	rows = append(rows, benchRow{"kafka-go-reader", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			begin()
+			r := kafkago.NewReader(kafkago.ReaderConfig{
+				Brokers:        addrs,
+				GroupID:        group(),
+				Topic:          topic,
+				MinBytes:       1,
+				MaxBytes:       1 << 20,
+				MaxWait:        500 * time.Millisecond,
+				CommitInterval: time.Second,
+				StartOffset:    kafkago.FirstOffset,
+			})
+			ctx := context.Background()
+			for range benchMsgs {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				mark()
+				if err := r.CommitMessages(ctx, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			lap()
+			if err := r.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b)
+	}})
+
+	// sourceRow is a row that reads the topic with this package's Source
+	// once per op: op runs it to the end.
+	sourceRow := func(name string, op func(b *testing.B, src *kafka.Source)) benchRow {
+		return benchRow{name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				begin()
+				src, err := kafka.NewSource(addrs, topic, group())
+				if err != nil {
+					b.Fatal(err)
+				}
+				op(b, src)
+			}
+			report(b)
+		}}
+	}
+
+	rows = append(rows, sourceRow("ringfence-source", func(b *testing.B, src *kafka.Source) {
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
+		runTo(b, src, d, d.done)
+	}))
+
+	// handoff-floor is the least an engine that runs handlers off the
+	// fetch goroutine can cost: each delivered slice goes whole to one
+	// goroutine over a channel, which commits past each message. No
+	// tenants, order per tenant, guard or bound: the price of the hand-off
+	// alone, against which the engine's ratio to the source is read.
+	rows = append(rows, sourceRow("handoff-floor", func(b *testing.B, src *kafka.Source) {
+		d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark}
+		go d.work()
+		runTo(b, src, d, d.done)
+		close(d.ch) // Run returned: no DeliverBatch after it
+	}))
+
+	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) {
+		end := consumertest.NewEndCounter(lastOffsets)
+		c, err := consumer.New(consumer.Config{
+			Tenant: consumer.FromKey(),
+			DLQ:    dlq.SinkFunc(func(context.Context, *dlq.Record) error { return nil }),
+			// A no-op, as in the other rows. The end is read without a
+			// write per message (consumertest.EndCounter: the handler
+			// counts each partition's last message only, then the
+			// engine's own count is read for the calls still running).
+			// Counting per tenant in the handler would write lines that
+			// workers on both cores share on every message, which the
+			// other rows, counting on one goroutine, never pay; polling
+			// the engine's count would end the op late.
+			Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+				mark()
+				end.Saw(m)
+				return nil
+			}),
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- c.Run(ctx, src) }()
+		consumertest.WaitEnd(b, c, end, benchMsgs)
+		lap()
+		checkTenants(b, c)
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}))
+
+	rows = append(rows, benchRow{"franz-go-kgo", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			begin()
+			cl, err := kgo.NewClient(
+				kgo.SeedBrokers(addrs...),
+				kgo.ConsumerGroup(group()),
+				kgo.ConsumeTopics(topic),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			n := 0
+			for n < benchMsgs {
+				fs := cl.PollFetches(ctx)
+				if err := fs.Err0(); err != nil {
+					b.Fatal(err)
+				}
+				fs.EachRecord(func(*kgo.Record) { // the no-op handler
+					mark()
+					n++
+				})
+			}
+			lap()
+			cancel()
+			cl.Close()
+			if n != benchMsgs {
+				b.Fatalf("read %d records, want %d", n, benchMsgs)
+			}
+		}
+		report(b)
+	}})
+	// Two reads of the topic first, not measured: whichever row runs first
+	// in a process reads far slower in its first ops (the process's heap
+	// growing to its working size, the broker's first reads of the topic),
+	// a penalty the random order would put on a different row in each
+	// process.
+	// They also learn each partition's last offset, for the engine row's
+	// end (consumertest.EndCounter).
+	var last [benchParts]atomic.Int64
+	for range 2 {
+		src, err := kafka.NewSource(addrs, topic, group())
+		if err != nil {
+			b.Fatal(err)
+		}
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: func() {}, seen: func(m *consumer.Message) {
+			if p := &last[m.Partition.ID]; m.Offset > p.Load() {
+				p.Store(m.Offset)
+			}
+		}}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- src.Run(ctx, d) }()
+		<-d.done
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}
+	for p := range last {
+		lastOffsets[int32(p)] = last[p].Load()
+	}
+	// The rows run in a random order: no row always runs first after the
+	// data was written, or last on a broker that has served the others.
+	// For interleaved medians, run the benchmark in a loop of processes
+	// (bench/run.sh).
+	for _, i := range rand.Perm(len(rows)) {
+		b.Run(rows[i].name, rows[i].run)
+	}
+}
+
+// checkTenants fails unless c handled each tenant's share exactly once
+// (nothing lost, nothing handled twice). A tenant's count is added when
+// its worker's run ends, just after the engine's: it waits for those.
+func checkTenants(b *testing.B, c *consumer.Consumer) {
+	b.Helper()
+	sum := func(st consumer.Stats) (n uint64) {
+		for _, t := range st.Tenants {
+			n += t.Handled
+		}
+		return n
+	}
+	consumertest.Eventually(b, "every tenant's count", func() bool { return sum(c.Stats()) >= benchMsgs })
+	st := c.Stats()
+	if st.Handled != benchMsgs || st.Failed != 0 || st.DeadLettered != 0 {
+		b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, benchMsgs)
+	}
+	seen := 0
+	for _, t := range st.Tenants {
+		if t.NoTenant {
+			continue
+		}
+		if t.Handled != benchMsgs/benchTenants {
+			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, benchMsgs/benchTenants)
+		}
+		seen++
+	}
+	if seen != benchTenants {
+		b.Fatalf("%d tenants in Stats, want %d", seen, benchTenants)
+	}
+}
+
+// loopDispatcher is the smallest possible engine: every delivered message
+// is settled at once by committing past it.
+type loopDispatcher struct {
+	src  *kafka.Source
+	want int64
+	n    atomic.Int64
+	once sync.Once
+	done chan struct{}
+	mark func()
+	seen func(*consumer.Message) // the warm-up's: learns the last offsets
+}
+
+func (d *loopDispatcher) Assigned(consumer.Partition) {}
+func (d *loopDispatcher) Revoked(consumer.Partition)  {}
+func (d *loopDispatcher) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		d.Deliver(m)
+	}
+}
+
+func (d *loopDispatcher) Deliver(m *consumer.Message) {
+	d.mark()
+	if d.seen != nil {
+		d.seen(m)
+	}
+	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
+	if d.n.Add(1) == d.want {
+		d.once.Do(func() { close(d.done) })
+	}
+}
+
+// handoffDispatcher hands each delivered slice to one goroutine (work),
+// which commits past each message: see the handoff-floor row.
+type handoffDispatcher struct {
+	src  *kafka.Source
+	ch   chan []*consumer.Message
+	want int
+	done chan struct{}
+	mark func()
+}
+
+func (d *handoffDispatcher) Assigned(consumer.Partition) {}
+func (d *handoffDispatcher) Revoked(consumer.Partition)  {}
+
+// DeliverBatch keeps ms: the source builds a new slice for every call.
+func (d *handoffDispatcher) DeliverBatch(ms []*consumer.Message) { d.ch <- ms }
+
+func (d *handoffDispatcher) Deliver(m *consumer.Message) { d.ch <- []*consumer.Message{m} }
+
+func (d *handoffDispatcher) work() {
+	n := 0
+	for ms := range d.ch {
+		for _, m := range ms {
+			d.mark()
+			_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
+			if n++; n == d.want {
+				close(d.done)
+			}
+		}
+	}
+}
+
+// benchRow is one row of BenchmarkConsume.
+type benchRow struct {
+	name string
+	run  func(b *testing.B)
+}

@@ -1,0 +1,152 @@
+package consumer
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/ringfence/ringfence/dlq"
+)
+
+// This file is dead letters: writing a message's record to its tenant's
+// DLQ (deadLetter), and setting aside one the DLQ can never write
+// (setAside, retryAside). When a message is dead-lettered is decided in
+// decide.go and judged in step.go.
+
+// asideState holds a partition's messages whose dead letter cannot be
+// written (see setAside): out of their lanes, still unsettled (counted in
+// commit.unsettled and count.queued). Guarded by the shard's mu, but busy.
+type asideState struct {
+	msgs []*Message
+	busy atomic.Bool // a retry of msgs runs (retryAside)
+}
+
+// deadLetter writes m to its tenant's DLQ and settles it. While the DLQ
+// fails, m stays unsettled at the head of its lane and the write is retried
+// after a doubling wait; a record the sink says can never be written is set
+// aside (see setAside).
+func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause error) {
+	l := m.st.lane
+	rec := c.record(l, m, reason, cause)
+	err := c.cfg.DLQ.Write(c.hctx, rec)
+	if err != nil {
+		f := m.st.wr()
+		f.dlqReason = reason
+		f.dlqFails++
+		wait, aside := decideDLQFailed(f.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
+		if aside {
+			w.n.unwritable.Add(1)
+			l.t.unwritable.Add(1)
+			c.log.Error("consumer: dead letter cannot be written; message set aside, holding its partition's commit", "tenant", l.key, "partition", m.Partition, "offset", m.Offset, "reason", reason, "err", err)
+			c.emit(Event{Kind: EventDLQUnwritable, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason})
+			w.res.aside = m
+			return
+		}
+		if c.hctx.Err() == nil {
+			c.log.Warn("consumer: dead-letter write failed; message kept unsettled", "tenant", l.key, "offset", m.Offset, "err", err, "retry_in", wait)
+		}
+		c.emit(Event{Kind: EventDLQFailed, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason, Delay: wait})
+		w.res.wait = wait
+		return
+	}
+	w.n.dead.Add(1)
+	l.t.dead.Add(1)
+	c.settleSource(l.sh, m, &w.settling)
+	w.res.settled = append(w.res.settled, m)
+	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
+}
+
+// record builds m's dead-letter record.
+func (c *Consumer) record(l *lane, m *Message, reason dlq.Reason, cause error) *dlq.Record {
+	rec := &dlq.Record{
+		Key:          m.Key,
+		Value:        m.Value,
+		Headers:      m.Headers,
+		Source:       m.Topic,
+		Partition:    m.Partition.ID,
+		Offset:       m.Offset,
+		Group:        c.cfg.Group,
+		Attempts:     m.st.rd().total,
+		FirstFailure: m.st.rd().first,
+		LastFailure:  m.st.rd().last,
+		Reason:       reason,
+	}
+	if !l.t.none {
+		rec.Tenant = l.key
+	}
+	if rec.FirstFailure.IsZero() {
+		now := time.Now()
+		rec.FirstFailure, rec.LastFailure = now, now
+	}
+	if cause != nil {
+		rec.Error, rec.ErrorType = dlq.CapError(cause)
+	}
+	rec.Redrive = dlq.RedriveCount(m.Headers)
+	if m.Stream != "" {
+		rec.Stream, rec.Sequence = m.Stream, uint64(m.Offset)
+		rec.Offset = -1
+	}
+	return rec
+}
+
+// setAside takes a head whose dead letter cannot be written out of its lane,
+// so its tenant moves on; it stays unsettled (holding its partition's
+// commit, as at-least-once requires) and its write is tried again every
+// asideRetry, in case the DLQ's limits change. Called with sh.mu held.
+func (c *Consumer) setAside(sh *shard, l *lane, m *Message) {
+	for i, n := 0, l.q.len(); i < n; i++ {
+		if l.q.at(i) == m {
+			l.q.remove(i)
+			if i == 0 {
+				l.judge, l.judgeSpan = "", 0
+			}
+			break
+		}
+	}
+	if l.parked {
+		c.addParked(l, -1)
+	}
+	m.st.aside = true
+	m.st.wr().asideAt = c.clock()
+	sh.aside.msgs = append(sh.aside.msgs, m)
+}
+
+// asideRetry is how often a set-aside dead letter is tried again.
+const asideRetry = time.Minute
+
+// retryAside tries to write the dead letters of sh's set-aside messages
+// that are due, settling those that succeed. Run by housekeeping on its own
+// goroutine, with no lock held.
+func (c *Consumer) retryAside(sh *shard, ms []*Message) {
+	defer sh.aside.busy.Store(false)
+	var done []*Message
+	for _, m := range ms {
+		l := m.st.lane
+		rec := c.record(l, m, m.st.rd().dlqReason, m.st.rd().lastErr)
+		if err := c.cfg.DLQ.Write(c.hctx, rec); err != nil {
+			continue
+		}
+		c.stats.dead.Add(1)
+		l.t.dead.Add(1)
+		c.settleSource(sh, m, nil)
+		done = append(done, m)
+		c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: m.st.rd().lastErr, Reason: m.st.rd().dlqReason})
+	}
+	if len(done) == 0 {
+		return
+	}
+	sh.mu.Lock()
+	if !sh.dead {
+		for _, m := range done {
+			for i, x := range sh.aside.msgs {
+				if x == m {
+					sh.aside.msgs = append(sh.aside.msgs[:i], sh.aside.msgs[i+1:]...)
+					break
+				}
+			}
+			sh.count.queued--
+			sh.settled(m) // the next tick commits past it
+		}
+	}
+	sh.mu.Unlock()
+}
