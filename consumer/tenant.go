@@ -76,6 +76,12 @@ type tenant struct {
 	spillDone                      atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
 	parked                         atomic.Int64  // messages parked now
 	spillLanes                     atomic.Int32  // lanes in spill mode now
+	// dlqDownAt is the engine clock (at least 1) when the tenant's DLQ
+	// began to refuse its dead letters: a write failed, not for good (see
+	// dlq.ErrUnwritable), and none has succeeded since. 0 while the DLQ
+	// takes them. dlqFails counts its failed dead-letter writes.
+	dlqDownAt atomic.Int64
+	dlqFails  atomic.Uint64
 }
 
 // guard returns the tenant's guard, pinning it in the scope on first use.
