@@ -4,7 +4,8 @@
 // [NewCollector] returns a prometheus.Collector that reads
 // (*consumer.Consumer).Stats at scrape time: per-tenant series (messages
 // handled, failed attempts, dead letters, parked and queued messages,
-// breaker state) for the tenants the engine tracks, and engine-wide
+// breaker state, whether its DLQ refuses its dead letters and how many
+// writes it refused) for the tenants the engine tracks, and engine-wide
 // totals. Nothing is counted on the message path; a scrape costs one Stats
 // snapshot.
 //
@@ -14,8 +15,8 @@
 // tenants with messages in flight plus a bounded set of recently idle ones
 // (and whose guards live in a bounded scope), and by WithMaxTenants
 // (default 1024, the scope's default MaxKeys), past which the tenants most
-// worth watching are kept (open breaker first, then most parked, then most
-// queued, then by key) and the rest appear only in the totals. A tenant
+// worth watching are kept (open breaker first, then a DLQ that refuses
+// writes, then most parked, then most queued, then by key) and the rest appear only in the totals. A tenant
 // the engine forgets drops its series; its counters start again from zero
 // if it comes back, which Prometheus' rate() treats as a counter reset.
 //

@@ -69,9 +69,11 @@ type Collector struct {
 
 	// Per tenant.
 	handled, failed, dead, parked, queued, state *prometheus.Desc
+	dlqDown, dlqFails                            *prometheus.Desc
 	// Totals.
 	tHandled, tFailed, tDead, tRetried, tPanics            *prometheus.Desc
 	tParked, tQueued, tInFlight, tPaused, tTenants, tShown *prometheus.Desc
+	tDLQFails, tDLQDown                                    *prometheus.Desc
 	scopeKeys, scopeEvictions                              *prometheus.Desc
 }
 
@@ -100,12 +102,14 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 		c:   c,
 		max: cfg.maxTenants,
 
-		handled: per("handled_total", "Messages of the tenant handled successfully."),
-		failed:  per("failed_total", "Failed handler attempts of the tenant."),
-		dead:    per("dead_lettered_total", "Messages of the tenant written to its dead-letter queue."),
-		parked:  per("parked", "Messages of the tenant waiting behind its open breaker."),
-		queued:  per("queued", "Messages of the tenant in the engine (parked ones included)."),
-		state:   per("breaker_state", "The tenant's breaker: 0 closed, 1 half-open, 2 open."),
+		handled:  per("handled_total", "Messages of the tenant handled successfully."),
+		failed:   per("failed_total", "Failed handler attempts of the tenant."),
+		dead:     per("dead_lettered_total", "Messages of the tenant written to its dead-letter queue."),
+		parked:   per("parked", "Messages of the tenant waiting behind its open breaker."),
+		queued:   per("queued", "Messages of the tenant in the engine (parked ones included)."),
+		state:    per("breaker_state", "The tenant's breaker: 0 closed, 1 half-open, 2 open."),
+		dlqDown:  per("dlq_unavailable", "1 while the tenant's dead-letter queue refuses its dead letters (its messages wait behind them), else 0."),
+		dlqFails: per("dlq_write_failures_total", "Failed writes of the tenant's dead letters (each written again later)."),
 
 		tHandled:       total("handled_total", "Messages handled successfully, all tenants."),
 		tFailed:        total("failed_total", "Failed handler attempts, all tenants."),
@@ -118,6 +122,8 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 		tPaused:        total("paused_partitions", "Partitions paused for backpressure."),
 		tTenants:       total("tenants_tracked", "Tenants the engine tracks now."),
 		tShown:         total("tenants_exported", "Tenants exported with their own series in this scrape."),
+		tDLQFails:      total("dlq_write_failures_total", "Failed dead-letter writes, all tenants (each written again later)."),
+		tDLQDown:       total("dlq_unavailable_tenants", "Tenants whose dead-letter queue refuses their dead letters now."),
 		scopeKeys:      total("scope_keys", "Guards held by the tenant scope."),
 		scopeEvictions: total("scope_evictions_total", "Guards evicted from the tenant scope."),
 	}, nil
@@ -126,9 +132,10 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 // Describe implements prometheus.Collector.
 func (m *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		m.handled, m.failed, m.dead, m.parked, m.queued, m.state,
+		m.handled, m.failed, m.dead, m.parked, m.queued, m.state, m.dlqDown, m.dlqFails,
 		m.tHandled, m.tFailed, m.tDead, m.tRetried, m.tPanics,
 		m.tParked, m.tQueued, m.tInFlight, m.tPaused, m.tTenants, m.tShown,
+		m.tDLQFails, m.tDLQDown,
 		m.scopeKeys, m.scopeEvictions,
 	} {
 		ch <- d
@@ -154,6 +161,8 @@ func (m *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(m.tInFlight, float64(st.InFlight))
 	gauge(m.tPaused, float64(st.PausedPartitions))
 	gauge(m.tTenants, float64(len(st.Tenants)))
+	counter(m.tDLQFails, st.DLQFailures)
+	gauge(m.tDLQDown, float64(st.DLQUnavailableTenants))
 	ss := m.c.Scope().Stats()
 	gauge(m.scopeKeys, float64(ss.Size))
 	counter(m.scopeEvictions, ss.Evictions)
@@ -165,6 +174,9 @@ func (m *Collector) Collect(ch chan<- prometheus.Metric) {
 			a, b := ts[i], ts[j]
 			if a.State != b.State {
 				return rank(a.State) > rank(b.State)
+			}
+			if a.DLQUnavailable != b.DLQUnavailable {
+				return a.DLQUnavailable
 			}
 			if a.Parked != b.Parked {
 				return a.Parked > b.Parked
@@ -188,6 +200,8 @@ func (m *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.parked, float64(t.Parked), label)
 		gauge(m.queued, float64(t.Queued), label)
 		gauge(m.state, stateValue(t.State), label)
+		gauge(m.dlqDown, boolValue(t.DLQUnavailable), label)
+		counter(m.dlqFails, t.DLQFailures, label)
 	}
 }
 
@@ -207,6 +221,13 @@ func stateValue(s policy.State) float64 {
 		return 1
 	case policy.Open:
 		return 2
+	}
+	return 0
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
 	}
 	return 0
 }
