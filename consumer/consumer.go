@@ -457,11 +457,7 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 	if c.cfg.Spill != nil && sh.commit.unsettled > 0 {
 		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
 			if l := h.st.lane; !l.spill.on && !l.spill.want {
-				reason := SpillStuck
-				if l.t.dlqDownAt.Load() != 0 {
-					reason = SpillDLQUnavailable // stuck behind a dead letter its DLQ refuses
-				}
-				c.requestSpill(l, reason, &ev)
+				c.requestSpill(l, decideStuckSpill(l.t.dlqDownAt.Load() != 0), &ev)
 			}
 		}
 	}

@@ -246,3 +246,14 @@ func decideDLQFailed(fails int, retry, probe time.Duration, unwritable bool) (wa
 	}
 	return min(wait, probe), false
 }
+
+// decideStuckSpill says why a lane whose oldest message held its
+// partition's commit for StuckAfter spills: its DLQ refusing the dead
+// letter it waits on (dlqDown), or simply stuck (an open breaker, a
+// retrying or hanging head).
+func decideStuckSpill(dlqDown bool) SpillReason {
+	if dlqDown {
+		return SpillDLQUnavailable
+	}
+	return SpillStuck
+}

@@ -156,6 +156,23 @@ func TestDecideWaitAndDLQ(t *testing.T) {
 	}
 }
 
+// TestDecideStuckSpill: a lane stuck behind a dead letter its DLQ refuses
+// spills for that reason; any other stuck lane as stuck.
+func TestDecideStuckSpill(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		dlqDown bool
+		want    SpillReason
+	}{
+		{false, SpillStuck},
+		{true, SpillDLQUnavailable},
+	} {
+		if got := decideStuckSpill(tc.dlqDown); got != tc.want {
+			t.Errorf("decideStuckSpill(dlqDown=%v) = %v, want %v", tc.dlqDown, got, tc.want)
+		}
+	}
+}
+
 // TestDecideDLQFailed: a refused dead letter is written again after a wait
 // that doubles from DLQRetry up to DLQProbe (each write a probe of the
 // DLQ), never longer, however long the DLQ stays down; one the DLQ can
