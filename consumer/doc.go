@@ -42,8 +42,9 @@
 //
 // With a [SpillLog], a lane whose tenant cannot make progress spills: when
 // it is parked at MaxParkedPerTenant, when its oldest message has held the
-// partition's commit for StuckAfter, or when its backlog passes
-// MaxQueuedPerTenant. Its messages are appended, in order, to its spill
+// partition's commit for StuckAfter (the reason is dlq-unavailable when
+// that message waits for a dead letter its DLQ refuses), or when its
+// backlog passes MaxQueuedPerTenant. Its messages are appended, in order, to its spill
 // log and their originals settled once the log acknowledged them, so the
 // partition's commit moves on; the log is read back oldest first,
 // RefeedWindow at a time, and its entries are removed only once settled.
