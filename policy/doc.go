@@ -61,9 +61,11 @@
 // [Permanent] is the unit of work's own fault (a message that can never be
 // handled), so by default the breaker counts it as neither success nor
 // failure, like an excluded error (resilience4j's record and ignore
-// exceptions are the reference). A burst of permanent failures therefore
-// never opens the breaker; Breaker.CountPermanent counts them for a caller
-// whose permanent errors may also mean the dependency is unwell.
+// exceptions are the reference), and its duration is no sample of the
+// latency estimate. A burst of permanent failures therefore never opens
+// the breaker, nor makes a 2ms dependency look like one of microseconds;
+// Breaker.CountPermanent counts them for a caller whose permanent errors
+// may also mean the dependency is unwell.
 //
 // # Slow calls
 //

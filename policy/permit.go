@@ -244,12 +244,17 @@ func (p *Permit) record(g *guard, err error) {
 	// The threshold in force when the attempt ended: the sample below may
 	// move it.
 	slowAt := g.slowAt.Load() // math.MaxInt64 when slow calls are off
+	// own: a permanent failure, the work's own fault (see
+	// Breaker.CountPermanent): it says nothing of the dependency, neither
+	// to the breaker nor of its latency (a message that fails to parse in
+	// a microsecond would drag the estimate of a 2ms dependency down).
+	own := err != nil && !g.r.countPermanent && IsPermanent(err)
 	if p.clock == clockCoarse {
 		d = coarse.now.Load() - p.start // begin marked the clock used
 	} else if p.clock == clockExact {
 		end = g.now()
 		d = end - p.start
-		if p.timed {
+		if p.timed && !own {
 			g.observe(d, end, err == nil)
 		}
 	}
@@ -277,9 +282,7 @@ func (p *Permit) record(g *guard, err error) {
 	}
 	g.counts[p.shard&(counterShards-1)].failures.Add(1)
 	if g.r.breaker {
-		if !g.r.countPermanent && IsPermanent(err) {
-			// The work's own fault, not the dependency's (see
-			// Breaker.CountPermanent).
+		if own {
 			if p.probe {
 				g.releaseProbe(p)
 			}

@@ -139,10 +139,12 @@ type Breaker struct {
 	// dependency is down, so the breaker counts it as neither success nor
 	// failure (resilience4j's ignoreExceptions): a burst of such work does
 	// not open the breaker, and a half-open probe that fails permanently
-	// frees its slot for the next attempt. It is still a failure in
-	// [Stats]. Set it when a permanent error may also mean the dependency
-	// is unwell (a handler that marks every refusal of its downstream as
-	// permanent).
+	// frees its slot for the next attempt. Nor is its duration a sample of
+	// the latency estimate (a message rejected in a microsecond says
+	// nothing of a dependency that answers in milliseconds). It is still
+	// a failure in [Stats]. Set it when a permanent error may also mean
+	// the dependency is unwell (a handler that marks every refusal of its
+	// downstream as permanent).
 	CountPermanent bool
 
 	// SlowCall makes slow successes failures to the breaker. On by default.
