@@ -221,6 +221,10 @@ func (b *BrokerResult) burstChecks() []Check {
 		after := pt.BurstLastDead - b.Sc.FaultEnd
 		last.OK = after <= bound
 		last.Value = fmt.Sprintf("the last %s after (%d of %d)", fmtAfter(after), pt.BurstDead, pt.BurstPoison)
+		if b.Sc.Kind.dlqDown() && pt.BurstFirstAfter != never {
+			last.Value = fmt.Sprintf("the first %s after, the last %s after (%d of %d)",
+				fmtAfter(pt.BurstFirstAfter-b.Sc.FaultEnd), fmtAfter(after), pt.BurstDead, pt.BurstPoison)
+		}
 	}
 	cs := []Check{last, {Name: "good messages dead-lettered", OK: pt.GoodDead == 0, Value: fmt.Sprint(pt.GoodDead), Limit: "0"}}
 	if !b.Sc.Kind.dlqDown() {

@@ -23,7 +23,8 @@ func result(k Kind) *BrokerResult {
 	}
 	sc := Scenario{Kind: k}.withDefaults()
 	if k.poisons() {
-		pt.BadDead, pt.BurstPoison, pt.BurstDead, pt.BurstLastDead = 3000, 3000, 3000, sc.FaultEnd+2*time.Second
+		pt.BadDead, pt.BurstPoison, pt.BurstDead = 3000, 3000, 3000
+		pt.BurstFirstAfter, pt.BurstLastDead = sc.FaultEnd+500*ms, sc.FaultEnd+2*time.Second
 	}
 	b := &BrokerResult{
 		Broker: "kafka", Sc: sc, Bad: "tenant-07", Keyed: true,

@@ -116,6 +116,10 @@ type figures struct {
 	// written by the end of the drain).
 	BurstPoison, BurstDead int
 	BurstLastDead          time.Duration
+	// BurstFirstAfter is when the first of them was written at or after
+	// the end of the fault window (never when none was): after a DLQ
+	// outage, how soon dead-lettering resumed.
+	BurstFirstAfter time.Duration
 	// BadAfterP99 is the p99 end-to-end latency of the bad tenant's
 	// messages produced after the fault window (never when the 99th
 	// percentile message was not handled); BadAfterN counts them.
@@ -134,7 +138,7 @@ type figures struct {
 
 // compute derives every figure of tl.
 func (tl *timeline) compute() figures {
-	var f figures
+	f := figures{BurstFirstAfter: never}
 	var healthyLat, matesLat, matesFromBrk, badAfter []time.Duration
 	for id := range tl.owner {
 		if tl.produced[id] == never {
@@ -151,6 +155,9 @@ func (tl *timeline) compute() figures {
 					f.BurstDead++
 				}
 				f.BurstLastDead = max(f.BurstLastDead, tl.dead[id])
+				if tl.dead[id] >= tl.faultEnd {
+					f.BurstFirstAfter = min(f.BurstFirstAfter, tl.dead[id])
+				}
 			case tl.produced[id] >= tl.faultEnd:
 				lat := tl.latency[id]
 				if tl.handled[id] == never {

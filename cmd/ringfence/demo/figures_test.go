@@ -246,20 +246,22 @@ func TestFiguresBurst(t *testing.T) {
 		name          string
 		msgs          []msg
 		poisonN, dead int
-		last          time.Duration
+		first, last   time.Duration // first at or after the window's end (2s)
 		goodDead      int
 	}{
-		{"all written", []msg{poison(2*s, true), poison(3*s, true), poison(2500*ms, true)}, 3, 3, 3 * s, 0},
-		{"one never written", []msg{poison(2*s, true), poison(0, false)}, 2, 1, never, 0},
-		{"written, then not read back", []msg{poison(2*s, true), poison(2*s, false)}, 2, 1, 2 * s, 0},
-		{"a good message of the bad tenant dead-lettered", []msg{poison(2*s, true), {t: 0, produced: 1500 * ms, dead: 2 * s, inDLQ: true}}, 1, 1, 2 * s, 1},
-		{"a healthy tenant's dead letter", []msg{{t: 4, produced: s, dead: 2 * s, inDLQ: true}}, 0, 0, 0, 1},
-		{"the poison tenant's poison is not good", []msg{{t: 1, produced: s, dead: 2 * s, inDLQ: true, poison: true}}, 0, 0, 0, 0},
+		{"all written", []msg{poison(2*s, true), poison(3*s, true), poison(2500*ms, true)}, 3, 3, 2 * s, 3 * s, 0},
+		{"some in the window", []msg{poison(1800*ms, true), poison(2100*ms, true)}, 2, 2, 2100 * ms, 2100 * ms, 0},
+		{"all in the window", []msg{poison(1800*ms, true), poison(1900*ms, true)}, 2, 2, never, 1900 * ms, 0},
+		{"one never written", []msg{poison(2*s, true), poison(0, false)}, 2, 1, 2 * s, never, 0},
+		{"written, then not read back", []msg{poison(2*s, true), poison(2*s, false)}, 2, 1, 2 * s, 2 * s, 0},
+		{"a good message of the bad tenant dead-lettered", []msg{poison(2*s, true), {t: 0, produced: 1500 * ms, dead: 2 * s, inDLQ: true}}, 1, 1, 2 * s, 2 * s, 1},
+		{"a healthy tenant's dead letter", []msg{{t: 4, produced: s, dead: 2 * s, inDLQ: true}}, 0, 0, never, 0, 1},
+		{"the poison tenant's poison is not good", []msg{{t: 1, produced: s, dead: 2 * s, inDLQ: true, poison: true}}, 0, 0, never, 0, 0},
 	} {
 		f := synth(tc.msgs...).compute()
-		if f.BurstPoison != tc.poisonN || f.BurstDead != tc.dead || f.BurstLastDead != tc.last || f.GoodDead != tc.goodDead {
-			t.Errorf("%s: burst %d, dead %d, last %v, good dead %d; want %d %d %v %d", tc.name,
-				f.BurstPoison, f.BurstDead, f.BurstLastDead, f.GoodDead, tc.poisonN, tc.dead, tc.last, tc.goodDead)
+		if f.BurstPoison != tc.poisonN || f.BurstDead != tc.dead || f.BurstFirstAfter != tc.first || f.BurstLastDead != tc.last || f.GoodDead != tc.goodDead {
+			t.Errorf("%s: burst %d, dead %d, first %v, last %v, good dead %d; want %d %d %v %v %d", tc.name,
+				f.BurstPoison, f.BurstDead, f.BurstFirstAfter, f.BurstLastDead, f.GoodDead, tc.poisonN, tc.dead, tc.first, tc.last, tc.goodDead)
 		}
 	}
 	// After the window (it ends at 2s): the bad tenant's good messages

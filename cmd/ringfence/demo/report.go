@@ -139,6 +139,7 @@ type RunJSON struct {
 	GoodDeadLettered       int      `json:"good_dead_lettered"`
 	BurstPoison            int      `json:"burst_poison"`
 	BurstDeadLettered      int      `json:"burst_dead_lettered"`
+	BurstFirstDeadAfterMs  *float64 `json:"burst_first_dead_lettered_after_end_ms"`
 	BurstLastDeadAfterMs   *float64 `json:"burst_last_dead_lettered_after_end_ms"`
 	BadAfterP99Ms          *float64 `json:"bad_after_fault_p99_ms"`
 	BadAfterP99Ratio       *float64 `json:"bad_after_fault_p99_ratio"`
@@ -206,10 +207,14 @@ func (b *BrokerResult) runJSON(m Mode) RunJSON {
 	if m != Shared {
 		j.BreakerTrips = b.badTenant(m).Trips
 	}
-	if r.BurstPoison > 0 && r.BurstLastDead != never {
-		ms := round3(float64(r.BurstLastDead-b.Sc.FaultEnd) / float64(time.Millisecond))
-		j.BurstLastDeadAfterMs = &ms
+	afterEnd := func(d time.Duration) *float64 {
+		if r.BurstPoison == 0 || d == never {
+			return nil
+		}
+		ms := round3(float64(d-b.Sc.FaultEnd) / float64(time.Millisecond))
+		return &ms
 	}
+	j.BurstFirstDeadAfterMs, j.BurstLastDeadAfterMs = afterEnd(r.BurstFirstAfter), afterEnd(r.BurstLastDead)
 	return j
 }
 
@@ -441,6 +446,14 @@ func (b *BrokerResult) WriteSummary(w io.Writer) {
 	row(b.Bad+" dead-lettered", func(r RunResult) string { return fmt.Sprint(r.BadDead) })
 	if sc.Kind.poisons() {
 		row("  poison of its burst dead-lettered", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.BurstDead, r.BurstPoison) })
+		if sc.Kind.dlqDown() {
+			row("  the first after the "+b.burstEnd(), func(r RunResult) string {
+				if r.BurstFirstAfter == never {
+					return "-"
+				}
+				return fmtAfter(r.BurstFirstAfter - sc.FaultEnd)
+			})
+		}
 		row("  the last after the "+b.burstEnd(), func(r RunResult) string {
 			if r.BurstPoison == 0 {
 				return "-"
