@@ -453,6 +453,7 @@ func TestConfigValidation(t *testing.T) {
 		{"no dlq", func(c *consumer.Config) { c.DLQ = nil }, "DLQ"},
 		{"negative concurrency", func(c *consumer.Config) { c.Concurrency = -1 }, "Concurrency"},
 		{"negative parked", func(c *consumer.Config) { c.MaxParked = -5 }, "MaxParked"},
+		{"negative DLQ probe", func(c *consumer.Config) { c.DLQProbe = -time.Second }, "DLQProbe"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
