@@ -146,13 +146,13 @@ Runs the noisy-neighbour demo on in-process Kafka and NATS (each in a child
 process, so the heap figures are the consumer's): traffic for many tenants
 keyed onto partitions, one bad tenant, and a fault for it (--scenario):
 
-  outage       its dependency fails for a few seconds (with the shared-breaker comparison)
-  long-outage  its dependency fails for --outage (5m by default)
-  slow         its calls take 500ms instead of failing
-  hang         its calls block until cancelled
-  hot          it sends 20x its rate, every call succeeding
-  poison-burst every message it sends for 30s is poison (policy.Permanent)
-  dlq-outage   every message it sends for 60s is poison, while the DLQ refuses writes
+  outage        its dependency fails for a few seconds (with the shared-breaker comparison)
+  long-outage   its dependency fails for --outage (5m by default)
+  slow          its calls take 500ms instead of failing
+  hang          its calls block until cancelled
+  hot           it sends 20x its rate, every call succeeding
+  poison-burst  every message it sends for 30s is poison (policy.Permanent)
+  dlq-outage    every message it sends for 60s is poison, while the DLQ refuses writes
 
 Each scenario runs with no fault (the baseline) and with per-tenant guards;
 the summary compares goodput, p99 latency, commit lag, heap, parking, dead
