@@ -350,6 +350,36 @@ func TestSnapshotShared(t *testing.T) {
 	}
 }
 
+// A tenant whose DLQ refuses its dead letters is in trouble, and the view
+// and the JSON say the DLQ is why its messages wait.
+func TestDLQUnavailableShown(t *testing.T) {
+	eng := &countingEngine{stats: consumer.Stats{
+		Totals:                consumer.Totals{DLQFailures: 9},
+		DLQUnavailableTenants: 1,
+		Tenants: []consumer.TenantStats{
+			{Tenant: "acme", State: policy.Closed},
+			{Tenant: "globex", State: policy.Closed, DLQUnavailable: true, DLQUnavailableFor: time.Minute, DLQFailures: 9, Queued: 40},
+		},
+	}}
+	_, srv := serve(t, console.Options{Engine: eng})
+	hc := client(t)
+	r := do(t, hc, "GET", srv.URL+"/", nil, nil)
+	if r.status != 200 || !strings.Contains(r.body, "0 · dlq-unavailable") {
+		t.Fatalf("tenant view: %d\n%s", r.status, r.body)
+	}
+	if i, j := strings.Index(r.body, `data-token="globex"`), strings.Index(r.body, `data-token="acme"`); i < 0 || j < 0 || i > j {
+		t.Fatalf("globex is not first (in trouble): %d, %d", i, j)
+	}
+	ls := lines(t, do(t, hc, "GET", srv.URL+"/?format=json", nil, nil).body)
+	if ls[0]["dlq_unavailable_tenants"] != 1.0 || ls[0]["dlq_failures"] != 9.0 {
+		t.Fatalf("stats line %v", ls[0])
+	}
+	ts := ls[0]["tenants"].([]any)[1].(map[string]any)
+	if ts["dlq_unavailable"] != true || ts["dlq_failures"] != 9.0 {
+		t.Fatalf("tenant line %v", ts)
+	}
+}
+
 // The event log keeps the newest lines, drops retries, and renders keys
 // as text.
 func TestEventLog(t *testing.T) {

@@ -193,23 +193,27 @@ type StatsLine struct {
 	Engine bool   `json:"engine"`
 	Label  string `json:"label"`
 
-	Handled          uint64          `json:"handled"`
-	Failed           uint64          `json:"failed"`
-	DeadLettered     uint64          `json:"dead_lettered"`
-	Retried          uint64          `json:"retried"`
-	Panics           uint64          `json:"panics"`
-	Spilled          uint64          `json:"spilled"`
-	Refed            uint64          `json:"refed"`
-	SpillFailures    uint64          `json:"spill_failures"`
-	Duplicates       uint64          `json:"duplicates"`
-	Unwritable       uint64          `json:"unwritable"`
-	Parked           int             `json:"parked"`
-	Queued           int             `json:"queued"`
-	InFlight         int             `json:"in_flight"`
-	PausedPartitions int             `json:"paused_partitions"`
-	SpillingTenants  int             `json:"spilling_tenants"`
-	Partitions       []PartitionLine `json:"partitions"`
-	Tenants          []TenantStats   `json:"tenants"`
+	Handled          uint64 `json:"handled"`
+	Failed           uint64 `json:"failed"`
+	DeadLettered     uint64 `json:"dead_lettered"`
+	Retried          uint64 `json:"retried"`
+	Panics           uint64 `json:"panics"`
+	Spilled          uint64 `json:"spilled"`
+	Refed            uint64 `json:"refed"`
+	SpillFailures    uint64 `json:"spill_failures"`
+	Duplicates       uint64 `json:"duplicates"`
+	Unwritable       uint64 `json:"unwritable"`
+	Parked           int    `json:"parked"`
+	Queued           int    `json:"queued"`
+	InFlight         int    `json:"in_flight"`
+	PausedPartitions int    `json:"paused_partitions"`
+	SpillingTenants  int    `json:"spilling_tenants"`
+	// DLQUnavailableTenants counts the tenants whose DLQ refuses their
+	// dead letters now; DLQFailures the failed dead-letter writes.
+	DLQUnavailableTenants int             `json:"dlq_unavailable_tenants"`
+	DLQFailures           uint64          `json:"dlq_failures"`
+	Partitions            []PartitionLine `json:"partitions"`
+	Tenants               []TenantStats   `json:"tenants"`
 }
 
 // PartitionLine is one partition of a StatsLine.
@@ -246,8 +250,12 @@ type TenantStats struct {
 	Spilled      uint64 `json:"spilled"`
 	Refed        uint64 `json:"refed"`
 	Unwritable   uint64 `json:"unwritable"`
-	CommitLag    int64  `json:"commit_lag"`
-	LatencyNS    int64  `json:"latency_ns"`
+	// DLQUnavailable: its DLQ refuses its dead letters now (the messages
+	// behind them wait); DLQFailures counts its failed dead-letter writes.
+	DLQUnavailable bool   `json:"dlq_unavailable"`
+	DLQFailures    uint64 `json:"dlq_failures"`
+	CommitLag      int64  `json:"commit_lag"`
+	LatencyNS      int64  `json:"latency_ns"`
 	// OpenSince is when its breaker last left closed (null while closed),
 	// OpenForNS how long before the snapshot that was.
 	OpenSince *time.Time `json:"open_since"`
@@ -270,6 +278,7 @@ func statsLineOf(seq uint64, at time.Time, label string, s *consumer.Stats) Stat
 	l.Handled, l.Failed, l.DeadLettered, l.Retried, l.Panics = s.Handled, s.Failed, s.DeadLettered, s.Retried, s.Panics
 	l.Spilled, l.Refed, l.SpillFailures, l.Duplicates, l.Unwritable = s.Spilled, s.Refed, s.SpillFailures, s.Duplicates, s.Unwritable
 	l.Parked, l.Queued, l.InFlight, l.PausedPartitions, l.SpillingTenants = s.Parked, s.Queued, s.InFlight, s.PausedPartitions, s.SpillingTenants
+	l.DLQUnavailableTenants, l.DLQFailures = s.DLQUnavailableTenants, s.DLQFailures
 	for _, p := range s.Partitions {
 		pl := PartitionLine{
 			Topic: p.Partition.Topic, Partition: p.Partition.ID, Queued: p.Queued, Unsettled: p.Unsettled,
@@ -291,7 +300,8 @@ func statsLineOf(seq uint64, at time.Time, label string, s *consumer.Stats) Stat
 			Tenant: TenantOf(key), State: t.State.String(), Parked: t.Parked, Queued: t.Queued,
 			InFlight: t.InFlight, Limit: t.Limit, Spilling: t.Spilling, Handled: t.Handled, Failed: t.Failed,
 			DeadLettered: t.DeadLettered, Retried: t.Retried, Spilled: t.Spilled, Refed: t.Refed,
-			Unwritable: t.Unwritable, CommitLag: t.CommitLag, LatencyNS: int64(t.Latency),
+			Unwritable: t.Unwritable, DLQUnavailable: t.DLQUnavailable, DLQFailures: t.DLQFailures,
+			CommitLag: t.CommitLag, LatencyNS: int64(t.Latency),
 		})
 		setSince(&l.Tenants[len(l.Tenants)-1], &t, at)
 	}

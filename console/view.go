@@ -59,9 +59,10 @@ type tenantsView struct {
 }
 
 // inTrouble is the order of the tenant rows: open or half-open breakers,
-// parked or spilling tenants first (live.js sorts the same way).
+// parked or spilling tenants, and those whose DLQ refuses their dead
+// letters first (live.js sorts the same way).
 func inTrouble(t *TenantStats) bool {
-	return t.State != "closed" || t.Parked > 0 || t.Spilling > 0
+	return t.State != "closed" || t.Parked > 0 || t.Spilling > 0 || t.DLQUnavailable
 }
 
 // home is the tenant view: GET /.

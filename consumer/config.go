@@ -16,7 +16,8 @@ import (
 // its tenant policy's AttemptTimeout (or what is left of its Deadline), when
 // shutdown runs past DrainTimeout, and when Handle returns. Return nil for
 // success, an error marked with policy.Permanent for a message that can
-// never succeed, and any other error for a transient failure.
+// never succeed (it is dead-lettered at once, and its tenant's breaker does
+// not count it), and any other error for a transient failure.
 type Handler interface {
 	Handle(ctx context.Context, m *Message) error
 }
@@ -149,10 +150,19 @@ type Config struct {
 	// DrainTimeout is how long Run waits for in-flight handlers on shutdown
 	// before cancelling their ctx. Zero means 30s.
 	DrainTimeout time.Duration
-	// DLQRetry is the wait between attempts to write a dead letter while the
-	// DLQ is failing (also to append to a failing spill log); it doubles up
-	// to 30s. Zero means 100ms.
+	// DLQRetry is the first wait before a dead letter the DLQ refused is
+	// written again; while the DLQ keeps refusing, the wait doubles up to
+	// DLQProbe. It is also the first wait before a failed spill-log call is
+	// made again (doubling up to 30s, spillRetryMax). Zero means 100ms.
 	DLQRetry time.Duration
+	// DLQProbe is the longest wait between two writes of a dead letter
+	// while its tenant's DLQ refuses them. Each such write is a probe of
+	// the DLQ: dead letters flow again within DLQProbe of the DLQ's return,
+	// at the speed the DLQ takes them. Meanwhile the tenant's messages
+	// behind the dead letter wait (and spill after StuckAfter; Stats says
+	// TenantStats.DLQUnavailable), and no other tenant waits. Zero means
+	// 1s; it is at least DLQRetry.
+	DLQProbe time.Duration
 	// OnEvent, if set, receives engine events, with no engine lock held. It
 	// must be safe for concurrent use; it runs on the engine's goroutines,
 	// so a slow hook slows the engine.
@@ -198,6 +208,7 @@ func (cfg Config) resolve() (Config, error) {
 		{"MaxIdleTenants", int64(cfg.MaxIdleTenants)},
 		{"DrainTimeout", int64(cfg.DrainTimeout)},
 		{"DLQRetry", int64(cfg.DLQRetry)},
+		{"DLQProbe", int64(cfg.DLQProbe)},
 	} {
 		if f.v < 0 {
 			return cfg, fmt.Errorf("%w: %s must not be negative, got %d", ErrInvalidConfig, f.name, f.v)
@@ -223,6 +234,10 @@ func (cfg Config) resolve() (Config, error) {
 	if cfg.DLQRetry == 0 {
 		cfg.DLQRetry = 100 * time.Millisecond
 	}
+	if cfg.DLQProbe == 0 {
+		cfg.DLQProbe = time.Second
+	}
+	cfg.DLQProbe = max(cfg.DLQProbe, cfg.DLQRetry)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
@@ -29,6 +30,7 @@ func TestNewRefusesInvalidConfig(t *testing.T) {
 		{"negative concurrency", func(c *consumer.Config) { c.Concurrency = -1 }, "Concurrency"},
 		{"negative parked", func(c *consumer.Config) { c.MaxParked = -5 }, "MaxParked"},
 		{"negative idle tenants", func(c *consumer.Config) { c.MaxIdleTenants = -1 }, "MaxIdleTenants"},
+		{"negative DLQ probe", func(c *consumer.Config) { c.DLQProbe = -time.Second }, "DLQProbe"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -91,7 +91,7 @@ type Consumer struct {
 type counters struct {
 	handled, failed, dead, retried, panics atomic.Uint64
 	spilled, refed, spillFails, duplicates atomic.Uint64
-	unwritable                             atomic.Uint64
+	unwritable, dlqFails                   atomic.Uint64
 	_                                      [64]byte
 }
 
@@ -498,7 +498,7 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 	if c.cfg.Spill != nil && sh.commit.unsettled > 0 {
 		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
 			if l := h.st.lane; !l.spill.on && !l.spill.want {
-				c.requestSpill(l, SpillStuck, &ev)
+				c.requestSpill(l, decideStuckSpill(l.t.dlqDownAt.Load() != 0), &ev)
 			}
 		}
 	}

@@ -22,8 +22,9 @@ type asideState struct {
 }
 
 // deadLetter writes m to its tenant's DLQ and settles it. While the DLQ
-// fails, m stays unsettled at the head of its lane and the write is retried
-// after a doubling wait; a record the sink says can never be written is set
+// refuses it, m stays unsettled at the head of its lane and is written
+// again after a wait that doubles from DLQRetry up to DLQProbe (each write
+// a probe of the DLQ); a record the sink says can never be written is set
 // aside (see setAside).
 func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause error) {
 	l := m.st.lane
@@ -33,7 +34,7 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 		f := m.st.wr()
 		f.dlqReason = reason
 		f.dlqFails++
-		wait, aside := decideDLQFailed(f.dlqFails, c.cfg.DLQRetry, errors.Is(err, dlq.ErrUnwritable))
+		wait, aside := decideDLQFailed(f.dlqFails, c.cfg.DLQRetry, c.cfg.DLQProbe, errors.Is(err, dlq.ErrUnwritable))
 		if aside {
 			w.n.unwritable.Add(1)
 			l.t.unwritable.Add(1)
@@ -43,20 +44,41 @@ func (c *Consumer) deadLetter(w *worker, m *Message, reason dlq.Reason, cause er
 			w.res.aside = m
 			return
 		}
-		if c.hctx.Err() == nil {
-			c.log.Warn("consumer: dead-letter write failed; message kept unsettled", "tenant", l.key, "offset", m.Offset, "err", err, "retry_in", wait)
-		}
+		w.n.dlqFails.Add(1)
+		c.dlqRefused(l.t, m, err, wait)
 		c.emit(Event{Kind: EventDLQFailed, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: err, Reason: reason, Delay: wait})
 		traceEvent(m, "dlq-failed", wait)
 		w.res.wait = wait
 		return
 	}
+	c.dlqTook(l.t)
 	w.n.dead.Add(1)
 	l.t.dead.Add(1)
 	c.settleSource(l.sh, m, &w.settling)
 	w.res.settled = append(w.res.settled, m)
 	traceDead(m, reason, cause)
 	c.emit(Event{Kind: EventDeadLettered, Tenant: l.key, Partition: m.Partition, Offset: m.Offset, Err: cause, Reason: reason})
+}
+
+// dlqRefused notes that t's DLQ refused m's dead letter (not for good):
+// the DLQ is unavailable until a write succeeds (TenantStats.DLQUnavailable).
+// The first refusal of an outage is logged, not each probe after it.
+func (c *Consumer) dlqRefused(t *tenant, m *Message, err error, wait time.Duration) {
+	t.dlqFails.Add(1)
+	if t.dlqDownAt.Load() != 0 || !t.dlqDownAt.CompareAndSwap(0, max(c.clock(), 1)) || c.hctx.Err() != nil {
+		return
+	}
+	c.log.Warn("consumer: DLQ unavailable; the tenant's dead letter and the messages behind it wait, probing the DLQ", "tenant", t.key, "partition", m.Partition, "offset", m.Offset, "err", err, "retry_in", wait, "probe_every", c.cfg.DLQProbe)
+}
+
+// dlqTook notes that t's DLQ took a dead letter: if it was unavailable, it
+// is back.
+func (c *Consumer) dlqTook(t *tenant) {
+	at := t.dlqDownAt.Load()
+	if at == 0 || !t.dlqDownAt.CompareAndSwap(at, 0) {
+		return
+	}
+	c.log.Info("consumer: DLQ available again", "tenant", t.key, "down_for", time.Duration(max(c.clock()-at, 0)))
 }
 
 // record builds m's dead-letter record.
@@ -131,6 +153,7 @@ func (c *Consumer) retryAside(sh *shard, ms []*Message) {
 		if err := c.cfg.DLQ.Write(c.hctx, rec); err != nil {
 			continue
 		}
+		c.dlqTook(l.t)
 		c.stats.dead.Add(1)
 		l.t.dead.Add(1)
 		var d dwellRun

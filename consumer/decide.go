@@ -229,13 +229,31 @@ func decideWait(closed bool, backoff time.Duration) verdict {
 	return verdict{act: actRetry, delay: max(backoff, time.Millisecond), newRound: true}
 }
 
-// decideDLQFailed: a dead letter that could not be written keeps the message
-// unsettled and tries again after a doubling wait, unless the sink says it
-// can never be written (then the message is set aside: see setAside).
-func decideDLQFailed(fails int, base time.Duration, unwritable bool) (wait time.Duration, aside bool) {
+// decideDLQFailed: a dead letter that could not be written keeps the
+// message unsettled and is written again after a wait that starts at
+// retry and doubles up to probe: the DLQ is down (the dependency of the
+// dead letter, not the message, is at fault), and each write is a probe
+// of it, so the wait must not grow past what the DLQ's return may cost.
+// A record the sink says can never be written is set aside instead (see
+// setAside).
+func decideDLQFailed(fails int, retry, probe time.Duration, unwritable bool) (wait time.Duration, aside bool) {
 	if unwritable {
 		return 0, true
 	}
-	wait = base << min(fails-1, 8)
-	return min(wait, 30*time.Second), false
+	wait = retry
+	for i := 1; i < fails && wait < probe; i++ {
+		wait *= 2
+	}
+	return min(wait, probe), false
+}
+
+// decideStuckSpill says why a lane whose oldest message held its
+// partition's commit for StuckAfter spills: its DLQ refusing the dead
+// letter it waits on (dlqDown), or simply stuck (an open breaker, a
+// retrying or hanging head).
+func decideStuckSpill(dlqDown bool) SpillReason {
+	if dlqDown {
+		return SpillDLQUnavailable
+	}
+	return SpillStuck
 }

@@ -151,27 +151,56 @@ func TestDecideWaitAndDLQ(t *testing.T) {
 	if got := decideWait(false, 30*time.Millisecond); got != (verdict{act: actPark, newRound: true}) {
 		t.Errorf("not closed: %+v", got)
 	}
-	for _, tc := range []struct {
-		fails      int
-		unwritable bool
-		wait       time.Duration
-		aside      bool
-	}{
-		{1, false, 100 * time.Millisecond, false},
-		{2, false, 200 * time.Millisecond, false},
-		{9, false, 25600 * time.Millisecond, false},
-		{40, false, 25600 * time.Millisecond, false}, // the doubling stops at 2^8
-		{1, true, 0, true},
-	} {
-		wait, aside := decideDLQFailed(tc.fails, 100*time.Millisecond, tc.unwritable)
-		if wait != tc.wait || aside != tc.aside {
-			t.Errorf("decideDLQFailed(%d, unwritable=%v) = %v, %v; want %v, %v", tc.fails, tc.unwritable, wait, aside, tc.wait, tc.aside)
-		}
-	}
-	if wait, _ := decideDLQFailed(9, time.Second, false); wait != 30*time.Second {
-		t.Errorf("the wait is capped at 30s, got %v", wait)
-	}
 	if got := decideRefused(0); got != (verdict{act: actPark, delay: time.Millisecond}) {
 		t.Errorf("decideRefused(0) = %+v", got)
+	}
+}
+
+// TestDecideStuckSpill: a lane stuck behind a dead letter its DLQ refuses
+// spills for that reason; any other stuck lane as stuck.
+func TestDecideStuckSpill(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		dlqDown bool
+		want    SpillReason
+	}{
+		{false, SpillStuck},
+		{true, SpillDLQUnavailable},
+	} {
+		if got := decideStuckSpill(tc.dlqDown); got != tc.want {
+			t.Errorf("decideStuckSpill(dlqDown=%v) = %v, want %v", tc.dlqDown, got, tc.want)
+		}
+	}
+}
+
+// TestDecideDLQFailed: a refused dead letter is written again after a wait
+// that doubles from DLQRetry up to DLQProbe (each write a probe of the
+// DLQ), never longer, however long the DLQ stays down; one the DLQ can
+// never take is set aside at once.
+func TestDecideDLQFailed(t *testing.T) {
+	t.Parallel()
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name         string
+		fails        int
+		retry, probe time.Duration
+		unwritable   bool
+		wait         time.Duration
+		aside        bool
+	}{
+		{"first failure: DLQRetry", 1, 100 * ms, time.Second, false, 100 * ms, false},
+		{"second: doubled", 2, 100 * ms, time.Second, false, 200 * ms, false},
+		{"fourth", 4, 100 * ms, time.Second, false, 800 * ms, false},
+		{"fifth: capped at DLQProbe", 5, 100 * ms, time.Second, false, time.Second, false},
+		{"a minute of failures: still DLQProbe", 60, 100 * ms, time.Second, false, time.Second, false},
+		{"a million failures: no overflow", 1 << 20, time.Hour, 2 * time.Hour, false, 2 * time.Hour, false},
+		{"DLQProbe equal to DLQRetry: constant", 7, time.Second, time.Second, false, time.Second, false},
+		{"unwritable: set aside", 1, 100 * ms, time.Second, true, 0, true},
+		{"unwritable after transient failures", 9, 100 * ms, time.Second, true, 0, true},
+	} {
+		wait, aside := decideDLQFailed(tc.fails, tc.retry, tc.probe, tc.unwritable)
+		if wait != tc.wait || aside != tc.aside {
+			t.Errorf("%s: decideDLQFailed(%d, %v, %v, %v) = %v, %v; want %v, %v", tc.name, tc.fails, tc.retry, tc.probe, tc.unwritable, wait, aside, tc.wait, tc.aside)
+		}
 	}
 }

@@ -42,8 +42,9 @@
 //
 // With a [SpillLog], a lane whose tenant cannot make progress spills: when
 // it is parked at MaxParkedPerTenant, when its oldest message has held the
-// partition's commit for StuckAfter, or when its backlog passes
-// MaxQueuedPerTenant. Its messages are appended, in order, to its spill
+// partition's commit for StuckAfter (the reason is dlq-unavailable when
+// that message waits for a dead letter its DLQ refuses), or when its
+// backlog passes MaxQueuedPerTenant. Its messages are appended, in order, to its spill
 // log and their originals settled once the log acknowledged them, so the
 // partition's commit moves on; the log is read back oldest first,
 // RefeedWindow at a time, and its entries are removed only once settled.
@@ -52,17 +53,34 @@
 // # Dead letters
 //
 // A message goes to its tenant's DLQ when its error is permanent
-// (policy.Permanent), or when there is evidence that it fails on its own:
-// it failed while a message behind it, tried right after, succeeded, it
-// failed once more after that, and (when more messages wait behind the
-// one that succeeded) one of those succeeded after that last failure. Such
-// messages are handled ahead of their head, the only reordering the engine
-// makes (EventReordered). An outage, where every message fails, gives no
+// (policy.Permanent), at that attempt, or when there is evidence that it
+// fails on its own: it failed while a message behind it, tried right
+// after, succeeded, it failed once more after that, and (when more
+// messages wait behind the one that succeeded) one of those succeeded
+// after that last failure. Such messages are handled ahead of their head,
+// the only reordering the engine makes (EventReordered). An outage, where
+// every message fails with an error not marked permanent, gives no
 // evidence and dead-letters nothing: the breaker trips and the tenant
 // parks. A lone message with nothing behind it is never dead-lettered for
-// failing. A dead letter the DLQ refuses is retried with a doubling wait;
-// one it can never write (dlq.ErrUnwritable) is set aside, unsettled, and
-// tried again every minute. deadletter.go; the judging is in step.go.
+// failing.
+//
+// A permanent error is the message's fault, not its dependency's: the
+// tenant's breaker does not count it (unless the policy sets
+// Breaker.CountPermanent), so a burst of poison never parks the tenant.
+// Each poison message is dead-lettered as it comes up, at the speed the
+// DLQ takes writes, and the good messages behind it are handled as soon as
+// they come up; a tenant that spilled meanwhile is re-fed RefeedWindow at
+// a time.
+//
+// A dead letter the DLQ refuses stays unsettled at the head of its lane
+// and is written again after a wait that doubles from DLQRetry up to
+// DLQProbe (1s): each write is a probe of the DLQ, so dead letters flow
+// again within about DLQProbe of its return. Meanwhile the messages behind
+// it wait and, after StuckAfter, spill (reason dlq-unavailable);
+// TenantStats.DLQUnavailable says why, and no other tenant waits. A dead
+// letter the DLQ can never write (dlq.ErrUnwritable) is set aside,
+// unsettled, and tried again every minute. deadletter.go; the judging is
+// in step.go.
 //
 // # Commits
 //

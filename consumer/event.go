@@ -16,7 +16,7 @@ const (
 	EventResumed                               // a parked lane got a permit again
 	EventRetried                               // a message will be retried after Delay
 	EventDeadLettered                          // a message's dead letter was written and it was settled
-	EventDLQFailed                             // writing a dead letter failed; it stays unsettled and is retried after Delay
+	EventDLQFailed                             // writing a dead letter failed; it stays unsettled and is written again after Delay (at most Config.DLQProbe)
 	EventDLQUnwritable                         // the DLQ says the dead letter can never be written; the message is set aside
 	EventPanicked                              // a handler panicked (counted as a failure)
 	EventPaused                                // a partition was paused (Pause says why)

@@ -63,10 +63,13 @@ func TestForgottenTenantStartsFresh(t *testing.T) {
 	produceMany(h, "other", 20)
 	consumertest.Eventually(t, "the other tenants handled", func() bool { return rec.Distinct() == 21 })
 	consumertest.Eventually(t, "a forgotten", func() bool { return !tracked(e.c, "a") })
-	s := e.c.Stats().Tracked
-	if s.Idle > 2 || s.Lanes > 2 || s.Forgotten == 0 || s.MaxIdle != 2 {
-		t.Fatalf("tracking %+v, want at most 2 idle tenants and 2 lanes", s)
-	}
+	// Lanes just handled are swept by the next lanes made or by
+	// housekeeping's next ticks, so the bound holds once they have run.
+	var s consumer.TrackedStats
+	consumertest.Eventually(t, "at most 2 idle tenants and 2 lanes tracked", func() bool {
+		s = e.c.Stats().Tracked
+		return s.Idle <= 2 && s.Lanes <= 2 && s.Forgotten > 0 && s.MaxIdle == 2
+	})
 	checkInvariants(t, e.c)
 
 	produce(h, "a", 0, 1)

@@ -21,6 +21,9 @@ const (
 	SpillStuck                            // its oldest message held the partition's commit for StuckAfter
 	SpillBacklog                          // its backlog in the partition passed MaxQueuedPerTenant
 	SpillRecovered                        // its spill log had entries when the partition was assigned
+	// SpillDLQUnavailable: as SpillStuck, while its oldest message waits
+	// for a dead letter its DLQ refuses (TenantStats.DLQUnavailable).
+	SpillDLQUnavailable
 )
 
 func (r SpillReason) String() string {
@@ -33,6 +36,8 @@ func (r SpillReason) String() string {
 		return "backlog"
 	case SpillRecovered:
 		return "recovered"
+	case SpillDLQUnavailable:
+		return "dlq-unavailable"
 	}
 	return "none"
 }
@@ -390,6 +395,10 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 	return dups
 }
 
+// spillRetryMax caps the wait before a failed spill-log call is made
+// again (from Config.DLQRetry, doubling).
+const spillRetryMax = 30 * time.Second
+
 // spillFailed backs l's spill job off after a failed call: the messages stay
 // where they are (pend, unsettled), and the job runs again after a doubling
 // wait. A partition whose memory bound is reached meanwhile is paused, with
@@ -404,7 +413,7 @@ func (c *Consumer) spillFailed(l *lane, op string, err error, ev *[]Event) {
 		return
 	}
 	l.spill.fails++
-	wait := min(c.cfg.DLQRetry<<min(l.spill.fails-1, 8), 30*time.Second)
+	wait := min(c.cfg.DLQRetry<<min(l.spill.fails-1, 8), spillRetryMax)
 	l.spill.wait = true
 	time.AfterFunc(wait, func() {
 		sh.mu.Lock()

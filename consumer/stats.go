@@ -27,6 +27,16 @@ type TenantStats struct {
 	// Unwritable counts its dead letters the DLQ refused for good (set
 	// aside).
 	Unwritable uint64
+	// DLQUnavailable says its DLQ refuses its dead letters now, and has
+	// for DLQUnavailableFor: a write failed (not for good) and none has
+	// succeeded since. That is why its messages wait: each lane with a
+	// dead letter to write writes it again at most Config.DLQProbe apart,
+	// the messages behind it wait (and spill, reason dlq-unavailable). No
+	// other tenant waits for it. DLQFailures counts its failed dead-letter
+	// writes.
+	DLQUnavailable    bool
+	DLQUnavailableFor time.Duration
+	DLQFailures       uint64
 	// Parked is how many of its messages wait behind an open breaker now.
 	Parked int
 	// Queued is how many of its messages are in the engine now (parked and
@@ -112,8 +122,9 @@ type Totals struct {
 	// SpillFailures: failed spill log calls; Duplicates: copies dropped on
 	// re-feed.
 	Spilled, Refed, SpillFailures, Duplicates uint64
-	// Unwritable counts dead letters the DLQ refused for good.
-	Unwritable uint64
+	// Unwritable counts dead letters the DLQ refused for good;
+	// DLQFailures failed dead-letter writes (to be written again).
+	Unwritable, DLQFailures uint64
 	// Dwell counts the messages handled or dead-lettered, all tenants, by
 	// their time from produce to settle. Filled by Stats (the tenants'
 	// histograms summed, forgotten ones included), not by Totals.
@@ -126,6 +137,9 @@ type Stats struct {
 	Parked, Queued, InFlight int
 	PausedPartitions         int
 	SpillingTenants          int
+	// DLQUnavailableTenants counts the tenants whose DLQ refuses their
+	// dead letters now (TenantStats.DLQUnavailable).
+	DLQUnavailableTenants int
 	// Partitions lists the assigned partitions, in order.
 	Partitions []PartitionStats
 	// Tenants lists the tenants the engine tracks now, sorted by key (the
@@ -159,7 +173,7 @@ type TrackedStats struct {
 // lock is taken, so it may be polled as often as a caller likes (Stats
 // takes each partition's lock and walks its oldest messages).
 func (c *Consumer) Totals() Totals {
-	var n [6]uint64
+	var n [7]uint64
 	for _, x := range append([]*counters{&c.stats}, c.counterSets()...) {
 		n[0] += x.handled.Load()
 		n[1] += x.failed.Load()
@@ -167,6 +181,7 @@ func (c *Consumer) Totals() Totals {
 		n[3] += x.retried.Load()
 		n[4] += x.panics.Load()
 		n[5] += x.unwritable.Load()
+		n[6] += x.dlqFails.Load()
 	}
 	return Totals{
 		Handled:       n[0],
@@ -175,6 +190,7 @@ func (c *Consumer) Totals() Totals {
 		Retried:       n[3],
 		Panics:        n[4],
 		Unwritable:    n[5],
+		DLQFailures:   n[6],
 		Spilled:       c.stats.spilled.Load(),
 		Refed:         c.stats.refed.Load(),
 		SpillFailures: c.stats.spillFails.Load(),
@@ -292,6 +308,9 @@ func (c *Consumer) Stats() Stats {
 		if x.Spilling > 0 {
 			s.SpillingTenants++
 		}
+		if x.DLQUnavailable {
+			s.DLQUnavailableTenants++
+		}
 		s.Tenants = append(s.Tenants, x)
 	}
 	slices.SortFunc(s.Tenants, func(a, b TenantStats) int {
@@ -351,6 +370,7 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 		Refed:        t.refed.Load(),
 		SpillLag:     max(int64(t.spilled.Load())-int64(t.spillDone.Load()), 0),
 		Unwritable:   t.unwritable.Load(),
+		DLQFailures:  t.dlqFails.Load(),
 		Parked:       int(t.parked.Load()),
 		InFlight:     int(t.inflight.Load()),
 		Spilling:     int(t.spillLanes.Load()),
@@ -358,6 +378,9 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 	}
 	if !t.none {
 		x.Limit = int(c.limitOf(t))
+	}
+	if at := t.dlqDownAt.Load(); at != 0 {
+		x.DLQUnavailable, x.DLQUnavailableFor = true, time.Duration(max(c.clock()-at, 0))
 	}
 	if g := t.peekGuard(); g != nil && g != c.fallback {
 		x.State = g.State()

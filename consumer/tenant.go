@@ -94,6 +94,12 @@ type tenant struct {
 	// noteOpen).
 	openSince atomic.Int64
 	dwell     dwellHist // its settles by time since produce
+	// dlqDownAt is the engine clock (at least 1) when the tenant's DLQ
+	// began to refuse its dead letters: a write failed, not for good (see
+	// dlq.ErrUnwritable), and none has succeeded since. 0 while the DLQ
+	// takes them. dlqFails counts its failed dead-letter writes.
+	dlqDownAt atomic.Int64
+	dlqFails  atomic.Uint64
 }
 
 // guard returns the tenant's guard, pinning it in the scope on first use.

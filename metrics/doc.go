@@ -13,7 +13,8 @@
 //     _failed_total, _dead_lettered_total, _spilled_total, _refed_total
 //     (counters); _parked, _queued, _breaker_state (0 closed, 1 half-open,
 //     2 open), _time_lag_seconds, _oldest_parked_age_seconds,
-//     _spill_backlog_age_seconds (gauges); _dwell_seconds (histogram of
+//     _spill_backlog_age_seconds, _dlq_unavailable (gauges);
+//     _dlq_write_failures_total (counter); _dwell_seconds (histogram of
 //     produce to settle over consumer.DwellBuckets);
 //   - per partition (label partition, "<topic-or-stream>/<n>"):
 //     ringfence_partition_time_lag_seconds, _commit_lag (offsets), _paused
@@ -21,7 +22,8 @@
 //   - per engine: ringfence_handled_total, _failed_total,
 //     _dead_lettered_total, _retries_total, _panics_total, _parked, _queued,
 //     _in_flight, _paused_partitions, _tenants_tracked, _tenants_exported,
-//     _scope_keys, _scope_evictions_total.
+//     _scope_keys, _scope_evictions_total, _dlq_write_failures_total,
+//     _dlq_unavailable_tenants.
 //
 // WithConstLabels adds labels to all of them; the collector adds none of
 // its own.
@@ -30,8 +32,9 @@
 //
 // Each tenant metric has at most K+1 series whatever the number of
 // tenants: the K tenants most worth watching by name (WithMaxTenants,
-// default 20: an open, then half-open breaker first, then most parked,
-// spilling, the oldest time lag, most queued, then by key) and one series
+// default 20: an open, then half-open breaker first, then a DLQ that
+// refuses its dead letters, most parked, spilling, the oldest time lag,
+// most queued, then by key) and one series
 // labelled [OtherTenant] ("_other") for the rest. In "_other" the counters
 // and the dwell histogram are the engine's totals minus the named
 // tenants' (so the tenant series add up to the totals, tenants the engine

@@ -84,11 +84,13 @@ type Collector struct {
 	handled, failed, dead, parked, queued, state *prometheus.Desc
 	timeLag, oldestParked, spillAge              *prometheus.Desc
 	spilled, refed, dwell                        *prometheus.Desc
+	dlqDown, dlqFails                            *prometheus.Desc
 	// Per partition.
 	pTimeLag, pCommitLag, pPaused, pCommitted *prometheus.Desc
 	// Totals.
 	tHandled, tFailed, tDead, tRetried, tPanics            *prometheus.Desc
 	tParked, tQueued, tInFlight, tPaused, tTenants, tShown *prometheus.Desc
+	tDLQFails, tDLQDown                                    *prometheus.Desc
 	scopeKeys, scopeEvictions                              *prometheus.Desc
 }
 
@@ -137,6 +139,8 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 		spilled:      per("spilled_total", "Messages of the tenant appended to its spill log."),
 		refed:        per("refed_total", "Messages of the tenant read back from its spill log."),
 		dwell:        per("dwell_seconds", "Time from produce to settle (handled or dead-lettered) of the tenant's messages."),
+		dlqDown:      per("dlq_unavailable", "1 while the tenant's dead-letter queue refuses its dead letters (its messages wait behind them), else 0 (_other: 1 if any of the rest)."),
+		dlqFails:     per("dlq_write_failures_total", "Failed writes of the tenant's dead letters (each written again later)."),
 
 		pTimeLag:   part("time_lag_seconds", "Time since the produce time of the partition's oldest unsettled message."),
 		pCommitLag: part("commit_lag", "Offsets a crash now would deliver again: the next offset minus the commit point."),
@@ -154,6 +158,8 @@ func NewCollector(c *consumer.Consumer, opts ...Option) (*Collector, error) {
 		tPaused:        total("paused_partitions", "Partitions paused for backpressure."),
 		tTenants:       total("tenants_tracked", "Tenants the engine tracks now."),
 		tShown:         total("tenants_exported", "Tenants exported with their own series in this scrape."),
+		tDLQFails:      total("dlq_write_failures_total", "Failed dead-letter writes, all tenants (each written again later)."),
+		tDLQDown:       total("dlq_unavailable_tenants", "Tenants whose dead-letter queue refuses their dead letters now."),
 		scopeKeys:      total("scope_keys", "Guards held by the tenant scope."),
 		scopeEvictions: total("scope_evictions_total", "Guards evicted from the tenant scope."),
 	}, nil
@@ -164,9 +170,11 @@ func (m *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		m.handled, m.failed, m.dead, m.parked, m.queued, m.state,
 		m.timeLag, m.oldestParked, m.spillAge, m.spilled, m.refed, m.dwell,
+		m.dlqDown, m.dlqFails,
 		m.pTimeLag, m.pCommitLag, m.pPaused, m.pCommitted,
 		m.tHandled, m.tFailed, m.tDead, m.tRetried, m.tPanics,
 		m.tParked, m.tQueued, m.tInFlight, m.tPaused, m.tTenants, m.tShown,
+		m.tDLQFails, m.tDLQDown,
 		m.scopeKeys, m.scopeEvictions,
 	} {
 		ch <- d
@@ -192,6 +200,8 @@ func (m *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(m.tInFlight, float64(st.InFlight))
 	gauge(m.tPaused, float64(st.PausedPartitions))
 	gauge(m.tTenants, float64(len(st.Tenants)))
+	counter(m.tDLQFails, st.DLQFailures)
+	gauge(m.tDLQDown, float64(st.DLQUnavailableTenants))
 	ss := m.c.Scope().Stats()
 	gauge(m.scopeKeys, float64(ss.Size))
 	counter(m.scopeEvictions, ss.Evictions)
@@ -236,6 +246,8 @@ func (m *Collector) tenant(ch chan<- prometheus.Metric, t *consumer.TenantStats,
 	gauge(m.timeLag, t.TimeLag.Seconds())
 	gauge(m.oldestParked, t.OldestParked.Seconds())
 	gauge(m.spillAge, t.SpillBacklogAge.Seconds())
+	gauge(m.dlqDown, boolValue(t.DLQUnavailable))
+	counter(m.dlqFails, t.DLQFailures)
 	buckets := make(map[float64]uint64, len(m.buckets))
 	for i, b := range m.buckets {
 		if i < len(t.Dwell.Counts) {
@@ -247,13 +259,15 @@ func (m *Collector) tenant(ch chan<- prometheus.Metric, t *consumer.TenantStats,
 
 // topTenants splits ts into the (at most) k tenants most worth watching,
 // ordered by key, and the rest: an open, then half-open breaker first,
-// then most parked, spilling, oldest time lag, most queued, then by key.
+// then a DLQ that refuses its dead letters, most parked, spilling, oldest
+// time lag, most queued, then by key.
 // It reorders ts.
 func topTenants(ts []consumer.TenantStats, k int) (named, rest []consumer.TenantStats) {
 	if len(ts) > k {
 		slices.SortFunc(ts, func(a, b consumer.TenantStats) int {
 			return cmp.Or(
 				cmp.Compare(rank(b.State), rank(a.State)),
+				cmp.Compare(boolValue(b.DLQUnavailable), boolValue(a.DLQUnavailable)),
 				cmp.Compare(b.Parked, a.Parked),
 				cmp.Compare(b.Spilling, a.Spilling),
 				cmp.Compare(b.TimeLag, a.TimeLag),
@@ -286,6 +300,7 @@ func other(st *consumer.Stats, named, rest []consumer.TenantStats) *consumer.Ten
 		DeadLettered: st.DeadLettered,
 		Spilled:      st.Spilled,
 		Refed:        st.Refed,
+		DLQFailures:  st.DLQFailures,
 		State:        policy.Closed,
 		Dwell: consumer.Histogram{
 			Counts: slices.Clone(st.Dwell.Counts),
@@ -301,6 +316,7 @@ func other(st *consumer.Stats, named, rest []consumer.TenantStats) *consumer.Ten
 		sub(&o.DeadLettered, t.DeadLettered)
 		sub(&o.Spilled, t.Spilled)
 		sub(&o.Refed, t.Refed)
+		sub(&o.DLQFailures, t.DLQFailures)
 		sub(&o.Dwell.Count, t.Dwell.Count)
 		o.Dwell.Sum = max(o.Dwell.Sum-t.Dwell.Sum, 0)
 		for j := range o.Dwell.Counts {
@@ -319,6 +335,7 @@ func other(st *consumer.Stats, named, rest []consumer.TenantStats) *consumer.Ten
 		o.TimeLag = max(o.TimeLag, t.TimeLag)
 		o.OldestParked = max(o.OldestParked, t.OldestParked)
 		o.SpillBacklogAge = max(o.SpillBacklogAge, t.SpillBacklogAge)
+		o.DLQUnavailable = o.DLQUnavailable || t.DLQUnavailable
 	}
 	return &o
 }

@@ -183,6 +183,64 @@ ringfence_tenant_handled_total{tenant="z"} 0
 	}
 }
 
+// TestCollectorDLQUnavailable: a tenant whose DLQ refuses its dead letters
+// says so, per tenant and in the totals, and is kept among the tenants
+// worth watching.
+func TestCollectorDLQUnavailable(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	down := dlq.SinkFunc(func(context.Context, *dlq.Record) error { return errors.New("dlq unreachable") })
+	c, err := consumer.New(consumer.Config{
+		Tenant: h.Tenant(), DLQ: down, DLQRetry: time.Millisecond, DLQProbe: time.Millisecond,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "bad" {
+				return policy.Permanent(errors.New("bad"))
+			}
+			return nil
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []consumertest.Msg{{Tenant: "a", Value: []byte("1")}, {Tenant: "b", Value: []byte("1")}, {Tenant: "z", Value: []byte("bad")}} {
+		h.Produce(t, m)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, h.NewSource(t)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	consumertest.Eventually(t, "z's DLQ to refuse its dead letter twice", func() bool {
+		s := c.Stats()
+		return s.Handled == 2 && s.DLQUnavailableTenants == 1 && s.DLQFailures >= 2
+	})
+	col, err := metrics.NewCollector(c, metrics.WithMaxTenants(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP ringfence_tenant_dlq_unavailable 1 while the tenant's dead-letter queue refuses its dead letters (its messages wait behind them), else 0 (_other: 1 if any of the rest).
+# TYPE ringfence_tenant_dlq_unavailable gauge
+ringfence_tenant_dlq_unavailable{tenant="_other"} 0
+ringfence_tenant_dlq_unavailable{tenant="z"} 1
+# HELP ringfence_dlq_unavailable_tenants Tenants whose dead-letter queue refuses their dead letters now.
+# TYPE ringfence_dlq_unavailable_tenants gauge
+ringfence_dlq_unavailable_tenants 1
+`
+	if err := testutil.CollectAndCompare(col, strings.NewReader(want), "ringfence_tenant_dlq_unavailable", "ringfence_dlq_unavailable_tenants"); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"ringfence_tenant_dlq_write_failures_total": 2, "ringfence_dlq_write_failures_total": 1} {
+		if n := testutil.CollectAndCount(col, name); n != want {
+			t.Errorf("%d %s series, want %d", n, name, want)
+		}
+	}
+}
+
 func TestCollectorTenantLabelIsAToken(t *testing.T) {
 	t.Parallel()
 	odd := "caf\xe9/../*" // not UTF-8, with path and wildcard characters

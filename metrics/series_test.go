@@ -33,6 +33,8 @@ var series = map[string]struct {
 	"ringfence_tenant_time_lag_seconds":          {dto.MetricType_GAUGE, "tenant"},
 	"ringfence_tenant_oldest_parked_age_seconds": {dto.MetricType_GAUGE, "tenant"},
 	"ringfence_tenant_spill_backlog_age_seconds": {dto.MetricType_GAUGE, "tenant"},
+	"ringfence_tenant_dlq_unavailable":           {dto.MetricType_GAUGE, "tenant"},
+	"ringfence_tenant_dlq_write_failures_total":  {dto.MetricType_COUNTER, "tenant"},
 	"ringfence_tenant_dwell_seconds":             {dto.MetricType_HISTOGRAM, "tenant"},
 	"ringfence_partition_time_lag_seconds":       {dto.MetricType_GAUGE, "partition"},
 	"ringfence_partition_commit_lag":             {dto.MetricType_GAUGE, "partition"},
@@ -51,6 +53,8 @@ var series = map[string]struct {
 	"ringfence_tenants_exported":                 {dto.MetricType_GAUGE, ""},
 	"ringfence_scope_keys":                       {dto.MetricType_GAUGE, ""},
 	"ringfence_scope_evictions_total":            {dto.MetricType_COUNTER, ""},
+	"ringfence_dlq_write_failures_total":         {dto.MetricType_COUNTER, ""},
+	"ringfence_dlq_unavailable_tenants":          {dto.MetricType_GAUGE, ""},
 }
 
 // gather registers col in a pedantic registry (descriptors must match

@@ -19,6 +19,7 @@ const (
 	opOK     op = iota // Allow, then Done(nil)
 	opFail             // Allow, then Done(errFail)
 	opSkip             // Allow, then Done(errSkip), an excluded error
+	opPerm             // Allow, then Done(Permanent(errFail))
 	opReject           // Allow must be refused with ErrOpen
 	opWait             // advance the clock by d
 )
@@ -35,6 +36,7 @@ type step struct {
 func ok(n int, s policy.State) step   { return step{op: opOK, n: n, state: s} }
 func fail(n int, s policy.State) step { return step{op: opFail, n: n, state: s} }
 func skip(n int, s policy.State) step { return step{op: opSkip, n: n, state: s} }
+func perm(n int, s policy.State) step { return step{op: opPerm, n: n, state: s} }
 func reject(s policy.State) step      { return step{op: opReject, state: s} }
 func wait(d time.Duration, s policy.State) step {
 	return step{op: opWait, d: d, state: s}
@@ -74,6 +76,8 @@ func runSteps(t *testing.T, b policy.Breaker, steps []step) *policy.Guard {
 					p.Done(errFail)
 				case opSkip:
 					p.Done(errSkip)
+				case opPerm:
+					p.Done(policy.Permanent(errFail))
 				}
 			}
 		}
@@ -134,6 +138,16 @@ func TestBreakerTransitions(t *testing.T) {
 			[]step{fail(1, O), wait(5*time.Second, H), ok(2, H), fail(1, O)}},
 		{"excluded probe frees its slot", policy.Breaker{ConsecutiveFailures: 1},
 			[]step{fail(1, O), wait(5*time.Second, H), skip(3, H), ok(1, C)}},
+		{"permanent errors count as neither (the work's fault)", policy.Breaker{ConsecutiveFailures: 3},
+			[]step{perm(10, C), fail(2, C), perm(5, C), fail(1, O)}},
+		{"a permanent probe frees its slot", policy.Breaker{ConsecutiveFailures: 1},
+			[]step{fail(1, O), wait(5*time.Second, H), perm(3, H), ok(1, C)}},
+		{"ratio: permanent errors are not outcomes", ratio,
+			[]step{perm(30, C), ok(5, C), fail(4, C), fail(1, O)}}, // 5/10
+		{"CountPermanent: permanent errors trip", policy.Breaker{ConsecutiveFailures: 3, CountPermanent: true},
+			[]step{perm(2, C), perm(1, O)}},
+		{"CountPermanent: a permanent probe reopens", policy.Breaker{ConsecutiveFailures: 1, CountPermanent: true},
+			[]step{perm(1, O), wait(5*time.Second, H), perm(1, O), after(10*time.Second, O)}},
 		{"ratio: below min throughput never trips", ratio,
 			[]step{fail(9, C), fail(1, O)}},
 		{"ratio: trips when the ratio is reached", ratio,
@@ -349,6 +363,20 @@ func TestExcludeDefaultIsCanceled(t *testing.T) {
 	p.Done(context.DeadlineExceeded) // a timeout says the dependency is slow
 	if g.State() != policy.Open {
 		t.Fatalf("deadline exceeded not counted: %v", g.State())
+	}
+}
+
+// TestPermanentIsAFailureInStats: the breaker does not count a permanent
+// error, Stats does (the work failed).
+func TestPermanentIsAFailureInStats(t *testing.T) {
+	t.Parallel()
+	g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{ConsecutiveFailures: 1}, Clock: newFakeClock()})
+	for range 3 {
+		p, _ := g.Allow(context.Background())
+		p.Done(fmt.Errorf("wrapped: %w", policy.Permanent(errFail)))
+	}
+	if st := g.Stats(); st.State != policy.Closed || st.Failures != 3 || st.ConsecutiveFailures != 0 {
+		t.Fatalf("after 3 permanent failures: %+v", st)
 	}
 }
 

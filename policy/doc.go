@@ -59,6 +59,16 @@
 // hang opens the breaker instead of holding a caller for five timeouts
 // (engines report it with [AttemptTimedOut]; Run does so itself).
 //
+// A failure is the dependency's unless it says otherwise: an error marked
+// [Permanent] is the unit of work's own fault (a message that can never be
+// handled), so by default the breaker counts it as neither success nor
+// failure, like an excluded error (resilience4j's record and ignore
+// exceptions are the reference), and its duration is no sample of the
+// latency estimate. A burst of permanent failures therefore never opens
+// the breaker, nor makes a 2ms dependency look like one of microseconds;
+// Breaker.CountPermanent counts them for a caller whose permanent errors
+// may also mean the dependency is unwell.
+//
 // # Slow calls
 //
 // A success slower than the slow-call threshold is a failure to the breaker

@@ -166,8 +166,10 @@ func AttemptTimedOut(err error) error {
 }
 
 // Permanent marks err as not retryable: Run returns it at once and the
-// consumer dead-letters the message without further attempts. It still counts
-// as a failure for the breaker. Permanent(nil) is nil.
+// consumer dead-letters the message without further attempts. It is the
+// work's fault, not the dependency's: the breaker does not count it (unless
+// Breaker.CountPermanent is set), so permanent failures never open it.
+// Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil

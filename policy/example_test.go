@@ -179,7 +179,7 @@ func ExampleRecycler() {
 	globex := rc.New(c, nil) // ...and its state reused for "globex"
 
 	// A handler that still held acme's guard fails through it.
-	_ = acme.Run(ctx, func(context.Context) error { return policy.Permanent(errors.New("boom")) })
+	_ = acme.Run(ctx, func(context.Context) error { return errors.New("boom") })
 	fmt.Println("held acme guard:", acme.State())
 	fmt.Println("globex guard:", globex.State(), globex.Stats().Failures)
 	// Output:

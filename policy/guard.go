@@ -279,7 +279,9 @@ type Stats struct {
 	RetryAfter time.Duration
 	// Successes, Failures: outcomes reported. Excluded errors
 	// (context.Canceled by default, or Breaker.Exclude) are neither. A slow
-	// call is a success here (the work succeeded) and in SlowCalls.
+	// call is a success here (the work succeeded) and in SlowCalls. A
+	// permanent error is a failure here even where the breaker does not
+	// count it (Breaker.CountPermanent).
 	Successes, Failures uint64
 	// SlowCalls: successes slower than the slow-call threshold, which the
 	// breaker counted as failures.

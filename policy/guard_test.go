@@ -418,7 +418,7 @@ func TestHotPathsAllocateNothing(t *testing.T) {
 	p := policy.Default()
 	p.Breaker = &policy.Breaker{ConsecutiveFailures: 1, OpenTimeout: time.Hour}
 	open := mustNew(t, p)
-	_ = open.Run(ctx, func(context.Context) error { return policy.Permanent(errFail) })
+	_ = open.Run(ctx, func(context.Context) error { return errFail })
 	if n := testing.AllocsPerRun(1000, func() {
 		if err := open.Run(ctx, ok); err == nil {
 			t.Fatal("open breaker ran the handler")

@@ -81,6 +81,39 @@ type countingClock struct {
 
 func (c *countingClock) Now() time.Time { c.reads.Add(1); return c.fakeClock.Now() }
 
+// TestLatencyIgnoresPermanentFailures: a burst of work that fails at once
+// with a permanent error leaves the latency estimate where the dependency's
+// calls put it; with Breaker.CountPermanent its durations are samples like
+// any failure's.
+func TestLatencyIgnoresPermanentFailures(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		count bool
+		want  func(before, after time.Duration) bool
+	}{
+		{"default: not a sample", false, func(b, a time.Duration) bool { return a == b }},
+		{"CountPermanent: a sample", true, func(b, a time.Duration) bool { return a < b/10 }},
+	} {
+		clk := newFakeClock()
+		g := mustNew(t, policy.Policy{Breaker: &policy.Breaker{CountPermanent: tc.count, ConsecutiveFailures: 1 << 30}, Clock: clk, Latency: policy.Latency{SampleEvery: 1}})
+		for range 100 {
+			p, _ := g.Allow(context.Background())
+			clk.Advance(2 * time.Millisecond)
+			p.Done(nil)
+		}
+		before := g.Stats().Latency
+		for range 1000 {
+			p, _ := g.Allow(context.Background())
+			clk.Advance(time.Microsecond)
+			p.Done(policy.Permanent(errFail))
+		}
+		if after := g.Stats().Latency; !tc.want(before, after) {
+			t.Errorf("%s: estimate %v before a burst of 1µs permanent failures, %v after", tc.name, before, after)
+		}
+	}
+}
+
 func TestLatencySampling(t *testing.T) {
 	t.Parallel()
 	noSlow := &policy.Breaker{SlowCall: policy.SlowCall{Disabled: true}}

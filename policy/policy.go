@@ -138,9 +138,23 @@ type Breaker struct {
 
 	// Exclude reports errors that count as neither success nor failure.
 	// Nil means context.Canceled is excluded (a caller giving up says nothing
-	// about the dependency). Permanent errors are always counted as failures
-	// unless excluded here.
+	// about the dependency). Errors marked Permanent are not counted either,
+	// whatever Exclude says, unless CountPermanent is set.
 	Exclude func(error) bool
+
+	// CountPermanent makes errors marked [Permanent] count as failures of
+	// the breaker. Off by default: a permanent error says the unit of work
+	// can never succeed (a message that cannot be parsed), not that the
+	// dependency is down, so the breaker counts it as neither success nor
+	// failure (resilience4j's ignoreExceptions): a burst of such work does
+	// not open the breaker, and a half-open probe that fails permanently
+	// frees its slot for the next attempt. Nor is its duration a sample of
+	// the latency estimate (a message rejected in a microsecond says
+	// nothing of a dependency that answers in milliseconds). It is still
+	// a failure in [Stats]. Set it when a permanent error may also mean
+	// the dependency is unwell (a handler that marks every refusal of its
+	// downstream as permanent).
+	CountPermanent bool
 
 	// SlowCall makes slow successes failures to the breaker. On by default.
 	SlowCall SlowCall

@@ -23,6 +23,9 @@ type resolved struct {
 	maxOpen     time.Duration
 	probes      int
 	exclude     func(error) bool
+	// countPermanent: errors marked Permanent count toward the breaker
+	// (Breaker.CountPermanent).
+	countPermanent bool
 
 	maxAttempts int
 	backoff     Backoff
@@ -128,6 +131,7 @@ func resolve(p Policy) (*resolved, error) {
 		}
 		r.probes = orInt(b.HalfOpenProbes, 1)
 		r.exclude = b.Exclude
+		r.countPermanent = b.CountPermanent
 		if err := r.resolveSlowCall(b.SlowCall); err != nil {
 			return r, err
 		}

@@ -195,11 +195,11 @@ func BenchmarkSuccess(b *testing.B) {
 
 func BenchmarkRejected(b *testing.B) {
 	ctx := context.Background()
-	failFn := func(context.Context) error { return policy.Permanent(errBench) }
 	openGuard := func(b *testing.B) *policy.Guard {
 		g := benchGuard(b)
 		for g.State() != policy.Open {
-			_ = g.Run(ctx, failFn)
+			p, _ := g.Allow(ctx)
+			p.Done(errBench)
 		}
 		return g
 	}

@@ -17,6 +17,15 @@ const (
 	// fault may be, as a multiple of the no-fault run's (slow, hang, hot;
 	// long-outage for the partition-mates).
 	MaxP99Ratio = 2.0
+	// BurstDrainBound is how long after the end of a poison burst its last
+	// poison message may be dead-lettered (poison-burst): the tenant
+	// drains at the speed its DLQ takes writes, its breaker shut.
+	BurstDrainBound = 10 * time.Second
+	// DLQReturnBound is how long after the DLQ comes back the last poison
+	// message of the burst sent while it was down may be dead-lettered
+	// (dlq-outage): the engine probes the DLQ about once a second and then
+	// drains the tenant's spill log at the DLQ's speed.
+	DLQReturnBound = 15 * time.Second
 )
 
 // LongOutageMaxLag, when the check is given no bound (--lag-bound 0, the
@@ -156,7 +165,13 @@ func (b *BrokerResult) Checks() []Check {
 	if k == KindSlow || k == KindHang {
 		add(Check{Name: b.Bad + " parked (EventParked)", OK: pt.BadParked > 0, Value: fmt.Sprint(pt.BadParked), Limit: ">= 1"})
 	}
-	add(Check{Name: b.Bad + " dead-lettered", OK: pt.BadDead == 0, Value: fmt.Sprint(pt.BadDead), Limit: "0 (a fault is not the message's fault)"})
+	if k.poisons() {
+		for _, c := range b.burstChecks() {
+			add(c)
+		}
+	} else {
+		add(Check{Name: b.Bad + " dead-lettered", OK: pt.BadDead == 0, Value: fmt.Sprint(pt.BadDead), Limit: "0 (a fault is not the message's fault)"})
+	}
 	add(Check{Name: b.Bad + " out of produce order", OK: pt.BadOutOfOrder == 0, Value: fmt.Sprintf("%d of %d", pt.BadOutOfOrder, pt.BadInOrder), Limit: "0 (EventReordered moves left out)"})
 	add(Check{Name: "unfinished after the drain", OK: pt.UnfinishedAfterDrain == 0, Value: fmt.Sprint(pt.UnfinishedAfterDrain), Limit: "0"})
 	for _, m := range Modes {
@@ -185,6 +200,64 @@ func (b *BrokerResult) Checks() []Check {
 	return cs
 }
 
+// burstChecks are the checks of a poison burst (poison-burst, dlq-outage):
+// every poison message dead-lettered within a bound of the burst's end
+// (poison-burst) or of the DLQ's return (dlq-outage), which are the same
+// instant; no good message dead-lettered; and, after a burst without a DLQ
+// outage, the bad tenant's good messages as quick as in the baseline.
+func (b *BrokerResult) burstChecks() []Check {
+	pt, bl := b.Runs[PerTenant], b.Runs[Baseline]
+	bound := BurstDrainBound
+	if b.Sc.Kind.dlqDown() {
+		bound = DLQReturnBound
+	}
+	last := Check{Name: "every poison message dead-lettered after the " + b.burstEnd(), Limit: fmt.Sprintf("all within %v", bound)}
+	switch {
+	case pt.BurstPoison == 0:
+		last.Value = "no poison message produced"
+	case pt.BurstDead < pt.BurstPoison || pt.BurstLastDead == never:
+		last.Value = fmt.Sprintf("%d of %d dead-lettered", pt.BurstDead, pt.BurstPoison)
+	default:
+		after := pt.BurstLastDead - b.Sc.FaultEnd
+		last.OK = after <= bound
+		last.Value = fmt.Sprintf("the last %s after (%d of %d)", fmtAfter(after), pt.BurstDead, pt.BurstPoison)
+		if b.Sc.Kind.dlqDown() && pt.BurstFirstAfter != never {
+			last.Value = fmt.Sprintf("the first %s after, the last %s after (%d of %d)",
+				fmtAfter(pt.BurstFirstAfter-b.Sc.FaultEnd), fmtAfter(after), pt.BurstDead, pt.BurstPoison)
+		}
+	}
+	cs := []Check{last, {Name: "good messages dead-lettered", OK: pt.GoodDead == 0, Value: fmt.Sprint(pt.GoodDead), Limit: "0"}}
+	if !b.Sc.Kind.dlqDown() {
+		r := latencyRatio(pt.BadAfterP99, bl.BadAfterP99, pt.BadAfterN, bl.BadAfterN)
+		c := Check{Name: b.Bad + "'s p99 end-to-end after the burst / baseline", Limit: fmt.Sprintf("<= %.1fx", MaxP99Ratio),
+			Value: fmt.Sprintf("%s (%s / %s)", fmtRatio(r), fmtLatency(pt.BadAfterP99), fmtLatency(bl.BadAfterP99))}
+		c.OK = r <= MaxP99Ratio
+		if math.IsNaN(r) {
+			c.Value = "no messages after the burst"
+		}
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// burstEnd names the instant a poison burst's dead letters are timed
+// from: the burst's end, or the DLQ's return (the same instant) when the
+// DLQ was down during it.
+func (b *BrokerResult) burstEnd() string {
+	if b.Sc.Kind.dlqDown() {
+		return "DLQ's return"
+	}
+	return "burst's end"
+}
+
+// fmtAfter is a time after an instant, which may be before it.
+func fmtAfter(d time.Duration) string {
+	if d < 0 {
+		return "-" + fmtLatency(-d)
+	}
+	return fmtLatency(d)
+}
+
 // asExpected reports whether every check passed.
 func (b *BrokerResult) asExpected() bool {
 	for _, c := range b.Checks() {
@@ -210,6 +283,11 @@ func (b *BrokerResult) Verdict() string {
 	s := fmt.Sprintf("%s %s: healthy tenants kept %.0f%% of their goodput with per-tenant guards", b.Broker, b.Sc.Kind, 100*ratio(pt.HealthyGoodput, b.Runs[Baseline].HealthyGoodput))
 	if sh := b.Runs[Shared]; sh.Ran {
 		s += fmt.Sprintf(", %.0f%% with one shared breaker", 100*ratio(sh.HealthyGoodput, b.Runs[Baseline].HealthyGoodput))
+	}
+	if b.Sc.Kind.poisons() {
+		s += fmt.Sprintf("; %s's %d poison messages dead-lettered, the last %s after the %s", b.Bad, pt.BurstPoison,
+			fmtAfter(pt.BurstLastDead-b.Sc.FaultEnd), b.burstEnd())
+		return s + "; no good message dead-lettered; nothing lost."
 	}
 	s += fmt.Sprintf("; %s dead-lettered nothing", b.Bad)
 	if sh := b.Runs[Shared]; sh.Ran {

@@ -15,13 +15,19 @@ func result(k Kind) *BrokerResult {
 		HealthyP99: 10 * ms, MatesP99: 10 * ms, HealthyN: 400, MatesN: 100,
 		MaxLagFault: 12, MaxLagRun: 12, LagSamples: 20, BadInOrder: 50,
 	}}
+	base.BadAfterP99, base.BadAfterN = 10*ms, 50
 	pt := base
 	pt.Mode = PerTenant
 	if k == KindSlow || k == KindHang {
 		pt.BadParked = 1
 	}
+	sc := Scenario{Kind: k}.withDefaults()
+	if k.poisons() {
+		pt.BadDead, pt.BurstPoison, pt.BurstDead = 3000, 3000, 3000
+		pt.BurstFirstAfter, pt.BurstLastDead = sc.FaultEnd+500*ms, sc.FaultEnd+2*time.Second
+	}
 	b := &BrokerResult{
-		Broker: "kafka", Sc: Scenario{Kind: k}.withDefaults(), Bad: "tenant-07", Keyed: true,
+		Broker: "kafka", Sc: sc, Bad: "tenant-07", Keyed: true,
 		Mates: []string{"tenant-01"}, LagBound: 2000,
 	}
 	b.Runs[Baseline], b.Runs[PerTenant] = base, pt
@@ -74,6 +80,19 @@ func TestChecksPerScenario(t *testing.T) {
 		{KindHang, []string{"tenant-07 parked"}, nil, func(r *RunResult) { r.HealthyP99 = never }, "healthy p99 end-to-end / baseline"},
 		{KindHot, []string{"healthy p99", "partition-mates p99"}, []string{"parked", "commit lag"},
 			func(r *RunResult) { r.MatesP99 = 20*ms + 1 }, "partition-mates p99 end-to-end / baseline"},
+		{KindPoisonBurst, []string{"every poison message dead-lettered after the burst's end", "good messages dead-lettered",
+			"tenant-07's p99 end-to-end after the burst", "partition-mates goodput", "lost (ringfence run)"},
+			[]string{"tenant-07 dead-lettered", "DLQ's return", "parked", "commit lag"},
+			func(r *RunResult) { r.BurstLastDead += 8*time.Second + 1 }, "every poison message dead-lettered after the burst's end"},
+		{KindPoisonBurst, nil, nil, func(r *RunResult) { r.BurstDead-- }, "every poison message dead-lettered after the burst's end"},
+		{KindPoisonBurst, nil, nil, func(r *RunResult) { r.BurstLastDead = never }, "every poison message dead-lettered after the burst's end"},
+		{KindPoisonBurst, nil, nil, func(r *RunResult) { r.GoodDead = 1 }, "good messages dead-lettered"},
+		{KindPoisonBurst, nil, nil, func(r *RunResult) { r.BadAfterP99 = 20*ms + 1 }, "tenant-07's p99 end-to-end after the burst / baseline"},
+		{KindPoisonBurst, nil, nil, func(r *RunResult) { r.MatesGoodput = 94 }, "partition-mates goodput during the fault / baseline"},
+		{KindDLQOutage, []string{"every poison message dead-lettered after the DLQ's return", "good messages dead-lettered", "lost (ringfence run)",
+			"partition-mates goodput"}, []string{"p99", "tenant-07 dead-lettered"},
+			func(r *RunResult) { r.BurstLastDead += 13*time.Second + 1 }, "every poison message dead-lettered after the DLQ's return"},
+		{KindDLQOutage, nil, nil, func(r *RunResult) { r.Lost = 1 }, "lost (ringfence run)"},
 	} {
 		b := result(tc.kind)
 		if f := failing(b); len(f) > 0 {
@@ -149,6 +168,20 @@ func TestChecksEdges(t *testing.T) {
 	b.Runs[PerTenant] = r
 	if f := failing(b); len(f) != 1 || f[0] != "peak consumer heap" {
 		t.Errorf("heap over budget: failing %v", f)
+	}
+	// A poison burst dead-lettered at the bound passes; no poison produced
+	// fails.
+	b = result(KindDLQOutage)
+	r = b.Runs[PerTenant]
+	r.BurstLastDead = b.Sc.FaultEnd + DLQReturnBound
+	b.Runs[PerTenant] = r
+	if f := failing(b); len(f) > 0 {
+		t.Errorf("the last dead letter at the bound: failing %v", f)
+	}
+	r.BurstPoison, r.BurstDead = 0, 0
+	b.Runs[PerTenant] = r
+	if f := failing(b); len(f) != 1 || !strings.Contains(f[0], "every poison message") {
+		t.Errorf("no poison produced: failing %v", f)
 	}
 	// Not keyed (NATS): no partition check.
 	b = result(KindOutage)

@@ -119,18 +119,18 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs := flag.NewFlagSet("ringfence demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	broker := fs.String("broker", "both", "broker(s) to run on: kafka, nats or both (memory: in-process stand-in, for development)")
-	scenario := fs.String("scenario", "outage", "the fault: outage, long-outage, slow, hang or hot")
+	scenario := fs.String("scenario", "outage", "the fault: outage, long-outage, slow, hang, hot, poison-burst or dlq-outage")
 	tenants := fs.Int("tenants", 20, "number of tenants sending traffic (at least 3)")
 	rate := fs.Int("rate", 25, "messages per second per tenant (the bad tenant sends 4x)")
 	partitions := fs.Int("partitions", 4, "partitions of the Kafka topic (tenants are keyed onto them by hash)")
 	duration := fs.Duration("duration", 0, "traffic time of each run (default: 8s for outage; for the others the fault plus a lead and a tail)")
 	var fault time.Duration
-	fs.DurationVar(&fault, "fault", 0, "length of the fault window (default: outage 40% of the duration, long-outage 5m, slow and hang 30s, hot 60s)")
+	fs.DurationVar(&fault, "fault", 0, "length of the fault window (default: outage 40% of the duration, long-outage 5m, slow, hang and poison-burst 30s, hot and dlq-outage 60s)")
 	fs.DurationVar(&fault, "outage", 0, "same as --fault (for long-outage: how long the dependency is down)")
 	slowLatency := fs.Duration("slow-latency", 500*time.Millisecond, "slow: how long the bad tenant's calls take during the fault")
 	latency := fs.Duration("latency", time.Millisecond, "the simulated dependency's least latency: each ordinary call takes between it and twice it; 0 returns at once (calls of microseconds, which the engine runs as quick tenants)")
 	hotFactor := fs.Int("hot-factor", 20, "hot: how many times its rate the bad tenant sends during the fault")
-	pol := fs.String("policy", "", "guard template: demo (fast breaker, 1s deadline) or default (policy.Default()); default: demo for outage and long-outage, default for slow, hang and hot")
+	pol := fs.String("policy", "", "guard template: demo (fast breaker, 1s deadline) or default (policy.Default()); default: demo for outage and long-outage, default for the others")
 	shared := fs.Bool("shared", false, "also run the shared-breaker comparison (default: only for outage)")
 	settle := fs.Duration("settle", 30*time.Second, "the run's deadline after production ends; what is not done then is 'unfinished at deadline'")
 	drain := fs.Duration("drain", 0, "how long to keep consuming after the deadline while progress is made (default 5m; hot: longer when its fault traffic needs it, 3x the latency a message)")
@@ -151,11 +151,13 @@ Runs the noisy-neighbour demo on in-process Kafka and NATS (each in a child
 process, so the heap figures are the consumer's): traffic for many tenants
 keyed onto partitions, one bad tenant, and a fault for it (--scenario):
 
-  outage       its dependency fails for a few seconds (with the shared-breaker comparison)
-  long-outage  its dependency fails for --outage (5m by default)
-  slow         its calls take 500ms instead of failing
-  hang         its calls block until cancelled
-  hot          it sends 20x its rate, every call succeeding
+  outage        its dependency fails for a few seconds (with the shared-breaker comparison)
+  long-outage   its dependency fails for --outage (5m by default)
+  slow          its calls take 500ms instead of failing
+  hang          its calls block until cancelled
+  hot           it sends 20x its rate, every call succeeding
+  poison-burst  every message it sends for 30s is poison (policy.Permanent)
+  dlq-outage    every message it sends for 60s is poison, while the DLQ refuses writes
 
 Each scenario runs with no fault (the baseline) and with per-tenant guards;
 the summary compares goodput, p99 latency, commit lag, heap, parking, dead
@@ -311,11 +313,11 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 	if lagBound == 0 {
 		lagBound = LongOutageMaxLag
 	}
-	// One plan without the fault and one with it: they differ only for
-	// hot, whose burst is traffic.
+	// One plan without the fault and one with it: they differ only where
+	// the fault is traffic (hot's burst, the poison bursts).
 	base := newPlan(sc, false)
 	faulty := base
-	if sc.Kind == KindHot {
+	if sc.Kind.inPlan() {
 		faulty = newPlan(sc, true)
 	}
 	v := newView(o.Progress, o.TTY)
@@ -334,7 +336,7 @@ func Run(ctx context.Context, o Options) ([]*BrokerResult, error) {
 		g := newGroups(base, func(t string) (int, bool) { return b.PartitionOf(t, sc.Partitions) })
 		res := &BrokerResult{
 			Broker: name, Where: b.Where(), Tenants: base.tenants, Bad: base.tenants[base.bad],
-			Sent: base.poisonCount(), Sc: sc, Keyed: g.keyed, Partitions: g.part, BadPartition: g.badPart,
+			Sent: base.poisonCount(), BurstSent: faulty.burstCount(), Sc: sc, Keyed: g.keyed, Partitions: g.part, BadPartition: g.badPart,
 			Mates: g.mateNames(base), LagBound: lagBound, HeapBudget: o.HeapBudget,
 		}
 		if res.LagBound == 0 {

@@ -145,7 +145,19 @@ func checkRuns(t *testing.T, r *BrokerResult) {
 		}
 	}
 	pt, bl := r.Runs[PerTenant], r.Runs[Baseline]
-	if pt.BadDead != 0 || bl.BadDead != 0 {
+	switch {
+	case r.Sc.Kind.poisons():
+		// Every poison message of the burst, and nothing else.
+		if pt.BurstPoison == 0 || pt.BurstDead != pt.BurstPoison || pt.BadDead != pt.BurstPoison || pt.GoodDead != 0 || bl.BadDead != 0 {
+			t.Errorf("%s %s: %d of %d poison messages dead-lettered, %s %d in all, %d good (baseline %d)",
+				r.Broker, r.Sc.Kind, pt.BurstDead, pt.BurstPoison, r.Bad, pt.BadDead, pt.GoodDead, bl.BadDead)
+		}
+		for _, tr := range pt.Tenants {
+			if tr.Tenant == r.Bad && tr.Trips != 0 {
+				t.Errorf("%s %s: permanent failures tripped %s's breaker %d times", r.Broker, r.Sc.Kind, r.Bad, tr.Trips)
+			}
+		}
+	case pt.BadDead != 0 || bl.BadDead != 0:
 		t.Errorf("%s %s: %s dead-lettered %d (baseline %d)", r.Broker, r.Sc.Kind, r.Bad, pt.BadDead, bl.BadDead)
 	}
 	if bl.BadParked != 0 || bl.MaxParked != 0 {

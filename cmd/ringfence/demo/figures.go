@@ -107,6 +107,24 @@ type figures struct {
 	BadParked int
 	// Dead letters read back, by group.
 	BadDead, PoisonDead, OtherDead int
+	// GoodDead counts dead letters read back of messages that are not
+	// poison, any tenant's.
+	GoodDead int
+	// The bad tenant's poison burst (poison-burst, dlq-outage): its poison
+	// messages produced, how many of them were read back from the DLQ, and
+	// when the last of them was written to it (never when one was not
+	// written by the end of the drain).
+	BurstPoison, BurstDead int
+	BurstLastDead          time.Duration
+	// BurstFirstAfter is when the first of them was written at or after
+	// the end of the fault window (never when none was): after a DLQ
+	// outage, how soon dead-lettering resumed.
+	BurstFirstAfter time.Duration
+	// BadAfterP99 is the p99 end-to-end latency of the bad tenant's
+	// messages produced after the fault window (never when the 99th
+	// percentile message was not handled); BadAfterN counts them.
+	BadAfterP99 time.Duration
+	BadAfterN   int
 	// BadInOrder counts the bad tenant's messages checked for order (first
 	// handlings in handling order, less those EventReordered named);
 	// BadOutOfOrder how many came after a later message of the tenant.
@@ -120,14 +138,37 @@ type figures struct {
 
 // compute derives every figure of tl.
 func (tl *timeline) compute() figures {
-	var f figures
-	var healthyLat, matesLat, matesFromBrk []time.Duration
+	f := figures{BurstFirstAfter: never}
+	var healthyLat, matesLat, matesFromBrk, badAfter []time.Duration
 	for id := range tl.owner {
 		if tl.produced[id] == never {
 			continue
 		}
 		f.Produced++
 		t := tl.owner[id]
+		poison := tl.kinds[id] == kindPoison
+		if int(t) == tl.bad {
+			switch {
+			case poison:
+				f.BurstPoison++
+				if tl.inDLQ[id] {
+					f.BurstDead++
+				}
+				f.BurstLastDead = max(f.BurstLastDead, tl.dead[id])
+				if tl.dead[id] >= tl.faultEnd {
+					f.BurstFirstAfter = min(f.BurstFirstAfter, tl.dead[id])
+				}
+			case tl.produced[id] >= tl.faultEnd:
+				lat := tl.latency[id]
+				if tl.handled[id] == never {
+					lat = never
+				}
+				badAfter = append(badAfter, lat)
+			}
+		}
+		if tl.inDLQ[id] && !poison {
+			f.GoodDead++
+		}
 		if tl.healthy[t] {
 			if h := tl.handled[id]; h >= tl.faultStart && h < tl.faultEnd {
 				f.HealthyGoodput++
@@ -178,6 +219,7 @@ func (tl *timeline) compute() figures {
 	f.HealthyN, f.MatesN = len(healthyLat), len(matesLat)
 	f.HealthyP99, f.MatesP99 = p99(healthyLat), p99(matesLat)
 	f.MatesFromBrokerP99 = p99(matesFromBrk)
+	f.BadAfterN, f.BadAfterP99 = len(badAfter), p99(badAfter)
 	f.MaxLagFault, _ = maxLag(tl.lag, tl.faultStart, tl.faultEnd)
 	f.MaxLagRun, f.LagSamples = maxLag(tl.lag, 0, never)
 	for _, s := range tl.heap {

@@ -17,6 +17,7 @@ type msg struct {
 	order              uint64
 	inDLQ, recovered   bool
 	reordered, neverPr bool
+	poison             bool // kindPoison (else kindOK)
 }
 
 // synth builds a timeline of five tenants: 0 bad, 1 poison, 2-3 healthy
@@ -44,6 +45,9 @@ func synth(msgs ...msg) *timeline {
 	}
 	for i, m := range msgs {
 		tl.owner[i], tl.kinds[i] = m.t, kindOK
+		if m.poison {
+			tl.kinds[i] = kindPoison
+		}
 		tl.produced[i] = m.produced
 		if m.neverPr {
 			tl.produced[i] = never
@@ -225,6 +229,55 @@ func TestFiguresAccounting(t *testing.T) {
 	f := synth(msg{t: 0, produced: ms, inDLQ: true}, msg{t: 1, produced: ms, inDLQ: true}, msg{t: 1, produced: ms, inDLQ: true}, msg{t: 4, produced: ms, inDLQ: true}).compute()
 	if f.BadDead != 1 || f.PoisonDead != 2 || f.OtherDead != 1 || f.Lost != 0 {
 		t.Errorf("dead letters bad %d, poison %d, other %d, lost %d", f.BadDead, f.PoisonDead, f.OtherDead, f.Lost)
+	}
+}
+
+// TestFiguresBurst: the bad tenant's poison burst is timed by its last
+// dead letter, which must also be in the DLQ; its good messages after the
+// window give their own p99; a good message in the DLQ is counted
+// whoever's it is.
+func TestFiguresBurst(t *testing.T) {
+	t.Parallel()
+	s := time.Second
+	poison := func(dead time.Duration, inDLQ bool) msg {
+		return msg{t: 0, produced: 1500 * ms, dead: dead, inDLQ: inDLQ, poison: true}
+	}
+	for _, tc := range []struct {
+		name          string
+		msgs          []msg
+		poisonN, dead int
+		first, last   time.Duration // first at or after the window's end (2s)
+		goodDead      int
+	}{
+		{"all written", []msg{poison(2*s, true), poison(3*s, true), poison(2500*ms, true)}, 3, 3, 2 * s, 3 * s, 0},
+		{"some in the window", []msg{poison(1800*ms, true), poison(2100*ms, true)}, 2, 2, 2100 * ms, 2100 * ms, 0},
+		{"all in the window", []msg{poison(1800*ms, true), poison(1900*ms, true)}, 2, 2, never, 1900 * ms, 0},
+		{"one never written", []msg{poison(2*s, true), poison(0, false)}, 2, 1, 2 * s, never, 0},
+		{"written, then not read back", []msg{poison(2*s, true), poison(2*s, false)}, 2, 1, 2 * s, 2 * s, 0},
+		{"a good message of the bad tenant dead-lettered", []msg{poison(2*s, true), {t: 0, produced: 1500 * ms, dead: 2 * s, inDLQ: true}}, 1, 1, 2 * s, 2 * s, 1},
+		{"a healthy tenant's dead letter", []msg{{t: 4, produced: s, dead: 2 * s, inDLQ: true}}, 0, 0, never, 0, 1},
+		{"the poison tenant's poison is not good", []msg{{t: 1, produced: s, dead: 2 * s, inDLQ: true, poison: true}}, 0, 0, never, 0, 0},
+	} {
+		f := synth(tc.msgs...).compute()
+		if f.BurstPoison != tc.poisonN || f.BurstDead != tc.dead || f.BurstFirstAfter != tc.first || f.BurstLastDead != tc.last || f.GoodDead != tc.goodDead {
+			t.Errorf("%s: burst %d, dead %d, first %v, last %v, good dead %d; want %d %d %v %v %d", tc.name,
+				f.BurstPoison, f.BurstDead, f.BurstFirstAfter, f.BurstLastDead, f.GoodDead, tc.poisonN, tc.dead, tc.first, tc.last, tc.goodDead)
+		}
+	}
+	// After the window (it ends at 2s): the bad tenant's good messages
+	// only; one never handled has a latency of never.
+	var msgs []msg
+	for i := range 100 {
+		msgs = append(msgs, msg{t: 0, produced: 2*s + time.Duration(i)*ms, handled: 3 * s, lat: time.Duration(i+1) * ms})
+	}
+	msgs = append(msgs, msg{t: 0, produced: 1500 * ms, handled: 3 * s, lat: time.Hour}, msg{t: 2, produced: 2 * s, handled: 3 * s, lat: time.Hour})
+	f := synth(msgs...).compute()
+	if f.BadAfterN != 100 || f.BadAfterP99 != 99*ms {
+		t.Errorf("after the window: %d messages, p99 %v; want 100, 99ms", f.BadAfterN, f.BadAfterP99)
+	}
+	msgs[0].handled, msgs[1].handled = 0, 0 // two in a hundred: the 99th percentile
+	if f := synth(msgs...).compute(); f.BadAfterP99 != never {
+		t.Errorf("two never handled: p99 %v, want never", f.BadAfterP99)
 	}
 }
 

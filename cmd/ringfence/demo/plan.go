@@ -11,8 +11,10 @@ import (
 // so within one tenant (one Kafka key, one partition) the id order is the
 // produce order.
 type plan struct {
-	sc      Scenario
-	faulty  bool // the run has the fault (for hot, the burst is in the plan)
+	sc Scenario
+	// faulty: the run has the fault (for hot, the burst is in the plan;
+	// for poison-burst and dlq-outage, the bad tenant's poison messages).
+	faulty  bool
 	tenants []string
 	bad     int // tenant index of the bad tenant
 	poison  int // tenant index of the poison tenant; -1 when there is none
@@ -76,6 +78,9 @@ func newPlan(sc Scenario, faulty bool) *plan {
 		if m.t == p.poison && m.k%sc.PoisonEvery == sc.PoisonEvery/2 && m.k < perT[m.t]-1 {
 			kind = kindPoison
 		}
+		if p.burst(m.t, m.at) {
+			kind = kindPoison
+		}
 		p.owner = append(p.owner, int32(m.t))
 		p.due = append(p.due, m.at)
 		p.kinds = append(p.kinds, kind)
@@ -101,10 +106,30 @@ func (p *plan) segments(t int) []segment {
 	return []segment{{0, sc.Duration, rate}}
 }
 
+// burst reports whether tenant t's message due at is one of the bad
+// tenant's poison burst: every message it sends during the fault of a
+// faulty poison-burst or dlq-outage run.
+func (p *plan) burst(t int, at time.Duration) bool {
+	return p.faulty && p.sc.Kind.poisons() && t == p.bad && at >= p.sc.FaultStart && at < p.sc.FaultEnd
+}
+
+// poisonCount counts the poison tenant's poison messages (PoisonEvery),
+// not the bad tenant's burst (see burstCount).
 func (p *plan) poisonCount() int {
 	n := 0
-	for _, k := range p.kinds {
-		if k == kindPoison {
+	for id, k := range p.kinds {
+		if k == kindPoison && int(p.owner[id]) != p.bad {
+			n++
+		}
+	}
+	return n
+}
+
+// burstCount counts the bad tenant's poison messages.
+func (p *plan) burstCount() int {
+	n := 0
+	for id, k := range p.kinds {
+		if k == kindPoison && int(p.owner[id]) == p.bad {
 			n++
 		}
 	}

@@ -256,6 +256,29 @@ func TestPlanHot(t *testing.T) {
 	}
 }
 
+// TestPlanBurst: a poison burst is in the faulty plan only: every message
+// the bad tenant sends in the window is poison, and nothing else changes.
+func TestPlanBurst(t *testing.T) {
+	t.Parallel()
+	for _, k := range []Kind{KindPoisonBurst, KindDLQOutage} {
+		sc := Scenario{Kind: k, Tenants: 5, Rate: 10, Duration: 9 * time.Second, Fault: 3 * time.Second}.withDefaults()
+		base, burst := newPlan(sc, false), newPlan(sc, true)
+		if base.total != burst.total || base.poison != -1 || base.burstCount() != 0 || burst.poisonCount() != 0 {
+			t.Fatalf("%s: totals %d/%d, poison tenant %d, base burst %d, poison %d", k, base.total, burst.total, base.poison, base.burstCount(), burst.poisonCount())
+		}
+		for id := range burst.total {
+			in := int(burst.owner[id]) == burst.bad && burst.due[id] >= sc.FaultStart && burst.due[id] < sc.FaultEnd
+			if (burst.kinds[id] == kindPoison) != in || base.kinds[id] != kindOK || base.due[id] != burst.due[id] {
+				t.Fatalf("%s: message %d (tenant %d at %v) is %c in the burst plan, %c in the baseline", k, id, burst.owner[id], burst.due[id], burst.kinds[id], base.kinds[id])
+			}
+		}
+		// 10/s x weight 4 = 40/s for 3s.
+		if n := burst.burstCount(); n != 120 {
+			t.Errorf("%s: %d poison messages, want 120", k, n)
+		}
+	}
+}
+
 // TestHashPartition: the demo's idea of a tenant's partition is the one the
 // Kafka producer (kafka-go's Hash balancer) uses.
 func TestHashPartition(t *testing.T) {

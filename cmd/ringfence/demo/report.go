@@ -16,8 +16,11 @@ type BrokerResult struct {
 	Tenants []string
 	// Bad is the bad tenant; Poison the poison tenant ("" for none).
 	Bad, Poison string
-	Sent        int // poison messages sent
-	Sc          Scenario
+	Sent        int // poison messages sent by the poison tenant
+	// BurstSent is how many poison messages the bad tenant sends in its
+	// burst (poison-burst, dlq-outage).
+	BurstSent int
+	Sc        Scenario
 	// Keyed says the broker keys tenants onto partitions; Partitions is
 	// each tenant's (by Tenants index; -1 when not keyed), BadPartition the
 	// bad tenant's, and Mates the healthy tenants sharing it (everyone
@@ -133,6 +136,13 @@ type RunJSON struct {
 	BadDeadLettered        int      `json:"bad_dead_lettered"`
 	PoisonDeadLettered     int      `json:"poison_dead_lettered"`
 	OtherDeadLettered      int      `json:"healthy_dead_lettered"`
+	GoodDeadLettered       int      `json:"good_dead_lettered"`
+	BurstPoison            int      `json:"burst_poison"`
+	BurstDeadLettered      int      `json:"burst_dead_lettered"`
+	BurstFirstDeadAfterMs  *float64 `json:"burst_first_dead_lettered_after_end_ms"`
+	BurstLastDeadAfterMs   *float64 `json:"burst_last_dead_lettered_after_end_ms"`
+	BadAfterP99Ms          *float64 `json:"bad_after_fault_p99_ms"`
+	BadAfterP99Ratio       *float64 `json:"bad_after_fault_p99_ratio"`
 	BadOrderChecked        int      `json:"bad_order_checked"`
 	BadOutOfOrder          int      `json:"bad_out_of_order"`
 	UnfinishedAtDeadline   int      `json:"unfinished_at_deadline"`
@@ -175,6 +185,11 @@ func (b *BrokerResult) runJSON(m Mode) RunJSON {
 		BadDeadLettered:        r.BadDead,
 		PoisonDeadLettered:     r.PoisonDead,
 		OtherDeadLettered:      r.OtherDead,
+		GoodDeadLettered:       r.GoodDead,
+		BurstPoison:            r.BurstPoison,
+		BurstDeadLettered:      r.BurstDead,
+		BadAfterP99Ms:          jsonMs(r.BadAfterP99),
+		BadAfterP99Ratio:       jsonFloat(latencyRatio(r.BadAfterP99, bl.BadAfterP99, r.BadAfterN, bl.BadAfterN)),
 		BadOrderChecked:        r.BadInOrder,
 		BadOutOfOrder:          r.BadOutOfOrder,
 		UnfinishedAtDeadline:   r.UnfinishedAtDeadline,
@@ -192,6 +207,14 @@ func (b *BrokerResult) runJSON(m Mode) RunJSON {
 	if m != Shared {
 		j.BreakerTrips = b.badTenant(m).Trips
 	}
+	afterEnd := func(d time.Duration) *float64 {
+		if r.BurstPoison == 0 || d == never {
+			return nil
+		}
+		ms := round3(float64(d-b.Sc.FaultEnd) / float64(time.Millisecond))
+		return &ms
+	}
+	j.BurstFirstDeadAfterMs, j.BurstLastDeadAfterMs = afterEnd(r.BurstFirstAfter), afterEnd(r.BurstLastDead)
 	return j
 }
 
@@ -323,6 +346,10 @@ func (b *BrokerResult) describe() string {
 		return fmt.Sprintf("%s's calls block until cancelled %s", b.Bad, win)
 	case KindHot:
 		return fmt.Sprintf("%s sends %dx its rate %s", b.Bad, sc.HotFactor, win)
+	case KindPoisonBurst:
+		return fmt.Sprintf("%s sends only poison messages (policy.Permanent) %s", b.Bad, win)
+	case KindDLQOutage:
+		return fmt.Sprintf("%s sends only poison messages (policy.Permanent) %s while the DLQ refuses writes", b.Bad, win)
 	}
 	return fmt.Sprintf("%s's dependency down %s", b.Bad, win)
 }
@@ -417,6 +444,28 @@ func (b *BrokerResult) WriteSummary(w io.Writer) {
 		return fmt.Sprint(r.BadParked)
 	})
 	row(b.Bad+" dead-lettered", func(r RunResult) string { return fmt.Sprint(r.BadDead) })
+	if sc.Kind.poisons() {
+		row("  poison of its burst dead-lettered", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.BurstDead, r.BurstPoison) })
+		if sc.Kind.dlqDown() {
+			row("  the first after the "+b.burstEnd(), func(r RunResult) string {
+				if r.BurstFirstAfter == never {
+					return "-"
+				}
+				return fmtAfter(r.BurstFirstAfter - sc.FaultEnd)
+			})
+		}
+		row("  the last after the "+b.burstEnd(), func(r RunResult) string {
+			if r.BurstPoison == 0 {
+				return "-"
+			}
+			return fmtAfter(r.BurstLastDead - sc.FaultEnd)
+		})
+		row(b.Bad+" p99 after the burst", func(r RunResult) string { return fmtLatency(r.BadAfterP99) })
+		row("  ratio to baseline", func(r RunResult) string {
+			return fmtRatio(latencyRatio(r.BadAfterP99, bl.BadAfterP99, r.BadAfterN, bl.BadAfterN))
+		})
+		row("good messages dead-lettered", func(r RunResult) string { return fmt.Sprint(r.GoodDead) })
+	}
 	row(b.Bad+" out of order / checked", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.BadOutOfOrder, r.BadInOrder) })
 	if b.Poison != "" {
 		row("poison dead-lettered", func(r RunResult) string { return fmt.Sprintf("%d/%d", r.PoisonDead, b.Sent) })

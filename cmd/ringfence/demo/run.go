@@ -170,7 +170,8 @@ func runMode(ctx context.Context, p *plan, g groups, mode Mode, rc runConfig) (R
 	if rc.onEvent != nil {
 		onEvent = func(e consumer.Event) { st.onEvent(e); rc.onEvent(e) }
 	}
-	run, err := startConsumer(ctx, topic, name, mode, sc, st, countingSink{next: topic.Sink(), st: st}, onEvent, trips, rc)
+	sink := countingSink{next: outageSink{next: topic.Sink(), st: st}, st: st}
+	run, err := startConsumer(ctx, topic, name, mode, sc, st, sink, onEvent, trips, rc)
 	if err != nil {
 		return RunResult{}, err
 	}

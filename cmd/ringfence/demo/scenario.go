@@ -30,10 +30,17 @@ const (
 	// KindHot: the bad tenant sends HotFactor (20) times its rate, every
 	// call succeeding.
 	KindHot Kind = "hot"
+	// KindPoisonBurst: every message the bad tenant sends during the fault
+	// (a burst of 30s) is poison, which its handler rejects with
+	// policy.Permanent; before and after it, its messages are good.
+	KindPoisonBurst Kind = "poison-burst"
+	// KindDLQOutage: the same burst of poison (60s), while the DLQ refuses
+	// every write; it comes back when the burst ends.
+	KindDLQOutage Kind = "dlq-outage"
 )
 
 // Kinds lists the scenarios in the order the help text gives them.
-var Kinds = []Kind{KindOutage, KindLongOutage, KindSlow, KindHang, KindHot}
+var Kinds = []Kind{KindOutage, KindLongOutage, KindSlow, KindHang, KindHot, KindPoisonBurst, KindDLQOutage}
 
 // ParseKind returns the scenario named s.
 func ParseKind(s string) (Kind, error) {
@@ -49,17 +56,32 @@ func ParseKind(s string) (Kind, error) {
 	return "", fmt.Errorf("demo: unknown scenario %q (want one of %s)", s, strings.Join(names, ", "))
 }
 
-// Role is the bad tenant's label in tables: "outage", "slow", "hang" or
-// "hot".
+// Role is the bad tenant's label in tables: "outage", "slow", "hang",
+// "hot" or "burst" (a burst of poison, with or without a DLQ outage).
 func (k Kind) Role() string {
-	if k == KindLongOutage {
+	switch k {
+	case KindLongOutage:
 		return "outage"
+	case KindPoisonBurst, KindDLQOutage:
+		return "burst"
 	}
 	return string(k)
 }
 
 // fails reports whether the bad tenant's calls fail during the fault.
 func (k Kind) fails() bool { return k == KindOutage || k == KindLongOutage }
+
+// poisons reports whether the bad tenant's messages are poison during the
+// fault (a permanent failure of each message, not of its dependency).
+func (k Kind) poisons() bool { return k == KindPoisonBurst || k == KindDLQOutage }
+
+// dlqDown reports whether the DLQ refuses writes during the fault.
+func (k Kind) dlqDown() bool { return k == KindDLQOutage }
+
+// inPlan reports whether the fault is in the traffic itself (a burst of
+// messages, or of poison ones), so that the faulty run has a plan of its
+// own.
+func (k Kind) inPlan() bool { return k == KindHot || k.poisons() }
 
 // timing is a kind's default traffic before (lead) and after (tail) its
 // fault, and the fault's default length. The outage kind keeps the original
@@ -72,6 +94,10 @@ func (k Kind) timing() (lead, fault, tail time.Duration) {
 		return 5 * time.Second, 30 * time.Second, 10 * time.Second
 	case KindHot:
 		return 5 * time.Second, 60 * time.Second, 10 * time.Second
+	case KindPoisonBurst:
+		return 5 * time.Second, 30 * time.Second, 15 * time.Second
+	case KindDLQOutage:
+		return 5 * time.Second, 60 * time.Second, 20 * time.Second
 	}
 	return 0, 0, 0
 }
@@ -87,10 +113,12 @@ type Scenario struct {
 	Rate int
 	// Duration is how long traffic is produced in each run. Zero means 8s
 	// for outage, and lead + Fault + tail for the other kinds (long-outage:
-	// 10s + 5m + 20s; slow, hang: 5s + 30s + 10s; hot: 5s + 60s + 10s).
+	// 10s + 5m + 20s; slow, hang: 5s + 30s + 10s; hot: 5s + 60s + 10s;
+	// poison-burst: 5s + 30s + 15s; dlq-outage: 5s + 60s + 20s).
 	Duration time.Duration
 	// Fault is the length of the fault window. Zero means 40% of Duration
-	// for outage, 5m for long-outage, 30s for slow and hang, 60s for hot.
+	// for outage, 5m for long-outage, 30s for slow, hang and poison-burst,
+	// 60s for hot and dlq-outage.
 	Fault time.Duration
 	// FaultStart and FaultEnd bound the fault window, from the start of
 	// the run. Zero (both) means: outage, from 25% of Duration for Fault;
@@ -146,7 +174,7 @@ type Scenario struct {
 	ShutdownTimeout time.Duration
 	// Policy is the per-tenant (or shared) guard template. Nil means
 	// DemoPolicy() for outage and long-outage, and policy.Default() for
-	// slow, hang and hot (they show what the consumer's defaults do).
+	// the other kinds (they measure the consumer's defaults).
 	Policy *policy.Policy
 	// PolicyName labels Policy in the summary. Empty means "demo",
 	// "default" or "custom" as the case is.

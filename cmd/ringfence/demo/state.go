@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"math/rand/v2"
 	"sync"
@@ -176,7 +177,9 @@ func (st *runState) faultOn(el time.Duration) bool {
 	return st.mode != Baseline && el >= st.p.sc.FaultStart && el < st.p.sc.FaultEnd
 }
 
-// Handle is the demo's handler. Poison messages always fail. During the
+// Handle is the demo's handler. Poison messages always fail: the bad
+// tenant's (a poison burst) with policy.Permanent, the poison tenant's
+// with a plain error. During the
 // fault window the bad tenant's calls fail (outage, long-outage), take
 // SlowLatency (slow) or block until their ctx ends (hang); every other call
 // reaches a dependency that takes Latency to 2*Latency (or returns at once,
@@ -189,7 +192,12 @@ func (st *runState) Handle(ctx context.Context, m *consumer.Message) error {
 		return policy.Permanent(errMalformed)
 	}
 	if v.kind == kindPoison {
-		return errPoison
+		if int(p.owner[v.id]) == p.bad {
+			// A poison burst: the message's own fault, as its handler
+			// knows (it cannot be parsed, say).
+			return policy.Permanent(errPoison)
+		}
+		return errPoison // the outage's poison tenant: found by evidence
 	}
 	if int(p.owner[v.id]) == p.bad && st.faultOn(st.elapsed()) {
 		switch p.sc.Kind {
@@ -292,6 +300,24 @@ func (s countingSink) Write(ctx context.Context, r *dlq.Record) error {
 		}
 	}
 	return nil
+}
+
+// errDLQDown is what the DLQ answers during a DLQ outage.
+var errDLQDown = errors.New("demo: the dead-letter queue is unreachable")
+
+// outageSink refuses every write during the fault of a dlq-outage run, as
+// a DLQ that cannot be reached: the demo's brokers serve the source too,
+// so the DLQ alone is taken away here. Other runs pass every write on.
+type outageSink struct {
+	next dlq.Sink
+	st   *runState
+}
+
+func (s outageSink) Write(ctx context.Context, r *dlq.Record) error {
+	if s.st.p.sc.Kind.dlqDown() && s.st.faultOn(s.st.elapsed()) {
+		return errDLQDown
+	}
+	return s.next.Write(ctx, r)
 }
 
 // readySource tells when the source has its first partition.

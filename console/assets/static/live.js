@@ -40,7 +40,7 @@
   }
   function clock(s) { return stamp(s).slice(11); }
   function stamp(s) { return (!s || s.indexOf('0001-') === 0) ? '-' : s.replace('T', ' ').slice(0, 19); }
-  function trouble(t) { return t.state !== 'closed' || t.parked > 0 || t.spilling > 0; }
+  function trouble(t) { return t.state !== 'closed' || t.parked > 0 || t.spilling > 0 || t.dlq_unavailable; }
   function cell(tr, cls, text) {
     var td = document.createElement('td');
     if (cls) { td.className = cls; }
@@ -52,7 +52,7 @@
 
   function render(s) {
     set('snap-time', stamp(s.time));
-    ['handled', 'failed', 'dead_lettered', 'retried', 'parked', 'queued', 'in_flight', 'spilling_tenants', 'paused_partitions']
+    ['handled', 'failed', 'dead_lettered', 'retried', 'parked', 'queued', 'in_flight', 'spilling_tenants', 'paused_partitions', 'dlq_unavailable_tenants']
       .forEach(function (k) { set('t-' + k, String(s[k])); });
     set('t-spilled', s.spilled + ' / ' + s.refed);
     set('tenant-count', String(s.tenants.length));
@@ -84,7 +84,7 @@
       cell(tr, 'c-spilling', String(t.spilling));
       cell(tr, 'c-handled', String(t.handled));
       cell(tr, 'c-failed', String(t.failed));
-      cell(tr, 'c-dead_lettered', String(t.dead_lettered));
+      cell(tr, 'c-dead_lettered', t.dead_lettered + (t.dlq_unavailable ? ' · dlq-unavailable' : ''));
       cell(tr, 'c-latency', dur(t.latency_ns));
       cell(tr, 'c-commit_lag', String(t.commit_lag));
       var of = cell(tr, 'c-open_for', age(t.open_for_ns));
