@@ -429,9 +429,10 @@ func (c *Consumer) Revoked(p Partition) {
 	sh.mu.Unlock()
 	c.pmu.Unlock()
 
-	// No Settle or Commit for p after Revoked returns.
+	// No Settle, Commit or SpillLog call for p after Revoked returns.
 	c.syncCommit(sh)
 	sh.gate.close()
+	sh.spills.close()
 	for _, w := range c.workers {
 		for w.settling.Load() == sh {
 			yield()

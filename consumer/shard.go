@@ -22,13 +22,16 @@ type shard struct {
 	gen    uint64 // assignment generation
 	bounds shardBounds
 
-	mu    sync.Mutex
-	dead  bool             // revoked
-	lanes map[string]*lane // by tenant key
-	none  *lane            // the no-tenant bucket's lane
-	ready laneQueue        // lanes ready to run, in turn order
-	sweep laneSweep        // drops idle lanes past MaxIdleTenants (idle.go)
-	alloc laneAlloc        // memory for new lanes
+	mu   sync.Mutex
+	dead bool // revoked
+	// spills counts its lanes' spill jobs in progress: Revoked waits for
+	// their SpillLog calls (see spillWork).
+	spills settleGate
+	lanes  map[string]*lane // by tenant key
+	none   *lane            // the no-tenant bucket's lane
+	ready  laneQueue        // lanes ready to run, in turn order
+	sweep  laneSweep        // drops idle lanes past MaxIdleTenants (idle.go)
+	alloc  laneAlloc        // memory for new lanes
 
 	commit commitState
 	count  queueCount

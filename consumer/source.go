@@ -121,8 +121,10 @@ type Dispatcher interface {
 	// Revoked drops the partition's queued and parked messages (they will
 	// be redelivered to the new owner) and resets its commit tracking.
 	// Outcomes of its in-flight messages are ignored. After Revoked returns
-	// the engine makes no further Settle or Commit call for p until it is
-	// assigned again.
+	// the engine makes no further Settle or Commit call for p, nor any
+	// SpillLog call for p's lanes, until it is assigned again: what the
+	// engine appended to a spill log is there for the next owner's
+	// Pending.
 	Revoked(p Partition)
 	// Deliver hands a message to the engine. It does not block; when a
 	// bound is reached the engine spills the tenant responsible or, when it

@@ -202,6 +202,11 @@ func (c *Consumer) spillLoop() {
 // while the tenant may run, until nothing is left to do; a lane whose log is
 // read to its end with nothing pending leaves spill mode. Every SpillLog
 // call is made with no lock held.
+//
+// The job counts itself in on its partition's spill gate: Revoked waits for
+// the call in progress, so that an append of a revoked lane lands before
+// the partition's next owner lists the logs to recover (Pending), and the
+// lane's calls never overlap those of the next owner's lane.
 func (c *Consumer) spillWork(l *lane) {
 	sh, t := l.sh, l.t
 	sl := SpillLane{Tenant: l.key, Partition: sh.p}
@@ -212,6 +217,10 @@ func (c *Consumer) spillWork(l *lane) {
 			c.emit(ev[i])
 		}
 	}()
+	if !sh.spills.enter() {
+		return // revoked: the lane is dead
+	}
+	defer sh.spills.exit()
 	for {
 		if l.spill.commit.want.Load() > l.spill.commit.done.Load() {
 			err := l.spill.commit.run(func(next int64) error { return c.cfg.Spill.Commit(c.hctx, sl, next) })

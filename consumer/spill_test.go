@@ -5,6 +5,9 @@ package consumer_test
 
 import (
 	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,5 +45,132 @@ func TestRunEndsWhileSpillLogIsDownAtAssign(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return within 20s of cancel while the spill log was down at assignment")
+	}
+}
+
+// revokeSpillSource assigns one partition, delivers a tenant's first
+// message, and the rest of its messages while the handler holds the first
+// (the lane spills them as a backlog once the first is handled); once the
+// spill log's Append of them has begun, it revokes the partition and
+// assigns it again.
+type revokeSpillSource struct {
+	first    chan struct{} // the handler holds the first message
+	release  chan struct{} // the handler lets it go
+	appendIn chan struct{} // an Append has begun
+	revoking chan struct{} // Revoked is called
+	revoked  chan struct{} // Revoked returned
+	done     chan struct{} // the partition is assigned again
+}
+
+var revokeSpillPart = consumer.Partition{Topic: "rs", ID: 0}
+
+func (s *revokeSpillSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	p := revokeSpillPart
+	msg := func(i int) *consumer.Message {
+		return &consumer.Message{Key: []byte("a"), Value: []byte(strconv.Itoa(i)), Topic: p.Topic, Partition: p, Offset: int64(i)}
+	}
+	d.Assigned(p)
+	d.Deliver(msg(0))
+	<-s.first
+	var rest []*consumer.Message
+	for i := 1; i < 8; i++ {
+		rest = append(rest, msg(i))
+	}
+	d.DeliverBatch(rest)
+	close(s.release)
+	<-s.appendIn
+	close(s.revoking)
+	d.Revoked(p)
+	close(s.revoked)
+	d.Assigned(p)
+	close(s.done)
+	<-ctx.Done()
+	return nil
+}
+
+func (s *revokeSpillSource) Settle(context.Context, *consumer.Message) error { return nil }
+
+func (s *revokeSpillSource) Commit(context.Context, consumer.Partition, int64) error { return nil }
+
+func (s *revokeSpillSource) Pause(consumer.Partition) {}
+
+func (s *revokeSpillSource) Resume(consumer.Partition) {}
+
+// heldAppendSpill is a spill log whose first Append holds until the
+// partition's Revoked returned, or for a while after it was called: an
+// Append still running when Revoked returned lands after the next owner
+// may have listed the logs to recover, and its entries would wait, never
+// committed, for the partition's next assignment.
+type heldAppendSpill struct {
+	*consumertest.Spill
+	src     *revokeSpillSource
+	once    sync.Once
+	late    atomic.Bool // an Append returned after Revoked did
+	out     chan struct{}
+	pending atomic.Int64
+}
+
+func (s *heldAppendSpill) Append(ctx context.Context, lane consumer.SpillLane, msgs []*consumer.Message) error {
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		defer close(s.out)
+		close(s.src.appendIn)
+		<-s.src.revoking
+		select {
+		case <-s.src.revoked:
+			s.late.Store(true)
+		case <-time.After(200 * time.Millisecond):
+			// Revoked waits for this call (the engine under test is right);
+			// with no wait, it would have returned by now on any machine
+			// but a stalled one, which only hides the fault.
+		}
+	}
+	return s.Spill.Append(ctx, lane, msgs)
+}
+
+func (s *heldAppendSpill) Pending(ctx context.Context, p consumer.Partition) ([]consumer.SpillLane, error) {
+	lanes, err := s.Spill.Pending(ctx, p)
+	s.pending.Store(int64(len(lanes)))
+	return lanes, err
+}
+
+// Revoked waits for the SpillLog calls of its partition's lanes in
+// progress: an Append that landed after Revoked returned would be missed by
+// the next owner's Pending, and its entries left uncommitted behind a
+// partition whose messages were all handled.
+func TestNoSpillAppendAfterRevoked(t *testing.T) {
+	src := &revokeSpillSource{
+		first: make(chan struct{}), release: make(chan struct{}), appendIn: make(chan struct{}),
+		revoking: make(chan struct{}), revoked: make(chan struct{}), done: make(chan struct{}),
+	}
+	sp := &heldAppendSpill{Spill: consumertest.NewSpill(), src: src, out: make(chan struct{})}
+	var once sync.Once
+	startWith(t, consumer.Config{
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "0" {
+				once.Do(func() { close(src.first) })
+				select {
+				case <-src.release:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		}),
+		Spill:              sp,
+		MaxQueuedPerTenant: 2,
+	}, src)
+	for _, ch := range []chan struct{}{src.done, sp.out} {
+		select {
+		case <-ch:
+		case <-time.After(consumertest.WaitTimeout):
+			t.Fatal("the partition was not revoked and assigned again, or the held Append did not return")
+		}
+	}
+	if sp.late.Load() {
+		t.Error("a spill log Append for a lane of the partition returned after its Revoked did")
+	}
+	if n := sp.pending.Load(); n != 1 {
+		t.Errorf("Pending at the new assignment listed %d lanes, want the spilled tenant's", n)
 	}
 }
