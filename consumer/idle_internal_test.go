@@ -133,3 +133,34 @@ func TestForgottenTenantIsNotListedAgain(t *testing.T) {
 			a.onIdle, c.idle.n, c.idle.head == b, c.tenants["a"] != nil)
 	}
 }
+
+// The sweep keeps a lane whose spill cursor is not committed yet, or whose
+// spill job backs off: its tenant's next lane starts from the log's
+// committed cursor and does not know what this one read, so only this lane
+// commits it. Once the cursor is committed and the back-off over, the lane
+// goes.
+func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
+	c := newTestConsumer(t, Config{MaxIdleTenants: 2})
+	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	a := sh.laneFor("a", false)
+	b := sh.laneFor("b", false)
+	a.spill.commit.raise(3)
+	b.spill.wait = true
+	for i := range 8 {
+		sh.laneFor(fmt.Sprint("k", i), false)
+	}
+	if a.dead || sh.lanes["a"] != a {
+		t.Fatal("the sweep dropped a lane whose spill cursor was not committed")
+	}
+	if b.dead || sh.lanes["b"] != b {
+		t.Fatal("the sweep dropped a lane whose spill job backs off")
+	}
+	a.spill.commit.done.Store(3)
+	b.spill.wait = false
+	c.sweepLanes(sh, sweepChunk, sweepChunk, 0, c.laneBound())
+	if !a.dead || !b.dead {
+		t.Fatalf("lanes done with their spill logs not dropped: a dead %v, b dead %v", a.dead, b.dead)
+	}
+}

@@ -82,12 +82,15 @@ type lane struct {
 }
 
 // idle reports whether the lane holds nothing and waits for nothing: no
-// message queued, waiting to spill, re-fed or set aside, no job, timer or
-// spill job, not spilling. Only such a lane is dropped by the sweep (see
-// sweepLanes). Called with its shard's mu held.
+// message queued, waiting to spill, re-fed or set aside, no job, timer,
+// spill job or spill back-off, not spilling, and its spill cursor
+// committed (no later lane of its tenant would commit it). Only such a
+// lane is dropped by the sweep (see sweepLanes). Called with its shard's mu
+// held.
 func (l *lane) idle() bool {
 	return l.state == laneIdle && l.q.len() == 0 && l.pend.len() == 0 && l.aside == 0 &&
-		!l.spill.on && !l.spill.job && l.spill.refed.n == 0
+		!l.spill.on && !l.spill.job && !l.spill.wait && l.spill.refed.n == 0 &&
+		l.spill.commit.want.Load() <= l.spill.commit.done.Load()
 }
 
 // firstLive returns the lane's oldest live (not re-fed) message, or nil.

@@ -222,17 +222,25 @@ func (c *Consumer) spillWork(l *lane) {
 	}
 	defer sh.spills.exit()
 	for {
+		committed := false
 		if l.spill.commit.want.Load() > l.spill.commit.done.Load() {
 			err := l.spill.commit.run(func(next int64) error { return c.cfg.Spill.Commit(c.hctx, sl, next) })
-			if err != nil && c.hctx.Err() == nil {
-				c.log.Warn("consumer: spill cursor commit failed; retried at the next settle", "tenant", l.key, "partition", sh.p, "err", err)
+			if err != nil {
+				// Backed off as a failed append or read: retried at once,
+				// a log that is down would take every call the job makes.
+				c.spillFailed(l, "commit", err, &ev)
+				return
 			}
+			committed = true
 		}
 		sh.mu.Lock()
 		if l.dead || c.draining.Load() {
 			l.spill.job = false
 			sh.mu.Unlock()
 			return
+		}
+		if committed {
+			l.spill.fails = 0
 		}
 		switch {
 		case l.pend.len() > 0:

@@ -5,6 +5,7 @@ package consumer_test
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -48,12 +49,12 @@ func TestRunEndsWhileSpillLogIsDownAtAssign(t *testing.T) {
 	}
 }
 
-// revokeSpillSource assigns one partition, delivers a tenant's first
-// message, and the rest of its messages while the handler holds the first
-// (the lane spills them as a backlog once the first is handled); once the
-// spill log's Append of them has begun, it revokes the partition and
-// assigns it again.
-type revokeSpillSource struct {
+// backlogSource assigns one partition, delivers a tenant's first message,
+// and the rest of its messages while the handler holds the first (the lane
+// spills them as a backlog once the first is handled). With appendIn set,
+// once the spill log's Append of them has begun, it revokes the partition
+// and assigns it again.
+type backlogSource struct {
 	first    chan struct{} // the handler holds the first message
 	release  chan struct{} // the handler lets it go
 	appendIn chan struct{} // an Append has begun
@@ -62,10 +63,10 @@ type revokeSpillSource struct {
 	done     chan struct{} // the partition is assigned again
 }
 
-var revokeSpillPart = consumer.Partition{Topic: "rs", ID: 0}
+var backlogPart = consumer.Partition{Topic: "bl", ID: 0}
 
-func (s *revokeSpillSource) Run(ctx context.Context, d consumer.Dispatcher) error {
-	p := revokeSpillPart
+func (s *backlogSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	p := backlogPart
 	msg := func(i int) *consumer.Message {
 		return &consumer.Message{Key: []byte("a"), Value: []byte(strconv.Itoa(i)), Topic: p.Topic, Partition: p, Offset: int64(i)}
 	}
@@ -78,23 +79,47 @@ func (s *revokeSpillSource) Run(ctx context.Context, d consumer.Dispatcher) erro
 	}
 	d.DeliverBatch(rest)
 	close(s.release)
-	<-s.appendIn
-	close(s.revoking)
-	d.Revoked(p)
-	close(s.revoked)
-	d.Assigned(p)
-	close(s.done)
+	if s.appendIn != nil {
+		<-s.appendIn
+		close(s.revoking)
+		d.Revoked(p)
+		close(s.revoked)
+		d.Assigned(p)
+		close(s.done)
+	}
 	<-ctx.Done()
 	return nil
 }
 
-func (s *revokeSpillSource) Settle(context.Context, *consumer.Message) error { return nil }
+func (s *backlogSource) Settle(context.Context, *consumer.Message) error { return nil }
 
-func (s *revokeSpillSource) Commit(context.Context, consumer.Partition, int64) error { return nil }
+func (s *backlogSource) Commit(context.Context, consumer.Partition, int64) error { return nil }
 
-func (s *revokeSpillSource) Pause(consumer.Partition) {}
+func (s *backlogSource) Pause(consumer.Partition) {}
 
-func (s *revokeSpillSource) Resume(consumer.Partition) {}
+func (s *backlogSource) Resume(consumer.Partition) {}
+
+// startBacklog runs an engine over src with spill log sp, whose handler
+// holds src's first message until src lets it go.
+func startBacklog(t *testing.T, src *backlogSource, sp consumer.SpillLog) *consumer.Consumer {
+	t.Helper()
+	var once sync.Once
+	return startWith(t, consumer.Config{
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "0" {
+				once.Do(func() { close(src.first) })
+				select {
+				case <-src.release:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		}),
+		Spill:              sp,
+		MaxQueuedPerTenant: 2,
+		DLQRetry:           time.Millisecond,
+	}, src)
+}
 
 // heldAppendSpill is a spill log whose first Append holds until the
 // partition's Revoked returned, or for a while after it was called: an
@@ -103,7 +128,7 @@ func (s *revokeSpillSource) Resume(consumer.Partition) {}
 // committed, for the partition's next assignment.
 type heldAppendSpill struct {
 	*consumertest.Spill
-	src     *revokeSpillSource
+	src     *backlogSource
 	once    sync.Once
 	late    atomic.Bool // an Append returned after Revoked did
 	out     chan struct{}
@@ -140,26 +165,12 @@ func (s *heldAppendSpill) Pending(ctx context.Context, p consumer.Partition) ([]
 // the next owner's Pending, and its entries left uncommitted behind a
 // partition whose messages were all handled.
 func TestNoSpillAppendAfterRevoked(t *testing.T) {
-	src := &revokeSpillSource{
+	src := &backlogSource{
 		first: make(chan struct{}), release: make(chan struct{}), appendIn: make(chan struct{}),
 		revoking: make(chan struct{}), revoked: make(chan struct{}), done: make(chan struct{}),
 	}
 	sp := &heldAppendSpill{Spill: consumertest.NewSpill(), src: src, out: make(chan struct{})}
-	var once sync.Once
-	startWith(t, consumer.Config{
-		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-			if string(m.Value) == "0" {
-				once.Do(func() { close(src.first) })
-				select {
-				case <-src.release:
-				case <-ctx.Done():
-				}
-			}
-			return nil
-		}),
-		Spill:              sp,
-		MaxQueuedPerTenant: 2,
-	}, src)
+	startBacklog(t, src, sp)
 	for _, ch := range []chan struct{}{src.done, sp.out} {
 		select {
 		case <-ch:
@@ -172,5 +183,38 @@ func TestNoSpillAppendAfterRevoked(t *testing.T) {
 	}
 	if n := sp.pending.Load(); n != 1 {
 		t.Errorf("Pending at the new assignment listed %d lanes, want the spilled tenant's", n)
+	}
+}
+
+// failingCommitSpill is a spill log whose Commit always fails; at its
+// second call it notes the engine's count of failed spill-log calls.
+type failingCommitSpill struct {
+	*consumertest.Spill
+	c       atomic.Pointer[consumer.Consumer]
+	calls   atomic.Int64
+	failsAt atomic.Int64 // SpillFailures at the second call; -1 before it
+}
+
+func (s *failingCommitSpill) Commit(context.Context, consumer.SpillLane, int64) error {
+	if s.calls.Add(1) == 2 {
+		for s.c.Load() == nil { // the engine may not be stored yet
+			runtime.Gosched()
+		}
+		s.failsAt.Store(int64(s.c.Load().Stats().SpillFailures))
+	}
+	return consumertest.ErrSpillDown
+}
+
+// A failed spill cursor commit backs the lane's spill job off, as a failed
+// append or read does: a job that retried it at once would call a log that
+// is down as fast as it answers, and log a warning each time.
+func TestFailedSpillCommitBacksOff(t *testing.T) {
+	src := &backlogSource{first: make(chan struct{}), release: make(chan struct{})}
+	sp := &failingCommitSpill{Spill: consumertest.NewSpill()}
+	sp.failsAt.Store(-1)
+	sp.c.Store(startBacklog(t, src, sp))
+	consumertest.Eventually(t, "a second spill cursor commit", func() bool { return sp.failsAt.Load() >= 0 })
+	if n := sp.failsAt.Load(); n == 0 {
+		t.Fatal("the spill cursor commit was called again with no back-off counted (Stats.SpillFailures 0)")
 	}
 }
