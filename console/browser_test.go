@@ -164,26 +164,8 @@ func TestBrowserTenantView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(con)
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { con.Close() })
-	e := startEngine(t, con, 4)
-
-	// Traffic: every tenant gets a message every 10ms, for at most 6000
-	// rounds, until the test ends.
-	tenants := []string{"acme", "globex", "initech", "outage", "umbrella"}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	traffic := make(chan struct{})
-	go func() {
-		defer close(traffic)
-		for i := 0; i < 6000 && ctx.Err() == nil; i++ {
-			e.produce(tenants, len(tenants))
-			time.Sleep(10 * time.Millisecond) // pacing, not waiting
-		}
-	}()
-	defer func() { <-traffic }()
-	defer stop()
+	srv, e := serveWithTraffic(t, con)
+	defer e.stopTraffic()
 
 	b.do("open the tenant view", chromedp.Navigate(srv.URL+"/"))
 	eval[bool](b, `(window.__notReloaded = true)`)
@@ -358,24 +340,8 @@ func TestBrowserTenantPlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(con)
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { con.Close() })
-	e := startEngine(t, con, 4)
-
-	tenants := []string{"acme", "globex", "initech", "outage", "umbrella"}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	traffic := make(chan struct{})
-	go func() {
-		defer close(traffic)
-		for i := 0; i < 6000 && ctx.Err() == nil; i++ {
-			e.produce(tenants, len(tenants))
-			time.Sleep(10 * time.Millisecond) // pacing, not waiting
-		}
-	}()
-	defer func() { <-traffic }()
-	defer stop()
+	srv, e := serveWithTraffic(t, con)
+	defer e.stopTraffic()
 
 	b.do("open the tenant view", chromedp.Navigate(srv.URL+"/"))
 	eval[bool](b, `(window.__notReloaded = true)`)
@@ -412,4 +378,36 @@ func TestBrowserTenantPlots(t *testing.T) {
 	if n := b.dialogs.Load(); n != 0 {
 		t.Fatalf("%d dialogs opened", n)
 	}
+}
+
+// trafficRun is an engine behind a served console with traffic running.
+type trafficRun struct {
+	*engineRun
+	stop func()
+	done chan struct{}
+}
+
+// stopTraffic ends the traffic and waits for its goroutine.
+func (r *trafficRun) stopTraffic() { r.stop(); <-r.done }
+
+// serveWithTraffic serves con, starts an engine (4 partitions) feeding it,
+// and sends every one of five tenants a message every 10ms, for at most
+// 6000 rounds, until stopTraffic.
+func serveWithTraffic(t *testing.T, con *console.Console) (*httptest.Server, *trafficRun) {
+	t.Helper()
+	srv := httptest.NewServer(con)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { con.Close() })
+	e := startEngine(t, con, 4)
+	tenants := []string{"acme", "globex", "initech", "outage", "umbrella"}
+	ctx, stop := context.WithCancel(context.Background())
+	r := &trafficRun{engineRun: e, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for i := 0; i < 6000 && ctx.Err() == nil; i++ {
+			e.produce(tenants, len(tenants))
+			time.Sleep(10 * time.Millisecond) // pacing, not waiting
+		}
+	}()
+	return srv, r
 }
