@@ -46,6 +46,9 @@ func output(scale float64) string {
 	for _, k := range []string{kEngine, kSource, kFloor} {
 		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
 	}
+	for _, k := range []string{kTEngine, kTSource, kTFloor} {
+		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
+	}
 	for _, k := range []string{kReader, kKgo} {
 		line(k, 1000, "msgs/s", 800, "cpu-ns/msg")
 	}
@@ -74,8 +77,8 @@ func TestTableRatios(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(rows) != 2+15 {
-		t.Fatalf("%d lines, want a header, a rule and 15 rows:\n%s", len(rows), b.String())
+	if len(rows) != 2+16 {
+		t.Fatalf("%d lines, want a header, a rule and 16 rows:\n%s", len(rows), b.String())
 	}
 	for _, want := range []string{
 		"| guard success path, parallel | 10.0 ns, 0 allocs | gobreaker 30.0 ns | 3.0x |",
