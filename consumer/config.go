@@ -91,8 +91,8 @@ type Config struct {
 	// ReadAhead bounds the messages of quick tenants (calls under 5µs by
 	// their guards' estimates, see Concurrency; a new tenant counts until
 	// its first call says otherwise) that one partition holds in memory,
-	// not parked and not spilling, or 8 for each lane holding some if that
-	// is more (a thousand quick tenants on a partition still take turns of
+	// not parked and not spilling, or 8 for each lane holding more than one
+	// if that is more (a thousand quick tenants on a partition still take turns of
 	// several messages). Past it the partition is paused
 	// (PauseReadAhead) until half of them are handled: workers get through
 	// such messages in microseconds, so holding more buys nothing, while
