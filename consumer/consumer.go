@@ -415,6 +415,7 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	clear(sh.lanes)
 	sh.sweep.q.reset()
+	sh.sweep.skip = 0
 	forget = append(forget, sh.takeForgotten()...)
 	sh.sweep.due.Store(false)
 	sh.none = nil
