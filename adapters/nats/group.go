@@ -403,7 +403,10 @@ func (s *Source) disown(d consumer.Dispatcher, why string) {
 	for _, p := range s.parts {
 		d.Revoked(p)
 	}
-	held := s.appendHeld(nil, true)
+	// The server redelivers in the order of the naks: stream order, the
+	// messages the client buffered included.
+	held := s.appendHeld(s.unfed, true)
+	s.unfed = nil
 	slices.SortFunc(held, func(a, b heldMsg) int { return cmpSeq(a.seq, b.seq) })
 	for _, h := range held {
 		_ = h.m.Nak() // a lost nak waits for AckWait
@@ -425,6 +428,10 @@ func cmpSeq(a, b uint64) int {
 // standby takes over at its next pull instead of after PinnedTTL.
 func (s *Source) stepDown(d consumer.Dispatcher) {
 	if !s.owning {
+		for _, h := range s.unfed { // delivered under a pin already lost
+			_ = h.m.Nak()
+		}
+		s.unfed = nil
 		return
 	}
 	s.disown(d, "stopping")

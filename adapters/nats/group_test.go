@@ -149,7 +149,8 @@ type member struct {
 	spill  *SpillLog
 	engine *consumer.Consumer
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run returned, with err set
+	err    error
 }
 
 type memberOpts struct {
@@ -200,8 +201,11 @@ func (f *groupFixture) startMember(t *testing.T, rec *groupRecorder, instance, m
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &member{name: instance, nc: nc, src: src, spill: spill, engine: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { m.done <- c.Run(ctx, src) }()
+	m := &member{name: instance, nc: nc, src: src, spill: spill, engine: c, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		m.err = c.Run(ctx, src)
+		close(m.done)
+	}()
 	t.Cleanup(func() { m.stop() })
 	return m
 }
@@ -210,9 +214,8 @@ func (f *groupFixture) startMember(t *testing.T, rec *groupRecorder, instance, m
 func (m *member) stop() error {
 	m.cancel()
 	select {
-	case err := <-m.done:
-		m.done <- err
-		return err
+	case <-m.done:
+		return m.err
 	case <-time.After(30 * time.Second):
 		return errors.New("engine did not stop")
 	}

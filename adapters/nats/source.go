@@ -61,6 +61,7 @@ type Source struct {
 	// engine was told the partitions are ours, recent pins lost.
 	pin      string
 	owning   bool
+	unfed    []heldMsg // delivered while Run ended, never given to the engine
 	lostPins [4]string
 	lostNext int
 
@@ -383,12 +384,26 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	}
 	err = s.watch(ctx, cc, live)
 	cancel() // a consume callback blocked by Pause returns
-	cc.Stop()
+	if s.pinGroup != "" {
+		// Drain: what the client buffered comes to onMsg, which keeps it
+		// for stepDown to hand back in order with what the engine held.
+		cc.Drain()
+	} else {
+		cc.Stop()
+	}
 	<-cc.Closed()
 	if s.pinGroup != "" {
 		s.stepDown(d)
 	}
 	return err
+}
+
+// unhanded keeps a message that reached onMsg once Run was ending. A
+// pinned Source hands it back (stepDown); any other leaves it to AckWait.
+func (s *Source) unhanded(seq uint64, msg jetstream.Msg) {
+	if s.pinGroup != "" {
+		s.unfed = append(s.unfed, heldMsg{seq, msg})
+	}
 }
 
 // onMsg runs on the consume goroutine, one message at a time, and hands
@@ -413,6 +428,10 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 			_ = msg.NakWithDelay(s.opt.extendEvery)
 			return
 		}
+	}
+	if s.pinGroup != "" && ctx.Err() != nil {
+		s.unhanded(seq, msg) // stopping: drained from the client's buffer
+		return
 	}
 	if s.pinGroup != "" && !s.claim(d, msg) {
 		return
@@ -440,11 +459,13 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return // not acked: redelivered after AckWait
+			s.unhanded(seq, msg)
+			return
 		}
 	}
 	if ctx.Err() != nil {
 		s.mu.Unlock()
+		s.unhanded(seq, msg)
 		return
 	}
 	h := s.heldOf(seq)
