@@ -541,3 +541,60 @@ func TestPinnedDurableStandby(t *testing.T) {
 		t.Fatalf("%d of %d delivered", len(all), n)
 	}
 }
+
+// TestPartitionTransformRoundTrip: the transform PartitionTransform makes
+// is one streamPartitions reads back.
+func TestPartitionTransformRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		source string
+		n      int
+		w      []int
+		want   string
+	}{
+		{"orders.*", 8, []int{1}, "{{partition(8,1)}}.orders.{{wildcard(1)}}"},
+		{"a.*.b.*", 3, []int{1, 2}, "{{partition(3,1,2)}}.a.{{wildcard(1)}}.b.{{wildcard(2)}}"},
+	} {
+		tr, err := PartitionTransform(tc.source, tc.n, tc.w...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.Source != tc.source || tr.Destination != tc.want {
+			t.Errorf("PartitionTransform(%q) = %+v, want destination %q", tc.source, tr, tc.want)
+		}
+		n, err := streamPartitions(jetstream.StreamConfig{Name: "S", SubjectTransform: &tr})
+		if err != nil || n != tc.n {
+			t.Errorf("streamPartitions(%q) = %d, %v; want %d", tr.Destination, n, err, tc.n)
+		}
+	}
+}
+
+// FuzzGroupDecode feeds a transform destination (from the stream's
+// configuration) and a subject (from the server) to their decoders: they
+// never panic, a partition count is positive, and a split subject is the
+// original without its first token.
+func FuzzGroupDecode(f *testing.F) {
+	f.Add("{{partition(8,1)}}.orders.{{wildcard(1)}}", "3.orders.acme")
+	f.Add("{{ Partition(2, 1) }}.x", "12")
+	f.Add("{{partition(", "x.y")
+	f.Add("{{partition(99999999999999999999,1)}}", "99999999999999999999.a")
+	g := &groupSpec{topic: "S/g"}
+	f.Fuzz(func(t *testing.T, dest, subject string) {
+		n, err := streamPartitions(jetstream.StreamConfig{Name: "S", SubjectTransform: &jetstream.SubjectTransformConfig{Destination: dest}})
+		if err == nil && n < 1 {
+			t.Fatalf("streamPartitions(%q) = %d", dest, n)
+		}
+		if err != nil && !errors.Is(err, ErrConsumerGroup) {
+			t.Fatalf("streamPartitions(%q): %v", dest, err)
+		}
+		p, rest, ok := g.split(subject)
+		if !ok {
+			return
+		}
+		tok, after, _ := strings.Cut(subject, ".")
+		id, err := strconv.ParseInt(tok, 10, 32)
+		if err != nil || p.ID < 0 || int64(p.ID) != id || rest != after || p.Topic != g.topic {
+			t.Fatalf("split(%q) = %v, %q", subject, p, rest)
+		}
+	})
+}
