@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
@@ -597,4 +598,106 @@ func FuzzGroupDecode(f *testing.F) {
 			t.Fatalf("split(%q) = %v, %q", subject, p, rest)
 		}
 	})
+}
+
+// loopMember runs a Source of the group's member on a connection of its
+// own with the engine stand-in loop.
+type loopMember struct {
+	nc   *nats.Conn
+	src  *Source
+	l    *loop
+	done chan error
+}
+
+func (f *groupFixture) startLoop(t *testing.T, memberName string) *loopMember {
+	t.Helper()
+	nc := f.srv.Connect(t)
+	src, err := Open(testCtx(t), nc, f.stream, "", WithConsumerGroup(f.group, memberName),
+		WithGroupConsumerConfig(jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: f.ackWait, MaxDeliver: -1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &loopMember{nc: nc, src: src, l: newLoop(src, FromSubjectToken(-1), nil), done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { m.done <- src.Run(ctx, m.l) }()
+	return m
+}
+
+func (m *loopMember) revokedAll() int {
+	m.l.mu.Lock()
+	defer m.l.mu.Unlock()
+	n := 0
+	for _, c := range m.l.revoked {
+		n += c
+	}
+	return n
+}
+
+// TestGroupPinLossRevokes unpins the owner (pcgroups.StaticMemberStepDown,
+// as an operator would): the server's "pin ID mismatch" makes it revoke
+// its partitions, and every message still arrives.
+func TestGroupPinLossRevokes(t *testing.T) {
+	t.Parallel()
+	f := newGroupFixture(t, 2, "m1")
+	a, b := f.startLoop(t, "m1"), f.startLoop(t, "m1")
+	f.publishTenants(t, 4, 0, 100)
+	total := func() int {
+		seen := map[string]bool{}
+		for _, m := range []*loopMember{a, b} {
+			m.l.mu.Lock()
+			for v := range m.l.seen {
+				seen[v] = true
+			}
+			m.l.mu.Unlock()
+		}
+		return len(seen)
+	}
+	eventually(t, "first batch delivered", func() bool { return total() == 100 })
+	own := a
+	if b.src.Stats().Owning {
+		own = b
+	}
+	if err := pcgroups.StaticMemberStepDown(testCtx(t), f.js, f.stream, f.group, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	pub := 100
+	for pub < 400 && own.revokedAll() == 0 { // the server answers a pin mismatch when it has a message
+		f.publishTenants(t, 4, pub, pub+20)
+		pub += 20
+		time.Sleep(100 * time.Millisecond)
+	}
+	eventually(t, "the unpinned owner revoked", func() bool { return own.revokedAll() == 2 })
+	f.publishTenants(t, 4, pub, pub+20)
+	pub += 20
+	eventually(t, "every message delivered", func() bool { return total() == pub })
+	eventually(t, "one owner", func() bool { return a.src.Stats().Owning != b.src.Stats().Owning })
+}
+
+// TestGroupConfigChangeEndsRun: a change of the group's configuration
+// ends Run with ErrConsumerGroup, after revoking the member's partitions.
+func TestGroupConfigChangeEndsRun(t *testing.T) {
+	t.Parallel()
+	f := newGroupFixture(t, 2, "m1")
+	m := f.startLoop(t, "m1")
+	f.publishTenants(t, 4, 0, 20)
+	eventually(t, "pinned", func() bool { return m.src.Stats().Owning })
+	kv, err := f.js.KeyValue(testCtx(t), groupBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(testCtx(t), f.stream+"."+f.group, []byte(`{"max_members":2,"members":["m1","m2"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-m.done:
+		if !errors.Is(err, ErrConsumerGroup) {
+			t.Fatalf("Run: %v, want ErrConsumerGroup", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not end")
+	}
+	if n := m.revokedAll(); n != 2 || m.src.Stats().Owning {
+		t.Fatalf("%d partitions revoked, owning %v", n, m.src.Stats().Owning)
+	}
 }
