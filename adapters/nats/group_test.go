@@ -426,6 +426,9 @@ func TestGroupSpillLaneFollowsOwner(t *testing.T) {
 	if rec.overlaps != 0 {
 		t.Errorf("%d times two engines ran handlers of one partition at once", rec.overlaps)
 	}
+	if standby.engine.Stats().Refed == 0 {
+		t.Errorf("the new owner re-fed nothing from the spill lane")
+	}
 	t.Logf("spill failover: %d messages, %d tenants: owner appended %d records to %s, standby re-fed %d; %d handled, %d duplicates, %d inversions",
 		n+tenants, tenants, appended, lane, standby.engine.Stats().Refed, distinct, dups, inv)
 }
