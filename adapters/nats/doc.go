@@ -106,7 +106,7 @@
 // the Source then naks what the engine held and what the client had
 // buffered, in stream order, and unpins itself, so a standby takes over at
 // its next pull with those messages first. A process that dies keeps the
-// pin for PinnedTTL (twice AckWait), while what it held is redelivered
+// pin for PinnedTTL (twice AckWait from 2s on), while what it held is redelivered
 // after AckWait, so the standby normally gets those first too. A handler
 // still running when its process steps down may run again, at the same
 // time, on the new owner (at-least-once). MaxAckPending is shared evenly by

@@ -102,11 +102,13 @@ func WithPinnedClient() SourceOption {
 }
 
 // PinnedTTL is how long the server keeps a pinned client that sends no
-// pull request: twice AckWait, at least 2s. A standby takes over a dead
-// process's partitions after it; messages the dead one held come back
-// after AckWait, before the standby is pinned, so they are redelivered
-// ahead of newer ones.
-func PinnedTTL(ackWait time.Duration) time.Duration { return max(2*ackWait, 2*time.Second) }
+// pull request: AckWait plus the larger of AckWait and 2s (twice AckWait
+// from 2s on). A standby takes over a dead process's partitions after it.
+// The Source pulls at least every half AckWait (1s at least) and extends
+// what it holds every third of AckWait, so what a dead process held comes
+// back after at most AckWait, at least half an AckWait (1s) before the
+// standby is pinned: the standby gets it ahead of newer messages.
+func PinnedTTL(ackWait time.Duration) time.Duration { return ackWait + max(ackWait, 2*time.Second) }
 
 // PinDurable makes the durable consumer durable on stream a pinned-client
 // priority group (PinnedTTL of its AckWait), so that of several processes
