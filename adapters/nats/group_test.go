@@ -232,17 +232,29 @@ func (m *member) kill() {
 	}
 }
 
-// publishTenants publishes n messages round robin over tenants, each
-// "<tenant>-<seq>" with seq counting per tenant from *next.
+// publishTenants publishes messages from to to (exclusive) round robin
+// over tenants, each "<tenant>-<seq>", seq the message's number.
 func (f *groupFixture) publishTenants(t *testing.T, tenants, from, to int) {
 	t.Helper()
-	ctx := testCtx(t)
+	if err := f.publishRange(tenants, from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publishRange is publishTenants for goroutines other than the test's.
+func (f *groupFixture) publishRange(tenants, from, to int) error {
 	for i := from; i < to; i++ {
 		tn := fmt.Sprintf("t%02d", i%tenants)
-		if _, err := f.js.Publish(ctx, f.subject+"."+tn, fmt.Appendf(nil, "%s-%06d", tn, i)); err != nil {
-			t.Fatal(err)
+		// Each publish its own bound: a busy machine may take longer
+		// than one test context for thousands of them.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := f.js.Publish(ctx, f.subject+"."+tn, fmt.Appendf(nil, "%s-%06d", tn, i))
+		cancel()
+		if err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // TestGroupMembersKeepTenantOrder runs three engines, each on a connection
@@ -331,7 +343,11 @@ func TestGroupStandbyTakesOver(t *testing.T) {
 
 	// Kill the pinned instance while messages flow.
 	var pub sync.WaitGroup
-	pub.Go(func() { f.publishTenants(t, tenants, n/3, 2*n/3) })
+	pub.Go(func() {
+		if err := f.publishRange(tenants, n/3, 2*n/3); err != nil {
+			t.Error(err)
+		}
+	})
 	eventually(t, "some of the second third handled", func() bool { return rec.distinct() > n/3+50 })
 	killed := time.Now()
 	pinned.kill()
@@ -342,7 +358,11 @@ func TestGroupStandbyTakesOver(t *testing.T) {
 
 	// Stop the new owner gracefully with a fresh standby waiting.
 	c := f.startMember(t, rec, "m1c", "m1", memberOpts{})
-	pub.Go(func() { f.publishTenants(t, tenants, 2*n/3, n) })
+	pub.Go(func() {
+		if err := f.publishRange(tenants, 2*n/3, n); err != nil {
+			t.Error(err)
+		}
+	})
 	eventually(t, "some of the last third handled", func() bool { return rec.distinct() > 2*n/3+50 })
 	stopped := time.Now()
 	if err := standby.stop(); err != nil {
