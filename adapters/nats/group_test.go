@@ -285,6 +285,10 @@ func TestGroupMembersKeepTenantOrder(t *testing.T) {
 			t.Errorf("%s does not own its partitions", m.name)
 		}
 		for _, p := range m.src.Partitions() {
+			// MaxAckPending 256 shared by the member's 2 partitions.
+			if c := m.src.MaxUnsettled(p); c != 128 {
+				t.Errorf("%s: MaxUnsettled(%v) = %d, want 128", m.name, p, c)
+			}
 			if o, ok := owners[p]; ok {
 				t.Errorf("partition %v owned by %s and %s", p, o, m.name)
 			}
