@@ -118,6 +118,18 @@ func (c *Consumer) bornOf(m *Message) int64 {
 	return ns - c.epochNano
 }
 
+// stuckSince is when m's StuckAfter clock started, on the engine clock:
+// its first delivery to the group, not to this process. That is its
+// produce time (Message.Time, which a re-fed spill record keeps) when it
+// is earlier than its receipt, so that a head that held its partition's
+// commit before a restart or a rebalance does not hold it for another full
+// StuckAfter at its new owner; its receipt otherwise (no time, or a
+// producer clock ahead of ours). Housekeeping reads it, not the delivery
+// path.
+func (c *Consumer) stuckSince(m *Message) int64 {
+	return min(m.st.at, c.bornOf(m))
+}
+
 // age is now minus born, at least zero.
 func age(now, born int64) time.Duration { return time.Duration(max(now-born, 0)) }
 
