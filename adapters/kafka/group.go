@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +32,8 @@ import (
 // one group do not agree on a balancer, and the later member's join fails.
 //
 // Rebalance callbacks and polls gate each other (kgo's
-// BlockRebalanceOnPoll): a revocation runs only between polls, once every
-// record of the last poll was delivered, and no record of a revoked
+// BlockRebalanceOnPoll, and a lock of the source's around each delivery):
+// a revocation runs only between deliveries, and no record of a revoked
 // partition is delivered after it. Each revoked partition's watermark is
 // committed synchronously in the callback, and the periodic committer,
 // which holds the same lock while it commits, never commits it again, so
@@ -46,10 +45,11 @@ import (
 // partition in offset order, in slices of at most 64 messages, copied out
 // of the response as Source does (a message kept for long pins only its
 // slice's small neighbours). Once the engine pauses a partition, the rest
-// of the poll's records of that partition are not delivered: the
-// partition's fetch position is set back to the first of them, and kgo,
-// which fetches nothing for a paused partition and drops what it had
-// buffered of it, reads them again after Resume.
+// of the poll's records of that partition are kept back and delivered
+// first after Resume (which wakes the poll loop); kgo fetches nothing for
+// a paused partition and drops what it had buffered of it, to fetch it
+// again after Resume. So the engine's per-partition bounds hold within one
+// slice, and a pause costs no fetch again of what was polled.
 //
 // Offsets are committed only as the engine reports them (kgo's autocommit
 // is off): every CommitInterval, on revocation and on shutdown. After Run
@@ -77,6 +77,14 @@ type GroupSource struct {
 	// while they take partitions away, so that no commit of a partition
 	// lands after its revocation. It guards groupPart.done.
 	commitMu sync.Mutex
+	// deliverMu is held while records are delivered and while the
+	// rebalance callbacks revoke, so that no record of a partition is
+	// delivered after its Revoked. It guards groupPart.rest.
+	deliverMu sync.Mutex
+	// wake (with woken set first) asks the poll loop to stop waiting and
+	// deliver what resumed partitions kept back.
+	wake  chan struct{}
+	woken atomic.Bool
 	// stopping is set once Run's context ended: the revocation of every
 	// partition that leaving the group brings commits but does not revoke
 	// (the engine drains and commits after Run returns).
@@ -96,6 +104,10 @@ type groupPart struct {
 	done int64
 	// paused is set by Pause and read by the poll loop.
 	paused atomic.Bool
+	// rest is what a poll returned of the partition after the engine
+	// paused it, to deliver first once it is resumed; guarded by
+	// GroupSource.deliverMu.
+	rest []*kgo.Record
 }
 
 // NewGroupSource returns a GroupSource for topic in consumer group group,
@@ -133,6 +145,7 @@ func NewGroupSource(brokers []string, topic, group string, opts ...SourceOption)
 		log:     cfg.logger.With("topic", topic, "group", group),
 		watch:   topicWatch{grace: cfg.topicGrace},
 		left:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
 	}
 	empty := map[int32]*groupPart{}
 	s.parts.Store(&empty)
@@ -225,54 +238,82 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 
 // poll delivers every polled record until ctx ends.
 func (s *GroupSource) poll(ctx context.Context, cl *kgo.Client, d consumer.Dispatcher) {
-	var rewind map[int32]kgo.EpochOffset
 	var sb recordSlicer
-	for {
-		fs := cl.PollFetches(ctx)
+	// The waker cancels the current poll when Resume leaves records of a
+	// partition to deliver (see Resume).
+	var cur atomic.Pointer[context.CancelFunc]
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.wake:
+				if c := cur.Load(); c != nil {
+					(*c)()
+				}
+			}
+		}
+	}()
+	for ctx.Err() == nil {
+		s.woken.Store(false)
+		s.deliverRests(&sb, d)
+		pctx, cancel := context.WithCancel(ctx)
+		cur.Store(&cancel)
+		if s.woken.Load() {
+			cancel()
+		}
+		fs := cl.PollFetches(pctx)
+		cancel()
 		if ctx.Err() != nil {
 			cl.AllowRebalance()
 			return
 		}
 		fs.EachError(func(topic string, p int32, err error) {
-			if ctx.Err() == nil && !s.failed(err) {
+			if pctx.Err() == nil && !s.failed(err) {
 				s.log.Warn("kafka: fetch failed; kgo retries", "partition", p, "err", err)
 			}
 		})
+		s.deliverMu.Lock()
 		fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
 			if ftp.Topic != s.topic || len(ftp.Records) == 0 {
 				return
 			}
-			ps := (*s.parts.Load())[ftp.Partition]
-			if ps == nil {
-				return // kgo delivers only assigned partitions; defensive
-			}
-			if at, ok := s.deliver(ps, ftp.Records, sb, d); !ok {
-				if rewind == nil {
-					rewind = map[int32]kgo.EpochOffset{}
-				}
-				rewind[ftp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: at}
+			if ps := (*s.parts.Load())[ftp.Partition]; ps != nil {
+				s.deliver(ps, ftp.Records, &sb, d)
 			}
 		})
-		if len(rewind) > 0 {
-			// Before AllowRebalance: no revocation runs in between.
-			cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.topic: rewind})
-			rewind = nil
-		}
+		s.deliverMu.Unlock()
 		cl.AllowRebalance()
 	}
 }
 
-// deliver hands recs to the engine in slices. It stops before a slice once
-// the engine paused ps, and returns the first undelivered offset and false
-// then.
-func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, sb recordSlicer, d consumer.Dispatcher) (int64, bool) {
+// deliverRests delivers what partitions that are no longer paused kept
+// back.
+func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
+	s.deliverMu.Lock()
+	defer s.deliverMu.Unlock()
+	for _, ps := range *s.parts.Load() {
+		if len(ps.rest) > 0 && !ps.paused.Load() {
+			s.deliver(ps, nil, sb, d)
+		}
+	}
+}
+
+// deliver hands what ps kept back and then recs to the engine in slices,
+// and keeps back the rest once the engine paused ps. Called with
+// deliverMu held.
+func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, sb *recordSlicer, d consumer.Dispatcher) {
+	if len(ps.rest) > 0 {
+		recs = append(ps.rest, recs...)
+		ps.rest = nil
+	}
 	for i := 0; i < len(recs); i += deliverSlice {
 		if ps.paused.Load() {
-			return recs[i].Offset, false
+			ps.rest = recs[i:]
+			return
 		}
 		d.DeliverBatch(sb.build(ps.id, recs[i:min(i+deliverSlice, len(recs))]))
 	}
-	return 0, true
 }
 
 // assigned records newly assigned partitions and announces them.
@@ -295,29 +336,30 @@ func (s *GroupSource) assigned(ids []int32, d consumer.Dispatcher) {
 	}
 }
 
-// revoked takes partitions away: the engine drops them, then (when commit
-// is set) their final watermarks are committed, and they leave the table
-// before the rebalance goes on. On shutdown it only commits.
+// revoked takes partitions away: the engine drops them (no delivery runs
+// meanwhile), they leave the table, and (when commit is set) their final
+// watermarks are committed, all before the rebalance goes on. On shutdown
+// it only commits.
 func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispatcher, commit bool) {
 	if len(ids) == 0 {
 		return
 	}
+	cur := *s.parts.Load()
+	var gone []*groupPart
+	for _, id := range ids {
+		if ps := cur[id]; ps != nil {
+			gone = append(gone, ps)
+		}
+	}
 	if s.stopping.Load() {
 		if commit {
-			s.commit(ctx, ids)
+			s.commit(ctx, gone)
 		}
 		return
 	}
-	cur := *s.parts.Load()
-	for _, id := range ids {
-		if ps := cur[id]; ps != nil {
-			d.Revoked(ps.id)
-		}
-	}
-	if commit {
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.rebalanceTimeout)
-		s.commit(cctx, ids)
-		cancel()
+	s.deliverMu.Lock()
+	for _, ps := range gone {
+		d.Revoked(ps.id)
 	}
 	s.commitMu.Lock()
 	parts := maps(*s.parts.Load())
@@ -326,6 +368,14 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 	}
 	s.parts.Store(&parts)
 	s.commitMu.Unlock()
+	s.deliverMu.Unlock()
+	if commit {
+		// A periodic commit that included them has finished once this one
+		// holds commitMu; none starts after, as they left the table.
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.rebalanceTimeout)
+		s.commit(cctx, gone)
+		cancel()
+	}
 	s.log.Debug("kafka: partitions revoked", "partitions", ids, "committed", commit)
 }
 
@@ -351,20 +401,23 @@ func (s *GroupSource) commitLoop(ctx context.Context) {
 	}
 }
 
-// commit commits the watermarks that moved of the partitions ids (all when
-// nil), synchronously, under commitMu.
-func (s *GroupSource) commit(ctx context.Context, ids []int32) {
+// commit commits the watermarks that moved of the partitions in list (all
+// assigned partitions when nil), synchronously, under commitMu.
+func (s *GroupSource) commit(ctx context.Context, list []*groupPart) {
 	cl := s.cl.Load()
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	parts := *s.parts.Load()
-	offsets := map[int32]kgo.EpochOffset{}
-	for id, ps := range parts {
-		if ids != nil && !slices.Contains(ids, id) {
-			continue
+	if list == nil {
+		for _, ps := range *s.parts.Load() {
+			list = append(list, ps)
 		}
+	}
+	offsets := map[int32]kgo.EpochOffset{}
+	byID := make(map[int32]*groupPart, len(list))
+	for _, ps := range list {
 		if w := ps.want.Load(); w > ps.done {
-			offsets[id] = kgo.EpochOffset{Epoch: -1, Offset: w}
+			offsets[ps.id.ID] = kgo.EpochOffset{Epoch: -1, Offset: w}
+			byID[ps.id.ID] = ps
 		}
 	}
 	if len(offsets) == 0 {
@@ -388,7 +441,7 @@ func (s *GroupSource) commit(ctx context.Context, ids []int32) {
 						}
 						continue
 					}
-					if ps := parts[p.Partition]; ps != nil && t.Topic == s.topic {
+					if ps := byID[p.Partition]; ps != nil && t.Topic == s.topic {
 						ps.done = offsets[p.Partition].Offset
 					}
 				}
@@ -481,8 +534,9 @@ func (s *GroupSource) lookup(p consumer.Partition) *groupPart {
 	return (*s.parts.Load())[p.ID]
 }
 
-// Pause stops fetching p: records of p not yet delivered are read again
-// after Resume.
+// Pause stops fetching p: the records of p that the last poll returned
+// and the engine was not given yet are kept back until Resume (kgo drops
+// what it buffered of p and fetches it again then).
 func (s *GroupSource) Pause(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
 		ps.paused.Store(true)
@@ -492,13 +546,19 @@ func (s *GroupSource) Pause(p consumer.Partition) {
 	}
 }
 
-// Resume undoes Pause.
+// Resume undoes Pause. What p kept back is delivered first, by the poll
+// loop, which Resume wakes.
 func (s *GroupSource) Resume(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
+		ps.paused.Store(false)
+		s.woken.Store(true)
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 		if cl := s.cl.Load(); cl != nil {
 			cl.ResumeFetchPartitions(map[string][]int32{s.topic: {p.ID}})
 		}
-		ps.paused.Store(false)
 	}
 }
 

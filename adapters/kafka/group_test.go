@@ -1,9 +1,13 @@
 package kafka
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"testing"
 	"time"
 
@@ -87,5 +91,80 @@ func TestNewGroupSourceValidates(t *testing.T) {
 	}
 	if _, err := NewSource(ok, "orders.v1", "g", WithClientOptions()); err != nil {
 		t.Fatal(err) // no kgo option given
+	}
+}
+
+// pausingGroup pauses its partition after every delivered slice and lets
+// the test resume it.
+type pausingGroup struct {
+	src    *GroupSource
+	mu     sync.Mutex
+	offs   []int64
+	paused chan consumer.Partition
+}
+
+func (c *pausingGroup) Assigned(consumer.Partition) {}
+func (c *pausingGroup) Revoked(consumer.Partition)  {}
+func (c *pausingGroup) Deliver(m *consumer.Message) { c.DeliverBatch([]*consumer.Message{m}) }
+func (c *pausingGroup) DeliverBatch(ms []*consumer.Message) {
+	c.mu.Lock()
+	for _, m := range ms {
+		c.offs = append(c.offs, m.Offset)
+	}
+	c.mu.Unlock()
+	_ = c.src.Commit(context.Background(), ms[0].Partition, ms[len(ms)-1].Offset+1)
+	c.src.Pause(ms[0].Partition)
+	c.paused <- ms[0].Partition
+}
+
+// A partition the engine pauses mid-poll goes on, once resumed, from the
+// records that poll returned: every record once, in order, in slices of at
+// most deliverSlice.
+func TestGroupResumeGoesOnFromThePoll(t *testing.T) {
+	t.Parallel()
+	topic := uniq("grest")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	const total = 900
+	var ms []kafkago.Message
+	for i := range total {
+		ms = append(ms, kafkago.Message{Value: []byte(fmt.Sprintf("v-%d", i))})
+	}
+	produce(t, c.Addrs(), topic, ms...)
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &pausingGroup{src: src, paused: make(chan consumer.Partition, 64)}
+	consumertest.StartSource(t, src, col)
+	ctx := testCtx(t, 60*time.Second)
+	slices := 0
+	for {
+		var p consumer.Partition
+		select {
+		case p = <-col.paused:
+		case <-ctx.Done():
+			t.Fatalf("%d slices delivered, then nothing", slices)
+		}
+		slices++
+		col.mu.Lock()
+		n := len(col.offs)
+		col.mu.Unlock()
+		if n >= total {
+			break
+		}
+		src.Resume(p)
+	}
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	if len(col.offs) != total {
+		t.Fatalf("%d deliveries, want %d", len(col.offs), total)
+	}
+	for i, off := range col.offs {
+		if off != int64(i) {
+			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
+		}
+	}
+	if want := (total + deliverSlice - 1) / deliverSlice; slices < want {
+		t.Fatalf("%d slices, want at least %d: the pauses did not hold back the rest", slices, want)
 	}
 }
