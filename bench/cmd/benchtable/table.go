@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -16,6 +17,8 @@ const (
 	kFloor      = "Consume/handoff-floor"
 	kReader     = "Consume/kafka-go-reader"
 	kKgo        = "Consume/franz-go-kgo"
+	kGEngine    = "Consume/ringfence-group-engine"
+	kGSource    = "Consume/ringfence-group-source"
 	nEngine     = "Consume/ringfence-Source-engine"
 	nLoop       = "Consume/ringfence-Source-loop"
 	nNatsGo     = "Consume/nats.go-Consume-Ack"
@@ -107,6 +110,7 @@ func table(w io.Writer, s *samples) error {
 		handlerRow(s, handlerWait, fmt.Sprintf("handler that waits 50 µs for a dependency, 1000 tenants, 64 workers, %d processes, median of the paired ratios", s.procs(handlerWait+"engine", "msgs/s")), "a bare pool of 64 goroutines over the same source"),
 		handlerRow(s, handlerCPU, "handler that computes for 50 µs (2 cores: at most 40k msg/s)", "bare pool"),
 		kafkaRow(s),
+		kafkaGroupRow(s),
 		natsRow(s),
 	}
 	if s.err != nil {
@@ -177,6 +181,29 @@ func kafkaRow(s *samples) [4]string {
 			rate(kEngine)/rate(kReader), rate(kEngine)/rate(kKgo), rate(kEngine)/rate(kSource),
 			perProc(kEngine, kReader), perProc(kEngine, kKgo), perProc(kEngine, kSource),
 			rate(kFloor)/rate(kSource)),
+	}
+}
+
+// kafkaGroupRow is the engine on kafka.GroupSource (kgo underneath) beside
+// kgo's own poll loop, the kafka-go source's engine row beside it.
+func kafkaGroupRow(s *samples) [4]string {
+	rate := func(name string) float64 { return s.med(name, "msgs/s") }
+	cpu := func(name string) string { return thousands(s.med(name, "cpu-ns/msg")) }
+	r := s.paired(kGEngine, kKgo, "msgs/s")
+	lo, hi := math.NaN(), math.NaN()
+	if len(r) > 0 {
+		lo, hi = r[0], r[0]
+		for _, v := range r {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	return [4]string{
+		"Kafka, the same on `kafka.GroupSource` (kgo, cooperative rebalancing), same processes",
+		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kGEngine)), cpu(kGEngine)),
+		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
+			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
+		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of the GroupSource; median of the per-process ratios to kgo %.2fx (%.2f-%.2f)",
+			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kGSource), median(r), lo, hi),
 	}
 }
 
