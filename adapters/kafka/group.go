@@ -27,7 +27,10 @@ import (
 // messages and its commit tracking go on through the rebalance; only the
 // partitions given to another member are revoked (the engine drops what it
 // held of them, the final watermark is committed before the rebalance goes
-// on) and only new partitions are assigned. Every member of a group must
+// on) and only new partitions are assigned. With
+// WithClientOptions(kgo.ServerSideBalancer()) the broker assigns instead
+// (KIP-848, Kafka 4.0 and later; the classic cooperative protocol on older
+// brokers), just as incrementally. Every member of a group must
 // use the same protocol: a Source (kafka-go, eager) and a GroupSource in
 // one group do not agree on a balancer, and the later member's join fails.
 //

@@ -8,6 +8,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"testing"
 	"time"
 
@@ -15,8 +16,12 @@ import (
 	"github.com/ringfence/ringfence/consumer/consumertest"
 )
 
-// groupHarness is the conformance harness over GroupSource.
-type groupHarness struct{ *harness }
+// groupHarness is the conformance harness over GroupSource; extra are
+// options of every source it makes.
+type groupHarness struct {
+	*harness
+	extra []SourceOption
+}
 
 func (h groupHarness) NewSource(t testing.TB) consumer.Source {
 	t.Helper()
@@ -25,7 +30,7 @@ func (h groupHarness) NewSource(t testing.TB) consumer.Source {
 
 func (h groupHarness) source(t testing.TB) *GroupSource {
 	t.Helper()
-	s, err := NewGroupSource(h.c.Addrs(), h.topic, h.group, groupOpts(WithUnknownTopicTimeout(time.Second))...)
+	s, err := NewGroupSource(h.c.Addrs(), h.topic, h.group, groupOpts(append([]SourceOption{WithUnknownTopicTimeout(time.Second)}, h.extra...)...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +61,15 @@ func (r *rebalancingGroupSource) Rebalance() {
 
 func TestGroupConformance(t *testing.T) {
 	c := startStrictCluster(t)
-	consumertest.Run(t, func(t testing.TB) consumertest.Harness { return groupHarness{newHarness(t, c)} })
+	consumertest.Run(t, func(t testing.TB) consumertest.Harness { return groupHarness{harness: newHarness(t, c)} })
+}
+
+// The same with the broker assigning partitions (KIP-848, kgo's
+// ServerSideBalancer), which kfake speaks.
+func TestGroupConformanceServerSide(t *testing.T) {
+	c := startStrictCluster(t)
+	extra := []SourceOption{WithClientOptions(kgo.ServerSideBalancer())}
+	consumertest.Run(t, func(t testing.TB) consumertest.Harness { return groupHarness{harness: newHarness(t, c), extra: extra} })
 }
 
 func TestNewGroupSourceValidates(t *testing.T) {

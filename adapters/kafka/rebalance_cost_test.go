@@ -55,6 +55,9 @@ func TestRebalanceCost(t *testing.T) {
 		{"kgo GroupSource (cooperative)", func(topic, group string) (consumer.Source, error) {
 			return NewGroupSource(c.Addrs(), topic, group, opts...)
 		}},
+		{"kgo GroupSource (KIP-848)", func(topic, group string) (consumer.Source, error) {
+			return NewGroupSource(c.Addrs(), topic, group, append(opts, WithClientOptions(kgo.ServerSideBalancer()))...)
+		}},
 	}
 	var rows []costRow
 	for _, k := range kinds {
