@@ -181,3 +181,43 @@ func TestGroupResumeGoesOnFromThePoll(t *testing.T) {
 		t.Fatalf("%d slices, want at least %d: the pauses did not hold back the rest", slices, want)
 	}
 }
+
+// A member joining takes partitions from the first without the first
+// losing any other: only what moves is revoked, and the partitions that
+// stay are never revoked nor assigned again.
+func TestGroupRevokesOnlyWhatMoves(t *testing.T) {
+	t.Parallel()
+	topic := uniq("moves")
+	const parts = 6
+	c := startCluster(t, kfake.SeedTopics(parts, topic))
+	group := uniq("g")
+	newMember := func() (*GroupSource, *collector) {
+		src, err := NewGroupSource(c.Addrs(), topic, group, groupOpts()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src, newCollector(false)
+	}
+	ctx := testCtx(t, 60*time.Second)
+	a, colA := newMember()
+	consumertest.StartSource(t, a, colA)
+	colA.waitFor(t, ctx, "every partition at the first member", func() bool { return len(colA.assigned) == parts })
+	b, colB := newMember()
+	consumertest.StartSource(t, b, colB)
+	colB.waitFor(t, ctx, "the second member's share", func() bool { return len(colB.assigned) == parts/2 })
+	colA.waitFor(t, ctx, "the first member's revocations", func() bool { return len(colA.revoked) >= parts/2 })
+
+	colA.mu.Lock()
+	defer colA.mu.Unlock()
+	colB.mu.Lock()
+	defer colB.mu.Unlock()
+	for p := range int32(parts) {
+		_, moved := colB.assigned[p]
+		switch {
+		case moved && colA.revoked[p] != 1:
+			t.Errorf("partition %d moved, revoked %d times at the first member", p, colA.revoked[p])
+		case !moved && (colA.revoked[p] != 0 || colA.assigned[p] != 1):
+			t.Errorf("partition %d stayed, yet revoked %d times and assigned %d times", p, colA.revoked[p], colA.assigned[p])
+		}
+	}
+}
