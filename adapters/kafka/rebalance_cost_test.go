@@ -31,7 +31,8 @@ import (
 // partitions); one tenant ("sick") fails every call, so its messages park.
 // It asserts nothing about the figures, only that no message is lost.
 //
-// Per event (from it to the next): how many partitions changed member;
+// Per event (from it to the next): how many partitions changed member, and
+// how many Revoked calls the members' engines got;
 // the longest time between two handlings of a partition that kept its
 // member (from 1s before the event), beside the longest in the steady 2s
 // before the first event; messages handled, and delivered by a source,
@@ -64,10 +65,10 @@ func TestRebalanceCost(t *testing.T) {
 		rows = append(rows, measureRebalance(t, c.Addrs(), k.name, k.src))
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| source | event | partitions moved | longest stop of a partition that stayed | steady longest gap | handled twice | delivered again | uncommitted offsets given away | parked messages dropped |\n|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| source | event | partitions moved | partitions revoked | longest stop of a partition that stayed | steady longest gap | handled twice | delivered again | uncommitted offsets given away | parked messages dropped |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		for _, e := range r.events {
-			fmt.Fprintf(&b, "| %s | %s | %d | %v | %v | %d | %d | %d | %d |\n", r.name, e.name, e.moved, e.stop.Round(time.Millisecond), r.steady.Round(time.Millisecond), e.twice, e.again, e.dropped, e.parked)
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %v | %v | %d | %d | %d | %d |\n", r.name, e.name, e.moved, e.revokes, e.stop.Round(time.Millisecond), r.steady.Round(time.Millisecond), e.twice, e.again, e.dropped, e.parked)
 		}
 	}
 	t.Log(b.String())
@@ -82,6 +83,7 @@ type costRow struct {
 type costEvent struct {
 	name         string
 	moved        int
+	revokes      int // Revoked calls, all members
 	stop         time.Duration
 	twice, again int
 	dropped      int // offsets past the commit point of the partitions given away
@@ -106,21 +108,23 @@ type costRun struct {
 	handled   map[string]int       // value -> times handled
 	byPart    map[int32][]handling // partition -> handlings, in time order
 	delivered map[string]int       // value -> times delivered by a source
-	dropped   int                  // unsettled at revocation
-	parked    int                  // the sick tenant's parked at revocation
+	dropped   int                  // see costEvent
+	parked    int                  // see costEvent
+	revokes   int                  // Revoked calls, all members
 }
 
 // costSnap is the run's counters at one moment.
-type costSnap struct{ twice, again, dropped, parked int }
+type costSnap struct{ twice, again, dropped, parked, revokes int }
 
 func (r *costRun) snap() costSnap {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return costSnap{countTwice(r.handled), countTwice(r.delivered), r.dropped, r.parked}
+	return costSnap{countTwice(r.handled), countTwice(r.delivered), r.dropped, r.parked, r.revokes}
 }
 
 func (e *costEvent) between(a, b costSnap) {
 	e.twice, e.again, e.dropped, e.parked = b.twice-a.twice, b.again-a.again, b.dropped-a.dropped, b.parked-a.parked
+	e.revokes = b.revokes - a.revokes
 }
 
 // costMember is one in-process member.
@@ -160,6 +164,9 @@ func (d *costDispatcher) DeliverBatch(ms []*consumer.Message) {
 func (d *costDispatcher) Deliver(m *consumer.Message) { d.DeliverBatch([]*consumer.Message{m}) }
 
 func (d *costDispatcher) Revoked(p consumer.Partition) {
+	d.s.run.mu.Lock()
+	d.s.run.revokes++
+	d.s.run.mu.Unlock()
 	if c := d.s.cons.Load(); c != nil {
 		d.s.run.giveUp(c, func(q consumer.Partition) bool { return q == p })
 	}
