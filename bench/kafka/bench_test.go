@@ -80,7 +80,9 @@ func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
 // under the full engine, and franz-go's kgo client in a group (a
 // PollFetches loop, committed by kgo's default autocommit: every 5s, only
 // what earlier polls returned, so a record is committed only once the loop
-// has handled it and polled again). One op is the whole topic, group join
+// has handled it and polled again), and kafka.GroupSource (built on kgo)
+// alone and under the engine, to read against kgo's own loop. One op is
+// the whole topic, group join
 // and shutdown included; msgs/s is the figure to compare. The rows run in
 // a random order in one invocation, each row's -count repetitions back to
 // back; for medians and ratios, interleave the rows with a process per
@@ -244,7 +246,8 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		close(d.ch) // Run returned: no DeliverBatch after it
 	}))
 
-	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) {
+	// engineOp runs the full engine on src to the end of the topic.
+	engineOp := func(b *testing.B, src consumer.Source) {
 		end := consumertest.NewEndCounter(lastOffsets)
 		c, err := consumer.New(consumer.Config{
 			Tenant: consumer.FromKey(),
@@ -276,7 +279,41 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		if err := <-errc; err != nil {
 			b.Fatal(err)
 		}
+	}
+	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) { engineOp(b, src) }))
+
+	// The group rows read the topic with kafka.GroupSource (kgo, the
+	// cooperative-sticky balancer, commits only what the engine gives):
+	// alone, committing past every message as ringfence-source does, and
+	// under the full engine. Read them against franz-go-kgo, the same
+	// client's own poll loop.
+	groupRow := func(name string, op func(b *testing.B, src *kafka.GroupSource)) benchRow {
+		return benchRow{name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				begin()
+				src, err := kafka.NewGroupSource(addrs, topic, group())
+				if err != nil {
+					b.Fatal(err)
+				}
+				op(b, src)
+			}
+			report(b)
+		}}
+	}
+	rows = append(rows, groupRow("ringfence-group-source", func(b *testing.B, src *kafka.GroupSource) {
+		d := &groupLoopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- src.Run(ctx, d) }()
+		<-d.done
+		lap()
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
 	}))
+	rows = append(rows, groupRow("ringfence-group-engine", func(b *testing.B, src *kafka.GroupSource) { engineOp(b, src) }))
 
 	rows = append(rows, benchRow{"franz-go-kgo", func(b *testing.B) {
 		b.ReportAllocs()
@@ -424,6 +461,32 @@ func (d *loopDispatcher) Deliver(m *consumer.Message) {
 	if d.seen != nil {
 		d.seen(m)
 	}
+	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
+	if d.n.Add(1) == d.want {
+		d.once.Do(func() { close(d.done) })
+	}
+}
+
+// groupLoopDispatcher is loopDispatcher over a GroupSource.
+type groupLoopDispatcher struct {
+	src  *kafka.GroupSource
+	want int64
+	n    atomic.Int64
+	once sync.Once
+	done chan struct{}
+	mark func()
+}
+
+func (d *groupLoopDispatcher) Assigned(consumer.Partition) {}
+func (d *groupLoopDispatcher) Revoked(consumer.Partition)  {}
+func (d *groupLoopDispatcher) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		d.Deliver(m)
+	}
+}
+
+func (d *groupLoopDispatcher) Deliver(m *consumer.Message) {
+	d.mark()
 	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
 	if d.n.Add(1) == d.want {
 		d.once.Do(func() { close(d.done) })
