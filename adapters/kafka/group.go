@@ -47,12 +47,16 @@ import (
 // its partitions) and handed to the engine with DeliverBatch, per
 // partition in offset order, in slices of at most 64 messages, copied out
 // of the response as Source does (a message kept for long pins only its
-// slice's small neighbours). Once the engine pauses a partition, the rest
-// of the poll's records of that partition are kept back and delivered
-// first after Resume (which wakes the poll loop); kgo fetches nothing for
-// a paused partition and drops what it had buffered of it, to fetch it
-// again after Resume. So the engine's per-partition bounds hold within one
-// slice, and a pause costs no fetch again of what was polled.
+// slice's small neighbours); kgo decodes later fetches into the memory of
+// the records copied (kgo.WithPools). Once the engine pauses a partition,
+// the rest of the poll's records of that partition are kept back and
+// delivered first after Resume (which wakes the poll loop). Only when a
+// later poll returns more of a partition still paused are those kept back
+// too and kgo told to stop fetching it (kgo drops what it had buffered of
+// it then, to fetch it again after Resume): the engine's short pauses
+// (read-ahead) so cost no fetch again, and a partition keeps back at most
+// two polls' worth (two fetches of WithMaxBytes). The engine's
+// per-partition bounds hold within one slice.
 //
 // Offsets are committed only as the engine reports them (kgo's autocommit
 // is off): every CommitInterval, on revocation and on shutdown. After Run
@@ -105,8 +109,15 @@ type groupPart struct {
 	want atomic.Int64
 	// done is the last offset committed; guarded by GroupSource.commitMu.
 	done int64
-	// paused is set by Pause and read by the poll loop.
+	// paused is set by Pause and read by the poll loop; changed under
+	// pauseMu.
 	paused atomic.Bool
+	// pauseMu orders the engine's Pause and Resume with the poll loop's
+	// pausing of kgo's fetching, so that no kgo pause outlives a Resume.
+	// It guards fetchPaused. No network call is made under it.
+	pauseMu sync.Mutex
+	// fetchPaused says kgo was told to stop fetching the partition.
+	fetchPaused bool
 	// rest is what a poll returned of the partition after the engine
 	// paused it, to deliver first once it is resumed; guarded by
 	// GroupSource.deliverMu.
@@ -203,6 +214,7 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 		kgo.HeartbeatInterval(s.cfg.heartbeatInterval),
 		kgo.SessionTimeout(s.cfg.sessionTimeout),
 		kgo.RebalanceTimeout(s.cfg.rebalanceTimeout),
+		kgo.WithPools(&kgoPools{}),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { s.assigned(m[s.topic], d) }),
 		kgo.OnPartitionsRevoked(func(cctx context.Context, _ *kgo.Client, m map[string][]int32) {
 			s.revoked(cctx, m[s.topic], d, true)
@@ -307,6 +319,13 @@ func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
 // deliverMu held.
 func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, sb *recordSlicer, d consumer.Dispatcher) {
 	if len(ps.rest) > 0 {
+		if len(recs) > 0 && ps.paused.Load() {
+			// Still paused after a poll that returned more: keep these
+			// back too, and stop kgo from fetching further.
+			ps.rest = append(ps.rest, recs...)
+			s.pauseFetching(ps)
+			return
+		}
 		recs = append(ps.rest, recs...)
 		ps.rest = nil
 	}
@@ -315,7 +334,23 @@ func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, sb *recordSlice
 			ps.rest = recs[i:]
 			return
 		}
-		d.DeliverBatch(sb.build(ps.id, recs[i:min(i+deliverSlice, len(recs))]))
+		slice := recs[i:min(i+deliverSlice, len(recs))]
+		ms := sb.build(ps.id, slice)
+		for _, r := range slice {
+			r.Recycle() // copied out: kgo may reuse its memory (kgoPools)
+		}
+		d.DeliverBatch(ms)
+	}
+}
+
+// pauseFetching tells kgo to stop fetching ps while the engine has it
+// paused.
+func (s *GroupSource) pauseFetching(ps *groupPart) {
+	ps.pauseMu.Lock()
+	defer ps.pauseMu.Unlock()
+	if ps.paused.Load() && !ps.fetchPaused {
+		ps.fetchPaused = true
+		s.cl.Load().PauseFetchPartitions(map[string][]int32{s.topic: {ps.id.ID}})
 	}
 }
 
@@ -363,6 +398,15 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 	s.deliverMu.Lock()
 	for _, ps := range gone {
 		d.Revoked(ps.id)
+		// A kgo pause persists through a later assignment of the
+		// partition; the engine's pause ended with Revoked.
+		ps.pauseMu.Lock()
+		ps.paused.Store(false)
+		if ps.fetchPaused {
+			ps.fetchPaused = false
+			s.cl.Load().ResumeFetchPartitions(map[string][]int32{s.topic: {ps.id.ID}})
+		}
+		ps.pauseMu.Unlock()
 	}
 	s.commitMu.Lock()
 	parts := maps(*s.parts.Load())
@@ -537,15 +581,14 @@ func (s *GroupSource) lookup(p consumer.Partition) *groupPart {
 	return (*s.parts.Load())[p.ID]
 }
 
-// Pause stops fetching p: the records of p that the last poll returned
-// and the engine was not given yet are kept back until Resume (kgo drops
-// what it buffered of p and fetches it again then).
+// Pause stops delivering p: the records of p that polls return are kept
+// back until Resume, and kgo stops fetching p once a second poll returned
+// some (see GroupSource).
 func (s *GroupSource) Pause(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
+		ps.pauseMu.Lock()
 		ps.paused.Store(true)
-		if cl := s.cl.Load(); cl != nil {
-			cl.PauseFetchPartitions(map[string][]int32{s.topic: {p.ID}})
-		}
+		ps.pauseMu.Unlock()
 	}
 }
 
@@ -553,14 +596,17 @@ func (s *GroupSource) Pause(p consumer.Partition) {
 // loop, which Resume wakes.
 func (s *GroupSource) Resume(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
+		ps.pauseMu.Lock()
 		ps.paused.Store(false)
+		if ps.fetchPaused {
+			ps.fetchPaused = false
+			s.cl.Load().ResumeFetchPartitions(map[string][]int32{s.topic: {p.ID}})
+		}
+		ps.pauseMu.Unlock()
 		s.woken.Store(true)
 		select {
 		case s.wake <- struct{}{}:
 		default:
-		}
-		if cl := s.cl.Load(); cl != nil {
-			cl.ResumeFetchPartitions(map[string][]int32{s.topic: {p.ID}})
 		}
 	}
 }

@@ -1,9 +1,11 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -219,5 +221,184 @@ func TestGroupRevokesOnlyWhatMoves(t *testing.T) {
 		case !moved && (colA.revoked[p] != 0 || colA.assigned[p] != 1):
 			t.Errorf("partition %d stayed, yet revoked %d times and assigned %d times", p, colA.revoked[p], colA.assigned[p])
 		}
+	}
+}
+
+// keeper keeps every delivered message, for a test to read after later
+// fetches.
+type keeper struct {
+	mu sync.Mutex
+	ms []*consumer.Message
+}
+
+func (k *keeper) Assigned(consumer.Partition) {}
+func (k *keeper) Revoked(consumer.Partition)  {}
+func (k *keeper) Deliver(m *consumer.Message) { k.DeliverBatch([]*consumer.Message{m}) }
+func (k *keeper) DeliverBatch(ms []*consumer.Message) {
+	k.mu.Lock()
+	k.ms = append(k.ms, ms...)
+	k.mu.Unlock()
+}
+
+func (k *keeper) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.ms)
+}
+
+// Messages share nothing with the records kgo decoded them from: kgo
+// decodes later fetches into the same pooled slabs and decompression
+// buffers (kgoPools), and every message kept from the first fetches still
+// reads as produced, null and empty apart.
+func TestGroupMessagesOutliveRecycledRecords(t *testing.T) {
+	t.Parallel()
+	for _, codec := range []kafkago.Compression{0, kafkago.Snappy, kafkago.Lz4, kafkago.Gzip, kafkago.Zstd} {
+		t.Run(fmt.Sprint(codec), func(t *testing.T) {
+			t.Parallel()
+			topic := uniq("recycle")
+			c := startCluster(t, kfake.SeedTopics(1, topic))
+			const total = 3000
+			want := make([]kafkago.Message, total)
+			for i := range want {
+				m := &want[i]
+				m.Key = []byte(fmt.Sprintf("k-%d", i%7))
+				switch i % 5 {
+				case 0: // null value
+				case 1:
+					m.Value = []byte{}
+				case 2:
+					m.Value = bytes.Repeat([]byte{byte(i)}, largeValue+1+i%3)
+				default:
+					m.Value = []byte(fmt.Sprintf("value-%d-%s", i, strings.Repeat("x", i%50)))
+				}
+				if i%3 == 0 {
+					m.Headers = []kafkago.Header{{Key: fmt.Sprintf("h-%d", i), Value: []byte(fmt.Sprint(i))}}
+				}
+			}
+			w := &kafkago.Writer{Addr: kafkago.TCP(c.Addrs()...), Topic: topic, RequiredAcks: kafkago.RequireAll,
+				BatchTimeout: time.Millisecond, BatchSize: 100, Compression: codec}
+			defer w.Close()
+			for i := 0; i < total; i += 100 {
+				if err := w.WriteMessages(testCtx(t, 30*time.Second), want[i:i+100]...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(16<<10))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := &keeper{}
+			stop := consumertest.StartSource(t, src, k)
+			consumertest.Eventually(t, "every message", func() bool { return k.len() >= total })
+			stop()
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if len(k.ms) != total {
+				t.Fatalf("%d messages, want %d", len(k.ms), total)
+			}
+			for i, m := range k.ms {
+				w := want[i]
+				switch {
+				case m.Offset != int64(i):
+					t.Fatalf("message %d has offset %d", i, m.Offset)
+				case !bytes.Equal(m.Key, w.Key):
+					t.Fatalf("message %d: key %q, want %q", i, m.Key, w.Key)
+				case !bytes.Equal(m.Value, w.Value), (m.Value == nil) != (w.Value == nil):
+					t.Fatalf("message %d: value %.40q (nil %v), want %.40q (nil %v)", i, m.Value, m.Value == nil, w.Value, w.Value == nil)
+				case len(m.Headers) != len(w.Headers):
+					t.Fatalf("message %d: %d headers, want %d", i, len(m.Headers), len(w.Headers))
+				}
+				for j, h := range m.Headers {
+					if h.Key != w.Headers[j].Key || !bytes.Equal(h.Value, w.Headers[j].Value) {
+						t.Fatalf("message %d: header %q=%q, want %q=%q", i, h.Key, h.Value, w.Headers[j].Key, w.Headers[j].Value)
+					}
+				}
+			}
+		})
+	}
+}
+
+// holdingGroup pauses its partition after the first delivered slice and
+// counts what it was given.
+type holdingGroup struct {
+	src    *GroupSource
+	mu     sync.Mutex
+	offs   []int64
+	paused chan consumer.Partition
+}
+
+func (c *holdingGroup) Assigned(consumer.Partition) {}
+func (c *holdingGroup) Revoked(consumer.Partition)  {}
+func (c *holdingGroup) Deliver(m *consumer.Message) { c.DeliverBatch([]*consumer.Message{m}) }
+func (c *holdingGroup) DeliverBatch(ms []*consumer.Message) {
+	c.mu.Lock()
+	first := len(c.offs) == 0
+	for _, m := range ms {
+		c.offs = append(c.offs, m.Offset)
+	}
+	c.mu.Unlock()
+	if first {
+		c.src.Pause(ms[0].Partition)
+		c.paused <- ms[0].Partition
+	}
+}
+
+// A partition paused for long keeps back what the poll loop holds, and kgo
+// stops fetching it once a later poll returned more of it; after Resume
+// every record comes once, in order.
+func TestGroupLongPauseStopsFetching(t *testing.T) {
+	t.Parallel()
+	topic := uniq("hold")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	const total = 2000
+	var ms []kafkago.Message
+	for i := range total {
+		ms = append(ms, kafkago.Message{Value: []byte(fmt.Sprintf("v-%04d", i))})
+	}
+	for i := 0; i < total; i += 50 { // batches of 50: a fetch of 4 KiB takes a few
+		produce(t, c.Addrs(), topic, ms[i:i+50]...)
+	}
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(4<<10))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &holdingGroup{src: src, paused: make(chan consumer.Partition, 1)}
+	consumertest.StartSource(t, src, col)
+	var p consumer.Partition
+	select {
+	case p = <-col.paused:
+	case <-testCtx(t, 60*time.Second).Done():
+		t.Fatal("nothing delivered")
+	}
+	consumertest.Eventually(t, "kgo's fetch pause", func() bool {
+		return len(src.cl.Load().PauseFetchPartitions(nil)[topic]) == 1
+	})
+	src.deliverMu.Lock()
+	kept := len(src.lookup(p).rest)
+	src.deliverMu.Unlock()
+	col.mu.Lock()
+	given := len(col.offs)
+	col.mu.Unlock()
+	if kept+given >= total {
+		t.Fatalf("%d kept back and %d delivered of %d: the fetch pause did not hold", kept, given, total)
+	}
+	src.Resume(p)
+	consumertest.Eventually(t, "every record", func() bool {
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		return len(col.offs) >= total
+	})
+	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
+		t.Fatalf("kgo still paused %v after Resume", got)
+	}
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	for i, off := range col.offs {
+		if off != int64(i) {
+			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
+		}
+	}
+	if len(col.offs) != total {
+		t.Fatalf("%d deliveries, want %d", len(col.offs), total)
 	}
 }
