@@ -100,19 +100,17 @@ func TestNewSpillLogValidates(t *testing.T) {
 	if got := l.CursorGroup(); got != "billing"+DefaultSpillGroupSuffix {
 		t.Fatalf("cursor group %q", got)
 	}
-	long := string(bytes.Repeat([]byte{0xff}, 1000))
-	if n := len(SpillTopic(l.Source(), long)); n > 249 {
-		t.Fatalf("spill topic of the longest source and a long key is %d characters", n)
-	}
-	if err := validTopic(SpillTopic(l.Source(), long)); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{SpillTopic(l.Source()), SpillCursorTopic(l.Source())} {
+		if err := validTopic(name); err != nil {
+			t.Fatalf("the longest source's topic %s: %v", name, err)
+		}
 	}
 }
 
-// Tenant keys crafted to look like each other's tokens, and long keys
-// (hashed tokens) that share a readable prefix or spell another's hashed
-// token, each get a topic of their own; Pending maps every topic back to
-// its full key, and no lane reads another's entries.
+// Tenant keys crafted to look like each other's tokens, and long keys that
+// share a prefix, share the spill topic without ever reading each other's
+// entries; Pending and Backlog name every full key from a fresh instance,
+// and every record carries its full key.
 func TestSpillHostileTenantKeys(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
@@ -127,14 +125,7 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 		hashedA, prefix + "-b", // same readable prefix, different hashes
 		dlq.TenantToken(hashedA), // a key spelling hashedA's token
 		"_none", "",              // "" is the no-tenant token "_none"
-	}
-	topics := map[string]string{}
-	for _, tn := range tenants {
-		name := SpillTopic(h.source, tn)
-		if other, dup := topics[name]; dup {
-			t.Fatalf("tenants %q and %q share the spill topic %s", other, tn, name)
-		}
-		topics[name] = tn
+		"g/0/x", "a/b", // the cursor topic's key separator
 	}
 	p := h.Partition()
 	for i, tn := range tenants {
@@ -159,16 +150,14 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Pending = %q\nwant    %q", got, want)
 	}
-	// Backlog names the same tenants, one record each, from a fresh
-	// instance too.
 	backlog, err := h.open(t).Backlog(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got = got[:0]
 	for _, b := range backlog {
-		if b.Total != 1 || b.Partitions[0] != 1 || b.Partitions[1] != 0 || b.Topic != SpillTopic(h.source, b.Tenant) {
-			t.Fatalf("backlog %+v, want one record in partition 0 of the tenant's topic", b)
+		if b.Total != 1 || b.Partitions[0] != 1 || b.Partitions[1] != 0 || b.Topic != SpillTopic(h.source) {
+			t.Fatalf("backlog %+v, want one record in partition 0 of the spill topic", b)
 		}
 		got = append(got, b.Tenant)
 	}
@@ -176,22 +165,38 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Backlog tenants = %q\nwant %q", got, want)
 	}
-	for i, tn := range tenants {
-		ms, err := log.Read(ctx, consumer.SpillLane{Tenant: tn, Partition: p}, -1, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ms) != 1 || string(ms[0].Value) != "v"+strconv.Itoa(i) {
-			t.Fatalf("lane %q reads %d entries (%q...), want only its own", tn, len(ms), firstValue(ms))
+	for _, l := range []*SpillLog{log, h.open(t)} {
+		for i, tn := range tenants {
+			lane := consumer.SpillLane{Tenant: tn, Partition: p}
+			ms, err := l.Read(ctx, lane, -1, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tn == "a.b" && l != log {
+				if len(ms) != 0 {
+					t.Fatalf("a.b reads %d entries past its cursor", len(ms))
+				}
+				continue
+			}
+			if len(ms) != 1 || string(ms[0].Value) != "v"+strconv.Itoa(i) {
+				t.Fatalf("lane %q reads %d entries (%q...), want only its own", tn, len(ms), firstValue(ms))
+			}
+			// A commit of one lane settles only its own entry.
+			if tn == "a.b" && l == log {
+				if err := l.Commit(ctx, lane, ms[0].SpillPos+1); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
-	// The hashed topics carry the full key in every record.
-	rec := recordAt(t, c.Addrs(), SpillTopic(h.source, hashedA), 0)
-	if v, ok := headerOf(rec.headers, SpillHeaderTenant); !ok || string(v) != hashedA {
-		t.Fatalf("hashed topic's record carries tenant %q (%v), want the full key", v, ok)
+	if ls, err := h.open(t).Pending(ctx, p); err != nil || len(ls) != len(tenants)-1 || slices.Contains(ls, consumer.SpillLane{Tenant: "a.b", Partition: p}) {
+		t.Fatalf("Pending after a.b's commit = %v, %v; want every lane but a.b", ls, err)
 	}
-	if _, ok := headerOf(recordAt(t, c.Addrs(), SpillTopic(h.source, "a.b"), 0).headers, SpillHeaderTenant); ok {
-		t.Fatal("a plain token's record carries the tenant header (the topic name says it)")
+	for i := range tenants {
+		rec := recordAt(t, c.Addrs(), SpillTopic(h.source), int64(i))
+		if v, ok := headerOf(rec.headers, SpillHeaderTenant); !ok || string(v) != tenants[i] {
+			t.Fatalf("record %d carries tenant %q (%v), want %q", i, v, ok, tenants[i])
+		}
 	}
 }
 
@@ -283,10 +288,9 @@ func readAllSpill(t testing.TB, log *SpillLog, lane consumer.SpillLane) []*consu
 	return nil
 }
 
-// Two consumer groups of one source share its spill topics; each reads
-// back only its own records, and a group whose lane holds only the other's
-// records is named by Pending once, after which its cursor has moved past
-// them.
+// Two consumer groups of one source share its spill topic; each reads back
+// only its own records, and a group whose lane's records are all settled
+// is not named by Pending whatever the other group left.
 func TestSpillKeepsConsumerGroupsApart(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
@@ -330,20 +334,21 @@ func TestSpillKeepsConsumerGroupsApart(t *testing.T) {
 	if err := a.Commit(ctx, lane, all[0].SpillPos+1); err != nil {
 		t.Fatal(err)
 	}
-	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 1 {
-		t.Fatalf("Pending with another group's record past the cursor = %v, %v; want the lane", ls, err)
+	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 0 {
+		t.Fatalf("Pending with another group's records past the cursor = %v, %v; want none", ls, err)
 	}
 	if rest := readAllSpill(t, a, lane); len(rest) != 0 {
 		t.Fatalf("group a reads %q past its cursor", values(rest))
 	}
-	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 0 {
-		t.Fatalf("Pending after the read moved the cursor = %v, %v; want none", ls, err)
+	if ls, err := b.Pending(ctx, p); err != nil || len(ls) != 1 {
+		t.Fatalf("group b's Pending = %v, %v; want the lane", ls, err)
 	}
 }
 
-// A spill topic is created like its source (partitions, a max.message.bytes
-// with room for the headers, never compacted, the source's retention), and
-// an existing one that has fewer partitions than the source grows.
+// The spill topic is created like its source (partitions, a max.message.bytes
+// with room for the headers, never compacted, the source's retention), the
+// cursor topic compacted, and an existing spill topic that has fewer
+// partitions than the source grows.
 func TestSpillTopicIsMadeLikeItsSource(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
@@ -365,25 +370,37 @@ func TestSpillTopicIsMadeLikeItsSource(t *testing.T) {
 	if err := log.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: p2}, []*consumer.Message{{Topic: source, Partition: p2, Offset: 7}}); err != nil {
 		t.Fatal(err)
 	}
-	topic := SpillTopic(source, "acme")
+	topic := SpillTopic(source)
 	for name, want := range map[string]string{"retention.ms": "3600000", "cleanup.policy": "delete", "max.message.bytes": strconv.Itoa(spillLimit(200000))} {
 		if got, _ := topicConfig(ctx, cl, topic, name); got != want {
 			t.Fatalf("%s of %s = %q, want %q", name, topic, got, want)
 		}
 	}
+	if err := log.Commit(ctx, consumer.SpillLane{Tenant: "acme", Partition: p2}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := topicConfig(ctx, cl, SpillCursorTopic(source), "cleanup.policy"); got != "compact" {
+		t.Fatalf("cleanup.policy of the cursor topic = %q, want compact", got)
+	}
 	live, err := liveTopics(ctx, kafkago.DefaultDialer, c.Addrs())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := live[topic].partitions; n != 3 {
-		t.Fatalf("spill topic has %d partitions, want the source's 3", n)
+	if n := live[topic].partitions; n != 3 || live[SpillCursorTopic(source)].partitions != 3 {
+		t.Fatalf("spill and cursor topics have %d and %d partitions, want the source's 3", n, live[SpillCursorTopic(source)].partitions)
 	}
 
-	// An older spill topic with one partition grows to the source's count.
-	other := SpillTopic(source, "globex")
+	// A spill topic with one partition grows to the source's count.
+	source2 := uniq("shaped")
+	if err := createTopic(ctx, cl, source2, 3, -1); err != nil {
+		t.Fatal(err)
+	}
+	other := SpillTopic(source2)
 	if err := createTopic(ctx, cl, other, 1, -1); err != nil {
 		t.Fatal(err)
 	}
+	source = source2
+	p2 = consumer.Partition{Topic: source, ID: 2}
 	log2, err := NewSpillLog(c.Addrs(), source, "g", SpillRetention(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +432,7 @@ func FuzzSpillRecord(f *testing.F) {
 		if nanos != 0 {
 			m.Time = time.Unix(0, nanos)
 		}
-		r := encodeSpill(m, "g", hashedTenant(tenant))
+		r := encodeSpill(m, "g", hashedTenant(tenant), hashedTenant(tenant) != "")
 		f := &fetched{offset: 9, key: r.key, value: r.value, headers: fromKafkaHeaders(r.headers)}
 		sp, ok := decodeSpill(f, "orders")
 		if !ok {
@@ -441,9 +458,9 @@ func FuzzSpillRecord(f *testing.F) {
 	})
 }
 
-// Pending over more spill topics than one ListOffsets call asks about
-// names exactly the lanes with records past their cursor.
-func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
+// Pending over many lanes of one partition, half of them committed, names
+// exactly the lanes with records past their cursor.
+func TestSpillPendingFindsLanesAmongMany(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)
@@ -458,7 +475,11 @@ func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i%2 == 0 {
-			if err := log.Commit(ctx, lane, 1); err != nil {
+			ms, err := log.Read(ctx, lane, -1, 10)
+			if err != nil || len(ms) != 1 {
+				t.Fatalf("read %d entries of %s, %v", len(ms), lane.Tenant, err)
+			}
+			if err := log.Commit(ctx, lane, ms[0].SpillPos+1); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -482,11 +503,12 @@ func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
 	}
 }
 
-// A lane whose next record lies behind many of another group's records
-// is read in steps: each Read passes over what it can in its budget (here
-// one fetch, of one record batch), says so with errSkipping, and the next
-// Read goes on from there, from the cursor and from a position alike.
-func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
+// In an old per-tenant spill topic, a lane whose next record lies behind
+// many of another group's records is read in steps: each Read passes over
+// what it can in its budget (here one fetch, of one record batch), says so
+// with errSkipping, and the next Read goes on from there, from the cursor
+// and from a position alike.
+func TestSpillLegacyReadPassesOtherGroupsInSteps(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)
@@ -497,6 +519,8 @@ func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
 	b.group = "other"
 	p := h.Partition()
 	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	a.legacy = map[consumer.SpillLane]bool{lane: true}
+	b.legacy = map[consumer.SpillLane]bool{lane: true}
 	for i := range 3 {
 		if err := b.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: int64(i), Value: []byte("b")}}); err != nil {
 			t.Fatal(err)
