@@ -588,3 +588,110 @@ func TestSpillTopicMadeByAnotherProcess(t *testing.T) {
 		t.Fatalf("Read of a topic unknown to the cache = %d entries, %v", len(ms), err)
 	}
 }
+
+// A lane with entries in an old per-tenant spill topic is named by Pending
+// and drained from there first, in order; once drained, the next
+// assignment reads its entries in the shared topic.
+func TestSpillDrainsOldPerTenantTopics(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	p := h.Partition()
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	msg := func(off int64, v string) *consumer.Message {
+		return &consumer.Message{Topic: h.source, Partition: p, Offset: off, Value: []byte(v)}
+	}
+	values := func(ms []*consumer.Message) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, string(m.Value))
+		}
+		return out
+	}
+	old := h.open(t)
+	old.legacy = map[consumer.SpillLane]bool{lane: true} // as an earlier version wrote
+	if err := old.Append(ctx, lane, []*consumer.Message{msg(1, "old1"), msg(2, "old2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.open(t).Append(ctx, lane, []*consumer.Message{msg(3, "new3")}); err != nil {
+		t.Fatal(err)
+	}
+	live, err := liveTopics(ctx, kafkago.DefaultDialer, c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := live[legacySpillTopic(h.source, "acme")]; !ok {
+		t.Fatal("no old per-tenant topic was made")
+	}
+
+	n := h.open(t)
+	ls, err := n.Pending(ctx, p)
+	if err != nil || len(ls) != 1 || ls[0] != lane || n.Stats().Legacy != 1 {
+		t.Fatalf("Pending = %v, %v (legacy lanes %d); want the lane once, draining its old topic", ls, err, n.Stats().Legacy)
+	}
+	got := readAllSpill(t, n, lane)
+	if !slices.Equal(values(got), []string{"old1", "old2"}) {
+		t.Fatalf("the old topic reads %q, want old1 old2", values(got))
+	}
+	if err := n.Commit(ctx, lane, got[len(got)-1].SpillPos+1); err != nil {
+		t.Fatal(err)
+	}
+	backlog, err := h.open(t).Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(backlog) != 2 || backlog[0].Topic != SpillTopic(h.source) || backlog[0].Total != 1 ||
+		backlog[1].Topic != legacySpillTopic(h.source, "acme") || backlog[1].Total != 0 || backlog[1].Tenant != "acme" {
+		t.Fatalf("Backlog = %+v; want acme's entry in the shared topic, and its drained old topic", backlog)
+	}
+
+	next := h.open(t)
+	ls, err = next.Pending(ctx, p)
+	if err != nil || len(ls) != 1 || ls[0] != lane || next.Stats().Legacy != 0 {
+		t.Fatalf("Pending after the drain = %v, %v (legacy lanes %d); want the lane, in the shared topic", ls, err, next.Stats().Legacy)
+	}
+	if got := values(readAllSpill(t, next, lane)); !slices.Equal(got, []string{"new3"}) {
+		t.Fatalf("the shared topic reads %q, want new3", got)
+	}
+}
+
+// A topic by the spill topic's name that is not one is refused: compacted,
+// or holding records that are not spill records.
+func TestSpillRefusesForeignTopic(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	for _, tt := range []struct {
+		name    string
+		configs []kafkago.ConfigEntry
+		record  bool
+	}{
+		{"compacted", []kafkago.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}}, false},
+		{"foreign records", nil, true},
+	} {
+		source := uniq("foreign")
+		if err := createTopic(ctx, cl, source, 1, -1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := createTopicWith(ctx, cl, SpillTopic(source), 1, -1, tt.configs...); err != nil {
+			t.Fatal(err)
+		}
+		if tt.record {
+			if err := produceRecords(ctx, cl, SpillTopic(source), 0, kafkago.Message{Value: []byte("someone else's")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		log, err := NewSpillLog(c.Addrs(), source, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := consumer.Partition{Topic: source}
+		err = log.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: p}, []*consumer.Message{{Topic: source, Partition: p}})
+		if !errors.Is(err, ErrNotSpill) {
+			t.Fatalf("%s: Append = %v, want ErrNotSpill", tt.name, err)
+		}
+		_ = log.Close()
+	}
+}
