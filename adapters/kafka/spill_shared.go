@@ -248,9 +248,15 @@ func (s *SpillLog) laneOf(hs []wire.Header) (string, bool) {
 	if len(hs) == 0 || string(hs[len(hs)-1].Key) != SpillHeaderCount {
 		return "", false
 	}
+	// The original's headers come first (SpillHeaderCount of them) and may
+	// have any name: only the ones after them are the log's.
+	n, err := strconv.Atoi(string(hs[len(hs)-1].Value))
+	if err != nil || n < 0 || n > len(hs)-1 {
+		return "", false
+	}
 	var group, tenant, source []byte
 	haveTenant := false
-	for i := len(hs) - 2; i >= 0 && strings.HasPrefix(string(hs[i].Key), SpillHeaderPrefix); i-- {
+	for i := n; i < len(hs)-1; i++ {
 		switch string(hs[i].Key) {
 		case SpillHeaderGroup:
 			group = hs[i].Value
@@ -496,20 +502,35 @@ func (s *SpillLog) readCursors(ctx context.Context, p int) (map[string]int64, er
 	prefix := dlq.TenantToken(s.group) + "/" + strconv.Itoa(p) + "/"
 	o := wire.FetchOptions{MaxBytes: s.cfg.fetchBytes, MaxWait: fetchSlack}
 	err = readRange(ctx, s.records, s.cursorLog, p, first, last, o, func(f *fetched) error {
-		tenant, ok := strings.CutPrefix(string(f.key), prefix)
-		if !ok {
-			return nil
-		}
-		if f.value == nil {
+		switch tenant, next, ok := parseCursor(prefix, f.key, f.value); {
+		case !ok:
+		case next < 0:
 			delete(out, tenant)
-			return nil
-		}
-		if n, err := strconv.ParseInt(string(f.value), 10, 64); err == nil && n >= 0 {
-			out[tenant] = n
+		default:
+			out[tenant] = next
 		}
 		return nil
 	})
 	return out, err
+}
+
+// parseCursor decodes a record of the cursor topic: the tenant of a lane
+// whose key starts with prefix (its group and partition), and its cursor,
+// or -1 for a tombstone. ok is false for any other record (another group's
+// or partition's, or not a cursor).
+func parseCursor(prefix string, key, value []byte) (tenant string, next int64, ok bool) {
+	tenant, ok = strings.CutPrefix(string(key), prefix)
+	if !ok {
+		return "", 0, false
+	}
+	if value == nil {
+		return tenant, -1, true
+	}
+	n, err := strconv.ParseInt(string(value), 10, 64)
+	if err != nil || n < 0 {
+		return "", 0, false
+	}
+	return tenant, n, true
 }
 
 // appendReq is one Append waiting for its partition's flush.

@@ -16,6 +16,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/dlq"
@@ -694,4 +695,48 @@ func TestSpillRefusesForeignTopic(t *testing.T) {
 		}
 		_ = log.Close()
 	}
+}
+
+// The cursor record and the lane headers of the shared topic round-trip
+// any tenant and never panic on foreign input.
+func FuzzSpillLaneRecords(f *testing.F) {
+	f.Add("acme", "g", int32(0), int64(7), []byte("12"), []byte("g/0/acme"))
+	f.Add("", "a/b", int32(3), int64(0), []byte(nil), []byte("a_2fb/3/"))
+	f.Add("x/1/y", "g", int32(1), int64(1<<62), []byte("-1"), []byte{0xff})
+	f.Fuzz(func(t *testing.T, tenant, group string, part int32, next int64, value, key []byte) {
+		if part < 0 || next < 0 {
+			return
+		}
+		p := int(part)
+		prefix := dlq.TenantToken(group) + "/" + strconv.Itoa(p) + "/"
+		tn, n, ok := parseCursor(prefix, cursorKey(group, p, tenant), []byte(strconv.FormatInt(next, 10)))
+		if !ok || tn != tenant || n != next {
+			t.Fatalf("cursor of %q at %d read back as %q, %d, %v", tenant, next, tn, n, ok)
+		}
+		if tn, n, ok := parseCursor(prefix, cursorKey(group, p, tenant), nil); !ok || tn != tenant || n != -1 {
+			t.Fatalf("tombstone of %q read back as %q, %d, %v", tenant, tn, n, ok)
+		}
+		if other := dlq.TenantToken(group) + "/" + strconv.Itoa(p+1) + "/"; other != prefix {
+			if _, _, ok := parseCursor(other, cursorKey(group, p, tenant), nil); ok {
+				t.Fatal("a cursor of partition p read as one of p+1")
+			}
+		}
+		_, _, _ = parseCursor(prefix, key, value)
+
+		s := &SpillLog{source: "orders", group: group}
+		m := &consumer.Message{Topic: "orders", Partition: consumer.Partition{Topic: "orders", ID: part}, Value: value,
+			Headers: []consumer.Header{{Key: SpillHeaderTenant, Value: key}, {Key: SpillHeaderGroup, Value: []byte("evil")}}}
+		r := encodeSpill(m, group, tenant, true)
+		hs := make([]wire.Header, len(r.headers))
+		for i, h := range r.headers {
+			hs[i] = wire.Header{Key: []byte(h.Key), Value: h.Value}
+		}
+		if got, ok := s.laneOf(hs); !ok || got != tenant {
+			t.Fatalf("lane of a record of %q: %q, %v", tenant, got, ok)
+		}
+		for i := range hs {
+			_, _ = s.laneOf(hs[i:])
+			_, _ = s.laneOf(append(slices.Clone(hs[:i]), wire.Header{Key: key, Value: value}))
+		}
+	})
 }
