@@ -226,6 +226,21 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 	if len(made) != 2 || live[SpillTopic(h.topic)].partitions != shape.partitions || live[SpillCursorTopic(h.topic)].partitions != shape.partitions {
 		t.Fatalf("topics made: %q; want the spill and cursor topics, %d partitions each", made, shape.partitions)
 	}
+	// A restarted process finds nothing left, and drops the cursors the
+	// floors made useless.
+	fresh, err := NewSpillLog(c.Addrs(), h.topic, h.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	for p := range shape.partitions {
+		if ls, err := fresh.Pending(ctx, consumer.Partition{Topic: h.topic, ID: int32(p)}); err != nil || len(ls) != 0 {
+			t.Fatalf("Pending of partition %d after the drain: %d lanes, %v; want none", p, len(ls), err)
+		}
+	}
+	if st := fresh.Stats(); st.Lanes != 0 || st.Indexed != 0 {
+		t.Fatalf("a fresh log indexes %d lanes, %d records after the drain; want none", st.Lanes, st.Indexed)
+	}
 	if soak {
 		// The whole window's traffic is what a log that does not keep up
 		// lets the lag reach; a quarter of it is a generous bound.

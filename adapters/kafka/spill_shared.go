@@ -61,9 +61,8 @@ func (x *partIndex) add(tenant string, off int64) {
 	x.records++
 }
 
-// settle moves tenant's cursor to next and returns the new lowest
-// unsettled position of the partition (end when none).
-func (x *partIndex) settle(tenant string, next int64) int64 {
+// settle moves tenant's cursor to next.
+func (x *partIndex) settle(tenant string, next int64) {
 	l := x.lanes[tenant]
 	if l == nil {
 		l = &laneIndex{}
@@ -74,7 +73,6 @@ func (x *partIndex) settle(tenant string, next int64) int64 {
 	i, _ := slices.BinarySearch(l.offs, next)
 	x.records -= i
 	l.offs = l.offs[i:]
-	return x.lowest()
 }
 
 // lowest returns the position of the oldest unsettled record of the group,
@@ -427,28 +425,64 @@ func (s *SpillLog) commitShared(ctx context.Context, lane consumer.SpillLane, ne
 	sp.mu.Lock()
 	var floor int64 = -1
 	if x := sp.idx; x != nil {
-		if low := x.settle(lane.Tenant, next); low > x.floor {
-			x.floor, floor = low, low
+		x.settle(lane.Tenant, next)
+		if floor = x.raise(); floor >= 0 {
+			x.prune()
 		}
 	}
 	sp.mu.Unlock()
-	if floor >= 0 {
-		// Best effort: a floor that lags costs only a longer scan when the
-		// partition is next assigned.
-		if err := commitOffsets(ctx, s.client, s.cursor, s.shared, map[int]int64{p: floor}); err != nil {
-			s.log.Warn("kafka: moving a spill floor failed", "topic", s.shared, "partition", p, "err", err)
-		}
-	}
+	s.commitFloor(ctx, p, floor)
 	return nil
 }
 
-// dropCursors removes (tombstones) the cursor records of the lanes of p
-// whose cursor is at or below the floor: the floor says as much. Called
-// by Pending, before the engine makes any other call for p's lanes.
+// raise moves the floor up to the oldest unsettled record and returns it,
+// or -1 when it did not move.
+func (x *partIndex) raise() int64 {
+	low := x.lowest()
+	if low <= x.floor {
+		return -1
+	}
+	x.floor = low
+	return low
+}
+
+// prune forgets the lanes with nothing past the floor, so that memory
+// holds only lanes with unsettled records or a cursor past the floor.
+// Their cursor records, if any, are read again and dropped by the next
+// Pending.
+func (x *partIndex) prune() {
+	for t, l := range x.lanes {
+		if len(l.offs) == 0 && l.cursor <= x.floor {
+			delete(x.lanes, t)
+		}
+	}
+}
+
+// commitFloor commits floor (if >= 0) as the cursor group's offset on
+// spill partition p. Best effort: a floor that lags costs only a longer
+// scan when the partition is next assigned.
+func (s *SpillLog) commitFloor(ctx context.Context, p int, floor int64) {
+	if floor < 0 {
+		return
+	}
+	if err := commitOffsets(ctx, s.client, s.cursor, s.shared, map[int]int64{p: floor}); err != nil {
+		s.log.Warn("kafka: moving a spill floor failed", "topic", s.shared, "partition", p, "err", err)
+	}
+}
+
+// dropCursors moves the floor of p up to its oldest unsettled record and
+// removes (tombstones) the cursor records of the lanes of p whose cursor
+// is at or below it: the floor says as much. Called by Pending, before the
+// engine makes any other call for p's lanes.
 func (s *SpillLog) dropCursors(ctx context.Context, p int, sp *sharedPart) {
 	sp.mu.Lock()
 	var drop []string
+	floor := int64(-1)
 	if x := sp.idx; x != nil {
+		// A partition whose oldest unsettled record lies past the floor
+		// (records of other groups, or settled ones the floor never
+		// passed) gets its floor moved, so the next build starts there.
+		floor = x.raise()
 		for t, l := range x.lanes {
 			if l.saved && l.cursor <= x.floor {
 				drop = append(drop, t)
@@ -456,6 +490,7 @@ func (s *SpillLog) dropCursors(ctx context.Context, p int, sp *sharedPart) {
 		}
 	}
 	sp.mu.Unlock()
+	s.commitFloor(ctx, p, floor)
 	if len(drop) == 0 {
 		return
 	}
