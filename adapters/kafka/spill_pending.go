@@ -183,11 +183,9 @@ func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consume
 	s.legacyMu.Unlock()
 
 	part := int(p.ID)
-	sp := s.part(part)
-	sp.mu.Lock()
-	sp.idx = nil
-	sp.mu.Unlock()
-	if sp, err = s.index(ctx, part); err != nil {
+	s.part(part).reset()
+	sp, err := s.index(ctx, part)
+	if err != nil {
 		return nil, err
 	}
 	s.dropCursors(ctx, part, sp)

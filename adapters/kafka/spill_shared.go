@@ -27,6 +27,7 @@ import (
 type sharedPart struct {
 	mu    sync.Mutex
 	idx   *partIndex // nil until built (Pending drops it)
+	gen   uint64     // counts resets; an index built before one is not installed
 	queue []*appendReq
 	busy  bool // a flush goroutine is sending the queue
 }
@@ -129,33 +130,49 @@ func (s *SpillLog) part(p int) *sharedPart {
 }
 
 // index returns the index of spill partition p, building it from the
-// broker first (single-flight per partition).
+// broker first (single-flight per partition and reset).
 func (s *SpillLog) index(ctx context.Context, p int) (*sharedPart, error) {
 	sp := s.part(p)
-	sp.mu.Lock()
-	built := sp.idx != nil
-	sp.mu.Unlock()
-	if built {
-		return sp, nil
-	}
-	_, err := s.builds.Do(ctx, strconv.Itoa(p), func(ctx context.Context) (struct{}, error) {
+	for range 3 {
 		sp.mu.Lock()
-		built := sp.idx != nil
+		built, gen := sp.idx != nil, sp.gen
 		sp.mu.Unlock()
 		if built {
+			return sp, nil
+		}
+		key := strconv.Itoa(p) + "/" + strconv.FormatUint(gen, 10)
+		_, err := s.builds.Do(ctx, key, func(ctx context.Context) (struct{}, error) {
+			x, err := s.buildIndex(ctx, p)
+			if err != nil {
+				return struct{}{}, err
+			}
+			sp.mu.Lock()
+			if sp.gen == gen && sp.idx == nil {
+				sp.idx = x
+			}
+			sp.mu.Unlock()
 			return struct{}{}, nil
-		}
-		x, err := s.buildIndex(ctx, p)
+		})
+		s.builds.Forget(key, nil)
 		if err != nil {
-			return struct{}{}, err
+			return sp, err
 		}
-		sp.mu.Lock()
-		sp.idx = x
-		sp.mu.Unlock()
-		return struct{}{}, nil
-	})
-	s.builds.Forget(strconv.Itoa(p), nil)
-	return sp, err
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.idx == nil {
+		return sp, fmt.Errorf("kafka: spill index of %s/%d reset while it was built", s.shared, p)
+	}
+	return sp, nil
+}
+
+// reset drops the index of sp: the next use builds it again from the
+// broker.
+func (sp *sharedPart) reset() {
+	sp.mu.Lock()
+	sp.idx = nil
+	sp.gen++
+	sp.mu.Unlock()
 }
 
 // buildIndex reads spill partition p's state from the broker: the floor
