@@ -147,8 +147,9 @@ func SpillFetchBytes(n int) SpillOption {
 // Append's, up to 256 records), while the engine reads a lane a window at
 // a time, so what one Read fetched beyond its limit is kept for the next
 // Read of that lane (the least recently read lane's records are dropped
-// first). 0 keeps nothing: every Read fetches. Default:
-// DefaultSpillReadAhead (8 MiB).
+// first). It serves lanes draining an old per-tenant topic; the shared
+// topic is read through its index. 0 keeps nothing: every Read fetches.
+// Default: DefaultSpillReadAhead (8 MiB).
 func SpillReadAhead(n int) SpillOption {
 	return func(c *spillConfig) error {
 		if n < 0 {
@@ -231,7 +232,10 @@ func SpillLogger(l *slog.Logger) SpillOption {
 // Read, Commit) so its order holds; once drained, it moves to the shared
 // topic on the next assignment. Such old topics may be deleted once
 // Backlog reports them drained (Total 0) while no consumer of the source
-// runs.
+// runs. A process of an earlier version does not read the shared topic:
+// during a rolling upgrade, what this version spilled for a partition that
+// moves back to an old process waits there, out of its tenant's order,
+// until a process of this version owns the partition again.
 //
 // What it costs. A Commit removes nothing: a spilled record stays on the
 // broker's disk until retention deletes its segment, re-fed or not (the

@@ -48,7 +48,8 @@ func (p spillPart) backlog() int64 { return p.last - p.cursor }
 const offsetsChunk = 64
 
 // survey returns the state of partition part (all partitions for part <
-// 0) of every spill topic of the source, sorted, and each topic's token. It
+// 0) of every old per-tenant spill topic of the source, sorted, and each
+// topic's token. It
 // lists the cluster's topics once (directly, not through kafka-go's
 // metadata cache, which may not know a topic another process made a
 // moment ago), then asks for the cursors in one OffsetFetch and for the

@@ -206,6 +206,12 @@ func (s *SpillLog) buildIndex(ctx context.Context, p int) (*partIndex, error) {
 		return nil, err
 	}
 	for t, c := range cursors {
+		if c > last {
+			// Past the end: the spill topic was deleted and made again.
+			// Such a cursor would hide the lane's new records.
+			s.log.Warn("kafka: spill cursor past the end of its partition; ignored", "topic", s.shared, "partition", p, "cursor", c, "end", last)
+			continue
+		}
 		x.lanes[t] = &laneIndex{cursor: c, saved: true}
 	}
 	if err := s.scanShared(ctx, p, x, last); err != nil {
@@ -434,6 +440,9 @@ func (s *SpillLog) commitShared(ctx context.Context, lane consumer.SpillLane, ne
 	rec := kafkago.Record{Time: time.Now(), Key: kafkago.NewBytes(cursorKey(s.group, p, lane.Tenant)), Value: kafkago.NewBytes([]byte(strconv.FormatInt(next, 10)))}
 	if _, err := produceBatch(ctx, s.client, s.cursorLog, p, []kafkago.Record{rec}); err != nil {
 		if cacheMiss(err) || errors.Is(err, kafkago.UnknownTopicOrPartition) {
+			// Made elsewhere, deleted, or short of a partition the source
+			// grew: look again (and grow it) on the next call.
+			s.sources.Forget(s.source, nil)
 			s.topics.Forget(s.cursorLog, nil)
 		}
 		return fmt.Errorf("kafka: spill cursor of %q on %s/%d: %w", lane.Tenant, s.cursorLog, p, err)
