@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -739,4 +740,63 @@ func FuzzSpillLaneRecords(f *testing.F) {
 			_, _ = s.laneOf(append(slices.Clone(hs[:i]), wire.Header{Key: key, Value: value}))
 		}
 	})
+}
+
+// Appends of many lanes of one partition at once share produce requests;
+// each lane reads back its own records, in order.
+func TestSpillConcurrentAppendsKeepEachLane(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	log := h.open(t)
+	p := h.Partition()
+	const lanes, batches, per = 48, 4, 3
+	if _, err := log.Pending(ctx, p); err != nil { // as the engine does on assignment
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, lanes)
+	for i := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lane := consumer.SpillLane{Tenant: fmt.Sprintf("t%02d", i), Partition: p}
+			for b := range batches {
+				var ms []*consumer.Message
+				for j := range per {
+					n := b*per + j
+					ms = append(ms, &consumer.Message{Topic: h.source, Partition: p, Offset: int64(n), Value: []byte(fmt.Sprintf("%s-%d", lane.Tenant, n))})
+				}
+				if err := log.Append(ctx, lane, ms); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := log.Stats()
+	t.Logf("%d appends of %d lanes in %d produce requests (%d appends coalesced)", lanes*batches, lanes, st.Produces, st.Coalesced)
+	if st.Appended != lanes*batches*per || st.Indexed != lanes*batches*per {
+		t.Fatalf("stats %+v: want %d records appended and indexed", st, lanes*batches*per)
+	}
+	for _, l := range []*SpillLog{log, h.open(t)} {
+		for i := range lanes {
+			lane := consumer.SpillLane{Tenant: fmt.Sprintf("t%02d", i), Partition: p}
+			got := readAllSpill(t, l, lane)
+			if len(got) != batches*per {
+				t.Fatalf("lane %s reads %d records, want %d", lane.Tenant, len(got), batches*per)
+			}
+			for n, m := range got {
+				if want := fmt.Sprintf("%s-%d", lane.Tenant, n); string(m.Value) != want || m.Offset != int64(n) {
+					t.Fatalf("lane %s record %d is %q (offset %d), want %q", lane.Tenant, n, m.Value, m.Offset, want)
+				}
+			}
+		}
+	}
 }
