@@ -147,9 +147,8 @@ func SpillFetchBytes(n int) SpillOption {
 // Append's, up to 256 records), while the engine reads a lane a window at
 // a time, so what one Read fetched beyond its limit is kept for the next
 // Read of that lane (the least recently read lane's records are dropped
-// first). It serves lanes draining an old per-tenant topic; the shared
-// topic is read through its index. 0 keeps nothing: every Read fetches.
-// Default: DefaultSpillReadAhead (8 MiB).
+// first). 0 keeps nothing: every Read fetches. Default:
+// DefaultSpillReadAhead (8 MiB).
 func SpillReadAhead(n int) SpillOption {
 	return func(c *spillConfig) error {
 		if n < 0 {

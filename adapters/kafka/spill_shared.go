@@ -349,25 +349,36 @@ func (s *SpillLog) catchUp(ctx context.Context, p int, sp *sharedPart) error {
 // read fetches only the record batches that hold its records (an Append
 // batch holds the records of the lanes whose appends were sent together:
 // each batch is fetched at most once per lane it holds and Read window).
+// The lane's records a fetch brings beyond limit (up to limit more) are
+// kept for the next Read (SpillReadAhead).
 func (s *SpillLog) readShared(ctx context.Context, lane consumer.SpillLane, from int64, limit int) ([]*consumer.Message, error) {
 	p := int(lane.Partition.ID)
 	sp, err := s.index(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	want := s.wanted(sp, lane.Tenant, from, limit)
+	if from >= 0 {
+		if out, _, ok := s.ahead.take(lane, from, limit); ok && len(out) > 0 {
+			s.stats.aheadHits.Add(1)
+			s.stats.read.Add(uint64(len(out)))
+			return out, nil
+		}
+	}
+	// Up to limit more of the lane's records are decoded when a fetch made
+	// for the first limit brings them, and kept for the next Read.
+	want := s.wanted(sp, lane.Tenant, from, 2*limit)
 	if len(want) == 0 {
 		if err := s.catchUp(ctx, p, sp); err != nil {
 			return nil, err
 		}
-		if want = s.wanted(sp, lane.Tenant, from, limit); len(want) == 0 {
+		if want = s.wanted(sp, lane.Tenant, from, 2*limit); len(want) == 0 {
 			return nil, nil
 		}
 	}
-	var out []*consumer.Message
-	for stalls := 0; len(want) > 0 && stalls < fetchStalls; {
+	var out, extra []*consumer.Message
+	for stalls := 0; len(want) > 0 && len(out) < limit && stalls < fetchStalls; {
 		at := want[0]
-		o := wire.FetchOptions{MaxBytes: s.fetchSize(len(want)), MaxWait: fetchSlack}
+		o := wire.FetchOptions{MaxBytes: s.fetchSize(limit - len(out)), MaxWait: fetchSlack}
 		next, _, err := s.records.Fetch(ctx, s.shared, int32(p), at, o, func(r *wire.Record, hs []wire.Header) error {
 			for len(want) > 0 && want[0] < r.Offset {
 				want = want[1:] // gone (not expected: the topic is append-only)
@@ -386,7 +397,11 @@ func (s *SpillLog) readShared(ctx context.Context, lane consumer.SpillLane, from
 				s.stats.skipped.Add(1)
 				return nil
 			}
-			out = append(out, rec.msg)
+			if len(out) < limit {
+				out = append(out, rec.msg)
+			} else {
+				extra = append(extra, rec.msg)
+			}
 			return nil
 		})
 		switch {
@@ -411,6 +426,9 @@ func (s *SpillLog) readShared(ctx context.Context, lane consumer.SpillLane, from
 		} else {
 			stalls = 0
 		}
+	}
+	if len(out) > 0 && len(extra) > 0 {
+		s.ahead.put(lane, out[len(out)-1].SpillPos+1, extra, extra[len(extra)-1].SpillPos+1)
 	}
 	s.stats.read.Add(uint64(len(out)))
 	return out, nil
