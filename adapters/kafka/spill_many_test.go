@@ -35,7 +35,8 @@ const spillSoakEnv = "RINGFENCE_SPILL_SOAK"
 // partition count, every message is handled, in order per tenant, nothing
 // is lost or dead-lettered, and the group's commit moves on through the
 // fault. The normal run has 1,000 tenants and a 4s fault (-short: 200);
-// RINGFENCE_SPILL_SOAK=1 runs a 30s fault and asserts the commit lag bound.
+// RINGFENCE_SPILL_SOAK=1 runs a 30s fault and asserts the commit lag bound;
+// RINGFENCE_SPILL_SOAK_PARTITIONS sets the source's partition count (4).
 func TestSpillManyTenantsAtOnce(t *testing.T) {
 	t.Parallel()
 	shape := manyTenants{tenants: 1000, partitions: 4, lead: 2 * time.Second, fault: 4 * time.Second, tail: 2 * time.Second}
@@ -45,6 +46,9 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 		shape.fault = 30 * time.Second
 	case testing.Short():
 		shape.tenants = 200
+	}
+	if n, err := strconv.Atoi(os.Getenv(spillSoakEnv + "_PARTITIONS")); err == nil && n > 0 {
+		shape.partitions = n
 	}
 	c := startCluster(t)
 	h := newHarness(t, c)
