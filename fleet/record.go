@@ -74,16 +74,16 @@ type Counts struct {
 
 // TenantStatus is one tenant not healthy in a Status.
 type TenantStatus struct {
-	Tenant         string        `json:"-"` // raw key (any bytes)
+	Tenant         string        `json:"-"`     // raw key (any bytes)
 	State          string        `json:"state"` // breaker: closed, open, half-open
 	RetryAt        time.Time     `json:"retry_at,omitzero"`
 	Parked         int           `json:"parked,omitempty"`
 	Spilling       int           `json:"spilling,omitempty"`
-	Lag            int64         `json:"lag,omitempty"`        // commit lag, offsets
-	OldestAge      time.Duration `json:"oldest_ns,omitempty"`  // produce time of its oldest unsettled message
-	Held           bool          `json:"held,omitempty"`       // waiting because of Hold or Quarantine
-	DLQUnavailable bool          `json:"dlq_down,omitempty"`   // its DLQ refuses its dead letters now
-	Control        *Control      `json:"control,omitempty"`    // its control, if any
+	Lag            int64         `json:"lag,omitempty"`       // commit lag, offsets
+	OldestAge      time.Duration `json:"oldest_ns,omitempty"` // produce time of its oldest unsettled message
+	Held           bool          `json:"held,omitempty"`      // waiting because of Hold or Quarantine
+	DLQUnavailable bool          `json:"dlq_down,omitempty"`  // its DLQ refuses its dead letters now
+	Control        *Control      `json:"control,omitempty"`   // its control, if any
 }
 
 // Control is the state part of a ControlRecord (consumer.Control in JSON).
@@ -134,12 +134,12 @@ func (c Control) String() string {
 // stored: the tenant's latest record is its control. A release or clear is
 // a record too (Control not Active), so who, when and why stay known.
 type ControlRecord struct {
-	V      int       `json:"v"`
-	Tenant string    `json:"-"`
-	Control          // embedded: hold, quarantine, breaker, weight, concurrency
-	By     string    `json:"by"`
-	At     time.Time `json:"at"`
-	Reason string    `json:"reason"`
+	V       int       `json:"v"`
+	Tenant  string    `json:"-"`
+	Control           // embedded: hold, quarantine, breaker, weight, concurrency
+	By      string    `json:"by"`
+	At      time.Time `json:"at"`
+	Reason  string    `json:"reason"`
 }
 
 // Engine returns the record as the engine's consumer.Control.
