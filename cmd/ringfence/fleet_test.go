@@ -70,8 +70,15 @@ func (p *proc) stop() {
 
 func startProc(t *testing.T, st fleet.Store, b *consumertest.Broker, process string) *proc {
 	t.Helper()
+	return startProcSpill(t, st, b, process, nil)
+}
+
+// startProcSpill starts a process whose engine spills to spill (nil: none).
+func startProcSpill(t *testing.T, st fleet.Store, b *consumertest.Broker, process string, spill consumer.SpillLog) *proc {
+	t.Helper()
 	p := &proc{h: &handled{}, done: make(chan struct{})}
-	c, err := consumer.New(consumer.Config{Handler: p.h.handler(), Tenant: consumer.FromKey(), DLQ: consumertest.NewSink(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c, err := consumer.New(consumer.Config{Handler: p.h.handler(), Tenant: consumer.FromKey(), DLQ: consumertest.NewSink(), Spill: spill,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
