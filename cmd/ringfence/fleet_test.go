@@ -136,10 +136,10 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[max(0, min(i, len(s)-1))]
 }
 
-// Three processes of a group on Kafka: status shows them and their
-// partitions; a hold written by the CLI reaches the three engines (its
-// latency printed with -v); a process stopped without a goodbye leaves the
-// status within its TTL, one closed leaves it at once.
+// Three processes of a group: status shows them and their partitions; a
+// hold written by the CLI reaches the three engines (its latency printed
+// with -v); a process stopped without a goodbye leaves the status within
+// its TTL, one closed leaves it at once.
 func TestFleetKafkaThreeProcesses(t *testing.T) {
 	t.Parallel()
 	cluster := kafkatest.MustStart(t)
@@ -147,11 +147,30 @@ func TestFleetKafkaThreeProcesses(t *testing.T) {
 	if code, _, errs := cli(t, append([]string{"status"}, base...)...); code != 1 || !strings.Contains(errs, "no topic shop.ringfence-status") {
 		t.Fatalf("status before any agent: exit %d, %q", code, errs)
 	}
+	threeProcesses(t, base, func(ctx context.Context) (fleet.Store, error) {
+		return fleet.NewKafkaStore(ctx, cluster.Addrs(), "shop", fleet.KafkaOptions{Create: true})
+	})
+}
+
+func TestFleetNATSThreeProcesses(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.JetStream(t)
+	base := []string{"--nats", srv.URL(), "--group", "shop"}
+	if code, _, errs := cli(t, append([]string{"status"}, base...)...); code != 1 || !strings.Contains(errs, "no KV bucket ringfence-status-shop") {
+		t.Fatalf("status before any agent: exit %d, %q", code, errs)
+	}
+	threeProcesses(t, base, func(ctx context.Context) (fleet.Store, error) {
+		return fleet.NewNATSStore(ctx, js, "shop", fleet.NATSOptions{Create: true, TTL: testTTL})
+	})
+}
+
+func threeProcesses(t *testing.T, base []string, open func(context.Context) (fleet.Store, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var procs []*proc
 	for i, name := range []string{"p0", "p1", "p2"} {
-		st, err := fleet.NewKafkaStore(ctx, cluster.Addrs(), "shop", fleet.KafkaOptions{Create: true})
+		st, err := open(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,8 +203,8 @@ func TestFleetKafkaThreeProcesses(t *testing.T) {
 		})
 		lat = append(lat, time.Since(start))
 	}
-	t.Logf("hold latency (CLI start to all 3 engines holding), %d tries: p50 %v, p99 %v, max %v",
-		len(lat), percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1))
+	t.Logf("%s: hold latency (CLI start to all 3 engines holding), %d tries: p50 %v, p99 %v, max %v",
+		base[0][2:], len(lat), percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1))
 	t.Logf("of which the CLI command itself (connect, read the table, write): p50 %v, p99 %v", percentile(cliLat, 0.5), percentile(cliLat, 0.99))
 
 	// The held tenants are listed with their control, by every process.
@@ -200,7 +219,7 @@ func TestFleetKafkaThreeProcesses(t *testing.T) {
 	procs[2].stop()
 	stopped := time.Now()
 	waitProcesses(t, base, "p0", "p1")
-	t.Logf("a process stopped without a goodbye left the status after %v (TTL %v, heartbeat every %v)", time.Since(stopped).Round(10*time.Millisecond), testTTL, testInterval)
+	t.Logf("%s: a process stopped without a goodbye left the status after %v (TTL %v, heartbeat every %v)", base[0][2:], time.Since(stopped).Round(10*time.Millisecond), testTTL, testInterval)
 
 	if err := procs[1].a.Close(); err != nil {
 		t.Fatal(err)
