@@ -343,3 +343,39 @@ func decode(b []byte, v any) error {
 func (s Status) Expired(now time.Time) bool {
 	return s.UpdatedAt.Add(s.TTL).Before(now)
 }
+
+// Verbs are the changes an operator makes to a tenant's control, as the
+// CLI and the console name them; Apply takes them.
+var Verbs = []string{"hold", "release", "quarantine", "unquarantine", "open", "close", "auto", "weight", "concurrency"}
+
+// ErrUnknownVerb: Apply was given a verb not in Verbs.
+var ErrUnknownVerb = errors.New("fleet: unknown verb")
+
+// Apply returns c changed by verb ("weight" and "concurrency" take n, 0
+// clearing them; the others ignore it). Each verb changes only its own part.
+func (c Control) Apply(verb string, n int) (Control, error) {
+	switch verb {
+	case "hold", "release":
+		c.Hold = verb == "hold"
+	case "quarantine", "unquarantine":
+		c.Quarantine = verb == "quarantine"
+	case "open":
+		c.Breaker = "open"
+	case "close":
+		c.Breaker = "closed"
+	case "auto":
+		c.Breaker = "auto"
+	case "weight", "concurrency":
+		if n < 0 {
+			return c, fmt.Errorf("fleet: %s %d: want 0 or more", verb, n)
+		}
+		if verb == "weight" {
+			c.Weight = n
+		} else {
+			c.Concurrency = n
+		}
+	default:
+		return c, fmt.Errorf("%w %q (one of %v)", ErrUnknownVerb, verb, Verbs)
+	}
+	return c, nil
+}

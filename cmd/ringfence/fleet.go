@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ringfence/ringfence/console"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/fleet"
 )
@@ -215,90 +216,12 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// JSON Lines of `status --json`.
-type (
-	processLine struct {
-		Type       string       `json:"type"` // "process"
-		Process    string       `json:"process"`
-		Group      string       `json:"group"`
-		Source     string       `json:"source,omitempty"`
-		UpdatedAt  time.Time    `json:"updated_at"`
-		TTLSeconds float64      `json:"ttl_s"`
-		Partitions []string     `json:"partitions"`
-		Counts     fleet.Counts `json:"counts"`
-	}
-	partitionLine struct {
-		Type      string   `json:"type"` // "partition"
-		Partition string   `json:"partition"`
-		Owners    []string `json:"owners"`
-	}
-	tenantOnLine struct {
-		Process        string         `json:"process"`
-		State          string         `json:"state"`
-		RetryAt        time.Time      `json:"retry_at,omitzero"`
-		Parked         int            `json:"parked"`
-		Spilling       int            `json:"spilling"`
-		Lag            int64          `json:"lag"`
-		OldestSeconds  float64        `json:"oldest_s"`
-		Held           bool           `json:"held"`
-		DLQUnavailable bool           `json:"dlq_unavailable"`
-		Control        *fleet.Control `json:"control,omitempty"`
-	}
-	fleetTenantLine struct {
-		Type    string         `json:"type"` // "tenant"
-		Tenant  jsonTenant     `json:"tenant"`
-		On      []tenantOnLine `json:"on"`
-		Control *controlLine   `json:"control,omitempty"`
-	}
-	controlLine struct {
-		Type    string        `json:"type,omitempty"` // "control" (top level)
-		Tenant  *jsonTenant   `json:"tenant,omitempty"`
-		Control fleet.Control `json:"set"`
-		By      string        `json:"by"`
-		At      time.Time     `json:"at"`
-		Reason  string        `json:"reason"`
-	}
-)
-
-func controlLineOf(r fleet.ControlRecord, top bool) *controlLine {
-	l := &controlLine{Control: r.Control, By: r.By, At: r.At.UTC(), Reason: r.Reason}
-	if top {
-		t := tenantOf(r.Tenant)
-		l.Type, l.Tenant = "control", &t
-	}
-	return l
-}
-
+// printViewJSON prints the console's JSON Lines of the fleet.
 func printViewJSON(w io.Writer, v fleet.View) {
 	enc := json.NewEncoder(w)
-	for _, s := range v.Processes {
-		_ = enc.Encode(processLine{Type: "process", Process: s.Process, Group: s.Group, Source: s.Source,
-			UpdatedAt: s.UpdatedAt.UTC(), TTLSeconds: s.TTL.Seconds(), Partitions: nonNilStrings(s.Partitions), Counts: s.Counts})
-	}
-	for _, p := range v.Partitions {
-		_ = enc.Encode(partitionLine{Type: "partition", Partition: p.Partition, Owners: p.Owners})
-	}
-	for _, t := range v.Tenants {
-		l := fleetTenantLine{Type: "tenant", Tenant: tenantOf(t.Tenant)}
-		for _, o := range t.On {
-			l.On = append(l.On, tenantOnLine{Process: o.Process, State: o.State, RetryAt: o.RetryAt.UTC(), Parked: o.Parked,
-				Spilling: o.Spilling, Lag: o.Lag, OldestSeconds: o.OldestAge.Seconds(), Held: o.Held, DLQUnavailable: o.DLQUnavailable, Control: o.Control})
-		}
-		if t.Control != nil {
-			l.Control = controlLineOf(*t.Control, false)
-		}
+	for _, l := range console.FleetLines(v) {
 		_ = enc.Encode(l)
 	}
-	for _, c := range v.Controls {
-		_ = enc.Encode(controlLineOf(c, true))
-	}
-}
-
-func nonNilStrings(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
 }
 
 func printView(w io.Writer, v fleet.View, now time.Time) {
@@ -427,21 +350,8 @@ func runTenant(args []string, stdout, stderr io.Writer) int {
 		}
 		r := cs[tenant]
 		r.Tenant, r.By, r.Reason, r.At = tenant, f.by, f.reason, time.Now().UTC()
-		switch verb {
-		case "hold", "release":
-			r.Hold = verb == "hold"
-		case "quarantine", "unquarantine":
-			r.Quarantine = verb == "quarantine"
-		case "open":
-			r.Breaker = "open"
-		case "close":
-			r.Breaker = "closed"
-		case "auto":
-			r.Breaker = "auto"
-		case "weight":
-			r.Weight = n
-		case "concurrency":
-			r.Concurrency = n
+		if r.Control, err = r.Control.Apply(verb, n); err != nil {
+			return r, err
 		}
 		return r, fleet.WriteControl(ctx, st, r)
 	}()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ringfence/ringfence/console"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/fleet"
@@ -114,7 +115,7 @@ func statusProcesses(t *testing.T, base []string) []string {
 	var ps []string
 	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, `{"type":"process"`) {
-			ps = append(ps, jsonLines[processLine](t, line, "process")[0].Process)
+			ps = append(ps, jsonLines[console.FleetProcessLine](t, line, "process")[0].Process)
 		}
 	}
 	return ps
