@@ -145,3 +145,46 @@ func (fakeStore) Watch(context.Context, fleet.Kind) (<-chan fleet.Update, error)
 	return nil, fmt.Errorf("down")
 }
 func (fakeStore) Close() error { return nil }
+
+// A status lists only the tenants not healthy (here: controlled), at most
+// MaxTenants of them, and counts the rest; healthy tenants are counted
+// only.
+func TestAgentStatusBounded(t *testing.T) {
+	t.Parallel()
+	const tenants, controlled, maxListed = 1000, 300, 256
+	b := consumertest.NewBroker("orders", 2)
+	for i := range tenants {
+		b.Append(i%2, []byte(fmt.Sprintf("t%04d", i)), []byte("v"))
+	}
+	c, err := consumer.New(consumer.Config{
+		Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error { return nil }),
+		Tenant:  consumer.FromKey(), DLQ: consumertest.NewSink(), Logger: quiet(), MaxIdleTenants: 2 * tenants,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, b.Source("g")) }()
+	defer func() { cancel(); <-done }()
+	consumertest.Eventually(t, "every message handled", func() bool { return c.Totals().Handled == tenants })
+	m := map[string]consumer.Control{}
+	for i := range controlled {
+		m[fmt.Sprintf("t%04d", i)] = consumer.Control{Weight: 2, By: "test"}
+	}
+	c.SetControls(m)
+	a, err := fleet.NewAgent(fleet.AgentConfig{Consumer: c, Store: fakeStore{}, Process: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := a.Status()
+	if s.Counts.Tenants != tenants || s.Counts.Unhealthy != controlled || s.Counts.Omitted != controlled-maxListed || len(s.Tenants) != maxListed {
+		t.Fatalf("counts %+v with %d tenants listed; want %d tracked, %d not healthy, %d listed", s.Counts, len(s.Tenants), tenants, controlled, maxListed)
+	}
+	if len(s.Partitions) != 2 || s.Tenants[0].Control == nil || s.Tenants[0].Control.Weight != 2 {
+		t.Fatalf("partitions %v, first tenant %+v", s.Partitions, s.Tenants[0])
+	}
+	if _, err := fleet.EncodeStatus(s); err != nil {
+		t.Fatal(err)
+	}
+}
