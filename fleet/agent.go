@@ -29,6 +29,10 @@ const (
 	// keeps for breaker seeds; statuses past it are ignored (counted in
 	// AgentStats.ProcessesDropped).
 	DefaultMaxProcesses = 1024
+	// maxSweep bounds the statuses of dead processes an agent deletes per
+	// Interval (a crashed process leaves its last status on a Kafka
+	// compacted topic; NATS KV removes it by MaxAge).
+	maxSweep = 16
 	// callTimeout bounds each store call of the agent.
 	callTimeout = 5 * time.Second
 	// rewatchBackoff is the first wait before an ended watch is started
@@ -98,6 +102,8 @@ type AgentStats struct {
 	// Seeds how many tenants the last SetBreakerSeeds named.
 	Processes, Seeds int
 	ProcessesDropped uint64
+	// Swept counts the statuses of dead processes this agent deleted.
+	Swept uint64
 }
 
 // Agent runs beside a consumer.Consumer: it publishes the process's status
@@ -513,17 +519,22 @@ func (a *Agent) seedWatch(ctx context.Context, ch <-chan Update, self string) {
 					dropped++
 					continue
 				}
-				statuses[u.Key] = s
+				statuses[u.Key] = s // an expired one is swept at the next tick
 				dirty = true
 			}
 		case <-tick.C:
 			now := a.cfg.Now()
+			var dead []string
 			for k, s := range statuses {
 				if s.Expired(now) {
 					delete(statuses, k)
 					dirty = true
+					if len(dead) < maxSweep {
+						dead = append(dead, k)
+					}
 				}
 			}
+			a.sweep(ctx, dead)
 			if !loaded || !dirty {
 				continue
 			}
@@ -540,5 +551,23 @@ func (a *Agent) seedWatch(ctx context.Context, ch <-chan Update, self string) {
 			n := len(statuses)
 			a.note(func(st *AgentStats) { st.Processes, st.Seeds, st.ProcessesDropped = n, len(seeds), dropped })
 		}
+	}
+}
+
+// sweep deletes the statuses of processes found dead, so that they do
+// not pile up on a compacted topic. Several agents may delete the same
+// one; a process only slow to heartbeat writes its status again.
+func (a *Agent) sweep(ctx context.Context, keys []string) {
+	for _, k := range keys {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		err := a.st.Delete(cctx, KindStatus, k)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				a.fail(err, false)
+			}
+			return
+		}
+		a.note(func(s *AgentStats) { s.Swept++ })
 	}
 }

@@ -84,7 +84,8 @@ func TestAgentAppliesControls(t *testing.T) {
 }
 
 // An agent gives its engine the breakers other processes report open
-// until a time to come, and not its own nor those of expired statuses.
+// until a time to come, and not its own nor those of expired statuses,
+// which it deletes.
 func TestAgentSeedsBreakers(t *testing.T) {
 	t.Parallel()
 	b := natsBackend(t)
@@ -111,8 +112,21 @@ func TestAgentSeedsBreakers(t *testing.T) {
 	a := startAgent(t, st, newEngine(t), "me")
 	consumertest.Eventually(t, "seeds from the other process", func() bool {
 		s := a.Stats()
-		return s.Processes == 1 && s.Seeds == 1 && s.Published > 0
+		return s.Processes == 1 && s.Seeds == 1 && s.Published > 0 && s.Swept == 1
 	})
+	// The dead process's status was deleted, not only ignored.
+	raw, err := st.Watch(ctx, fleet.KindStatus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for u := range raw {
+		if u.Loaded {
+			break
+		}
+		if u.Key == fleet.Key("dead") && u.Value != nil {
+			t.Fatal("the dead process's status is still there")
+		}
+	}
 }
 
 func TestAgentConfigChecked(t *testing.T) {

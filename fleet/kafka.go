@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,8 @@ const (
 	// kafkaFetchWait bounds how long a watch's fetch waits for new records
 	// (a record that arrives ends the wait at once).
 	kafkaFetchWait = 500 * time.Millisecond
+	// statusSegmentMs is the status topic's segment.ms.
+	statusSegmentMs = 60_000
 )
 
 // KafkaOptions configure NewKafkaStore.
@@ -137,9 +140,19 @@ func (s *kafkaStore) create(ctx context.Context, kind Kind, topic string) error 
 	rt.Topic = topic
 	rt.NumPartitions = 1
 	rt.ReplicationFactor = -1
-	cfg := kmsg.NewCreateTopicsRequestTopicConfig()
-	cfg.Name, cfg.Value = "cleanup.policy", kmsg.StringPtr("compact")
-	rt.Configs = append(rt.Configs, cfg)
+	configs := [][2]string{{"cleanup.policy", "compact"}}
+	if kind == KindStatus {
+		// Heartbeats come every second from every process: roll the
+		// segment every minute so that compaction (which skips the active
+		// segment) keeps the topic to about a minute of heartbeats plus
+		// one record per process.
+		configs = append(configs, [2]string{"segment.ms", strconv.Itoa(statusSegmentMs)})
+	}
+	for _, c := range configs {
+		cfg := kmsg.NewCreateTopicsRequestTopicConfig()
+		cfg.Name, cfg.Value = c[0], kmsg.StringPtr(c[1])
+		rt.Configs = append(rt.Configs, cfg)
+	}
 	req.Topics = append(req.Topics, rt)
 	resp, err := req.RequestWith(ctx, s.cl)
 	if err != nil {
