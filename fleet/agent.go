@@ -29,6 +29,10 @@ const (
 	// keeps for breaker seeds; statuses past it are ignored (counted in
 	// AgentStats.ProcessesDropped).
 	DefaultMaxProcesses = 1024
+	// DefaultMaxControls bounds the controlled tenants an agent applies;
+	// records of more tenants are ignored (counted in
+	// AgentStats.ControlsDropped).
+	DefaultMaxControls = 65536
 	// maxSweep bounds the statuses of dead processes an agent deletes per
 	// Interval (a crashed process leaves its last status on a Kafka
 	// compacted topic; NATS KV removes it by MaxAge).
@@ -70,6 +74,8 @@ type AgentConfig struct {
 	// MaxProcesses bounds the statuses kept for breaker seeds. Default
 	// DefaultMaxProcesses.
 	MaxProcesses int
+	// MaxControls bounds the control table. Default DefaultMaxControls.
+	MaxControls int
 	// Logger receives one line per skipped record and per failed call.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -91,8 +97,9 @@ type AgentStats struct {
 	LastControl     time.Time
 	Controls        int
 	ControlsApplied uint64
-	// Skipped counts records that did not decode (each logged once).
-	Skipped uint64
+	// Skipped counts records that did not decode (each logged once);
+	// ControlsDropped records of tenants past MaxControls.
+	Skipped, ControlsDropped uint64
 	// WatchErrors counts watches that ended with an error (each started
 	// again after a backoff); LastError is the last error of any kind.
 	WatchErrors uint64
@@ -129,7 +136,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, errors.New("fleet: AgentConfig.Consumer is required")
 	case cfg.Store == nil:
 		return nil, errors.New("fleet: AgentConfig.Store is required")
-	case cfg.Interval < 0 || cfg.TTL < 0 || cfg.MaxTenants < 0 || cfg.LagThreshold < 0 || cfg.MaxProcesses < 0:
+	case cfg.Interval < 0 || cfg.TTL < 0 || cfg.MaxTenants < 0 || cfg.LagThreshold < 0 || cfg.MaxProcesses < 0 || cfg.MaxControls < 0:
 		return nil, errors.New("fleet: AgentConfig: negative interval, TTL or bound")
 	}
 	if cfg.Interval == 0 {
@@ -149,6 +156,9 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	if cfg.MaxProcesses == 0 {
 		cfg.MaxProcesses = DefaultMaxProcesses
+	}
+	if cfg.MaxControls == 0 {
+		cfg.MaxControls = DefaultMaxControls
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -231,14 +241,11 @@ func (a *Agent) fail(err error, watch bool) {
 	})
 }
 
-// apply folds one update into the control table.
+// apply folds one update into the control table (keyed by record key,
+// which decodeControlAt checks is the tenant's).
 func (a *Agent) apply(table map[string]ControlRecord, u Update) {
 	if u.Value == nil {
-		for t := range table {
-			if Key(t) == u.Key {
-				delete(table, t)
-			}
-		}
+		delete(table, u.Key)
 		return
 	}
 	r, ok := decodeControlAt(u.Key, u.Value, a.log)
@@ -246,14 +253,18 @@ func (a *Agent) apply(table map[string]ControlRecord, u Update) {
 		a.note(func(s *AgentStats) { s.Skipped++ })
 		return
 	}
-	table[r.Tenant] = r
+	if _, known := table[u.Key]; !known && len(table) >= a.cfg.MaxControls {
+		a.note(func(s *AgentStats) { s.ControlsDropped++ })
+		return
+	}
+	table[u.Key] = r
 }
 
 func (a *Agent) setControls(table map[string]ControlRecord) {
 	m := make(map[string]consumer.Control, len(table))
-	for t, r := range table {
+	for _, r := range table {
 		if r.Active() {
-			m[t] = r.Engine()
+			m[r.Tenant] = r.Engine()
 		}
 	}
 	a.c.SetControls(m)
