@@ -404,12 +404,11 @@ func (a *Agent) publish(ctx context.Context) {
 func (a *Agent) Status() Status {
 	now := a.cfg.Now()
 	es := a.c.Stats()
-	controls := a.c.Controls()
 	s := Status{
 		V: Version, Process: a.cfg.Process, Group: a.cfg.Group, Source: a.cfg.Source,
 		UpdatedAt: now, TTL: a.cfg.TTL,
 		Counts: Counts{
-			Tenants: len(es.Tenants), Controlled: len(controls),
+			Tenants: len(es.Tenants), Controlled: es.Controlled,
 			Handled: es.Handled, Failed: es.Failed, DeadLettered: es.DeadLettered,
 			Parked: es.Parked, Queued: es.Queued, InFlight: es.InFlight,
 		},
@@ -421,15 +420,13 @@ func (a *Agent) Status() Status {
 	var bad []TenantStatus
 	for i := range es.Tenants {
 		ts := &es.Tenants[i]
-		ctl, hasCtl := controls[ts.Tenant]
-		held := hasCtl && (ctl.Hold || ctl.Quarantine) && ts.Queued > 0
-		if ts.State == policy.Closed && ts.Parked == 0 && ts.Spilling == 0 && !held && !hasCtl &&
+		if ts.State == policy.Closed && ts.Parked == 0 && ts.Spilling == 0 && !ts.Held && ts.Control == nil &&
 			!ts.DLQUnavailable && ts.CommitLag <= a.cfg.LagThreshold {
 			continue
 		}
 		t := TenantStatus{
 			Tenant: ts.Tenant, State: ts.State.String(), Parked: ts.Parked, Spilling: ts.Spilling,
-			Lag: ts.CommitLag, OldestAge: ts.TimeLag, Held: held, DLQUnavailable: ts.DLQUnavailable,
+			Lag: ts.CommitLag, OldestAge: ts.TimeLag, Held: ts.Held, DLQUnavailable: ts.DLQUnavailable,
 		}
 		if ts.State == policy.Open && sc != nil {
 			if g, ok := sc.Peek(ts.Tenant); ok {
@@ -438,7 +435,7 @@ func (a *Agent) Status() Status {
 				}
 			}
 		}
-		if hasCtl {
+		if ctl := ts.Control; ctl != nil {
 			t.Control = &Control{Hold: ctl.Hold, Quarantine: ctl.Quarantine, Breaker: ctl.Breaker.String(), Weight: ctl.Weight, Concurrency: ctl.Concurrency}
 		}
 		bad = append(bad, t)
