@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/ringfence/ringfence/console"
 	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/fleet"
 	"github.com/ringfence/ringfence/internal/natstest"
@@ -59,6 +61,29 @@ func TestFleetHoldSurvivesRestart(t *testing.T) {
 	if got := p2.h.of("vip"); len(got) != 0 {
 		t.Fatalf("held vip handled after the restart: %v", got)
 	}
+	// status shows vip held by p2, with its control; p1 is gone (Close
+	// was not called: its status is there until its TTL, held too).
+	consumertest.Eventually(t, "status showing vip held by p2", func() bool {
+		code, out, _ := cli(t, append([]string{"status", "--json"}, base...)...)
+		if code != 0 {
+			return false
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if !strings.HasPrefix(line, `{"type":"tenant"`) {
+				continue
+			}
+			l := jsonLines[console.FleetTenantLine](t, line, "tenant")[0]
+			if l.Tenant.Key != "vip" || l.Control == nil || !l.Control.Control.Hold || l.Control.Reason != "bad deploy" {
+				continue
+			}
+			for _, on := range l.On {
+				if on.Process == "p2" && on.Held && on.Control != nil && on.Control.Hold {
+					return true
+				}
+			}
+		}
+		return false
+	})
 	if code, _, errs := cli(t, append([]string{"tenant", "release", "vip", "--reason", "fixed"}, base...)...); code != 0 {
 		t.Fatalf("release: exit %d: %s", code, errs)
 	}
