@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/fleet"
+	"github.com/ringfence/ringfence/policy"
 )
 
 func newEngine(t *testing.T) *consumer.Consumer {
@@ -200,5 +202,50 @@ func TestAgentStatusBounded(t *testing.T) {
 	}
 	if _, err := fleet.EncodeStatus(s); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A tenant another process reports open until a time to come starts open
+// in this process's engine: its first message here waits, untried.
+func TestAgentSeedOpensNewGuard(t *testing.T) {
+	t.Parallel()
+	st, err := natsBackend(t).open(t, "gso", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	now := time.Now()
+	if err := fleet.PublishStatus(ctx, st, fleet.Status{Process: "other", TTL: time.Minute, UpdatedAt: now,
+		Tenants: []fleet.TenantStatus{{Tenant: "down", State: "open", RetryAt: now.Add(time.Minute)}}}); err != nil {
+		t.Fatal(err)
+	}
+	var tried atomic.Int64
+	c, err := consumer.New(consumer.Config{
+		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+			if string(m.Key) == "down" {
+				tried.Add(1)
+			}
+			return nil
+		}),
+		Tenant: consumer.FromKey(), DLQ: consumertest.NewSink(), Logger: quiet(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, st, c, "me")
+	consumertest.Eventually(t, "the seed given to the engine", func() bool { return a.Stats().Seeds == 1 })
+	b := consumertest.NewBroker("orders", 1)
+	b.Append(0, []byte("down"), []byte("1"))
+	b.Append(0, []byte("up"), []byte("1"))
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(rctx, b.Source("g")) }()
+	defer func() { cancel(); <-done }()
+	consumertest.Eventually(t, "up handled and down waiting behind its seeded breaker", func() bool {
+		ts, ok := c.Tenant("down")
+		return c.Totals().Handled == 1 && ok && ts.State == policy.Open && ts.Parked == 1
+	})
+	if n := tried.Load(); n != 0 {
+		t.Fatalf("the seeded tenant was tried %d times", n)
 	}
 }
