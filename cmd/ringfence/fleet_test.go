@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	rfnats "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/console"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
@@ -285,4 +288,48 @@ func TestFleetCLIErrors(t *testing.T) {
 
 func jetstreamKV(bucket string) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{Bucket: bucket}
+}
+
+// `ringfence console --group` serves the fleet page: its JSON is
+// `status --json`'s, and its control POST (with the token) writes what
+// `tenant` would.
+func TestFleetConsole(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	_, js := srv.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := rfnats.NewDLQ(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--nats", srv.URL(), "--group", "shop"}
+	if code, _, errs := cli(t, append([]string{"tenant", "quarantine", "acme", "--reason", "suspect payloads", "--by", "ops"}, base...)...); code != 0 {
+		t.Fatalf("quarantine: exit %d: %s", code, errs)
+	}
+	st, err := fleet.NewNATSStore(ctx, js, "shop", fleet.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.PublishStatus(ctx, st, fleet.Status{Process: "p1", Group: "shop", TTL: time.Minute, UpdatedAt: time.Now(),
+		Partitions: []string{"orders/0"}, Tenants: []fleet.TenantStatus{{Tenant: "acme", State: "closed", Held: true, Control: &fleet.Control{Quarantine: true}}}}); err != nil {
+		t.Fatal(err)
+	}
+	u := startConsole(t, "--nats", srv.URL(), "--stream", rfnats.DefaultDLQStream, "--group", "shop", "--token", "fleet-token-0123456789")
+	code, page := httpDo(t, "GET", u+"fleet?format=json", nil, nil)
+	_, out, _ := cli(t, append([]string{"status", "--json"}, base...)...)
+	if code != http.StatusOK || page != out || !strings.Contains(out, `"suspect payloads"`) {
+		t.Fatalf("console /fleet (%d):\n%s\nstatus --json:\n%s", code, page, out)
+	}
+	code, body := httpDo(t, "POST", u+"fleet/control", url.Values{"verb": {"unquarantine"}, "tenant": {"acme"}, "reason": {"checked"}},
+		map[string]string{"Authorization": "Bearer fleet-token-0123456789", "Accept": "application/json"})
+	if code != http.StatusOK {
+		t.Fatalf("control POST: %d %s", code, body)
+	}
+	cs, err := fleet.ReadControls(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cs["acme"]; r.Active() || r.Reason != "checked" {
+		t.Fatalf("control after unquarantine: %+v", r)
+	}
 }
