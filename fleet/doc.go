@@ -24,4 +24,11 @@
 // first), and passes the breakers other processes report open to
 // SetBreakerSeeds. It makes no store call under a lock, and a record that
 // does not decode is skipped with one log line.
+//
+// # Commands
+//
+// `ringfence status` shows a group's View; `ringfence tenant hold|release|
+// quarantine|unquarantine|open|close|auto|weight N|concurrency N TENANT
+// --reason TEXT` writes a ControlRecord (Control.Apply); `ringfence console
+// --group` shows the View with the same buttons.
 package fleet
