@@ -27,7 +27,9 @@ type NATSOptions struct {
 	// without it a missing bucket is ErrNoTable (the CLI's way for status).
 	Create bool
 	// TTL is the status bucket's MaxAge when it is created: a status not
-	// refreshed within it is removed by the server. Default DefaultTTL.
+	// refreshed within it is removed by the server. Default DefaultTTL;
+	// keep it at least the agents' AgentConfig.TTL (readers also drop a
+	// status past its own TTL).
 	TTL time.Duration
 }
 
