@@ -31,9 +31,12 @@ const (
 	scaleGoodputFloor = 0.95
 )
 
-// scaleOutSource is the source the scale-out consumers run, per broker
-// (see sourceKinds).
-var scaleOutSource = map[string]string{"kafka": "group", "nats": "durable"}
+// scaleOutRuns are the runs of the scale-out scenario: a broker and the
+// source its consumers run (see sourceKinds).
+var scaleOutRuns = []struct{ broker, source string }{
+	{"kafka", "group"},
+	{"nats", "durable"},
+}
 
 // TestScaleOut runs three consumer processes in one group over tenant-keyed
 // traffic of scaleTenants tenants while one tenant's dependency is down for
@@ -44,17 +47,17 @@ var scaleOutSource = map[string]string{"kafka": "group", "nats": "durable"}
 // a redelivery or an EventReordered; the failing tenant's partition-mates
 // (Kafka; every other tenant on NATS) keep their goodput during the outage.
 func TestScaleOut(t *testing.T) {
-	for _, kind := range brokerKinds {
-		t.Run(kind, func(t *testing.T) {
-			if kind == "nats" && scaleOutSource[kind] == "durable" {
+	for _, run := range scaleOutRuns {
+		t.Run(run.broker+"-"+run.source, func(t *testing.T) {
+			if run.broker == "nats" && run.source == "durable" {
 				t.Skip("scale-out on NATS needs the partitioned consumer group source (adapters/nats, pcgroups): processes sharing one durable break per-tenant order")
 			}
-			scaleOut(t, kind)
+			scaleOut(t, run.broker, run.source)
 		})
 	}
 }
 
-func scaleOut(t *testing.T, kind string) {
+func scaleOut(t *testing.T, kind, source string) {
 	start := time.Now()
 	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	r := newRigPartitions(t, kind, false, scalePartitions)
@@ -63,7 +66,7 @@ func scaleOut(t *testing.T, kind string) {
 	fault := filepath.Join(r.dir, "failing-dependency-down")
 	events := filepath.Join(r.dir, "events.log")
 	mod := func(c *childConfig) {
-		c.Source = scaleOutSource[kind]
+		c.Source = source
 		c.WorkMs = 2
 		c.FaultTenant, c.FaultFile = failing, fault
 		c.MaxParkedPerTenant = scaleParkedBound
@@ -94,7 +97,7 @@ func scaleOut(t *testing.T, kind string) {
 	// handled, so that it does not count catching up as goodput.
 	r.waitCaughtUp(time.Second, scaleStepTimeout)
 	steady := time.Now()
-	phase(fmt.Sprintf("3 consumers handling and caught up (source %s); failing tenant %s", scaleOutSource[kind], failing))
+	phase(fmt.Sprintf("3 consumers handling and caught up (source %s); failing tenant %s", source, failing))
 
 	time.Sleep(scaleWindow) // the goodput window before the outage
 	faultAt := time.Now()
@@ -180,7 +183,7 @@ func scaleOut(t *testing.T, kind string) {
 	for _, scope := range scopes {
 		inv := countInversions(hs, scope, ex)
 		report(fmt.Sprintf("inversions: scenario=scale-out broker=%s source=%s scope=%s firsts=%d inversions=%d redelivered=%d reordered=%d unexplained=%d",
-			kind, scaleOutSource[kind], scope, inv.firsts, inv.total(), inv.redelivered, inv.reordered, len(inv.unexplained)))
+			kind, source, scope, inv.firsts, inv.total(), inv.redelivered, inv.reordered, len(inv.unexplained)))
 		if len(inv.unexplained) > 0 {
 			t.Errorf("%d order inversions (scope %s) explained by no redelivery nor EventReordered, e.g. %v",
 				len(inv.unexplained), scope, inv.unexplained[:min(5, len(inv.unexplained))])
@@ -201,13 +204,13 @@ func scaleOut(t *testing.T, kind string) {
 	during := goodputIn(hs, produced, mates, faultAt, faultAt.Add(scaleWindow))
 	ratio := during.normalized() / before.normalized()
 	report(fmt.Sprintf("goodput: scenario=scale-out broker=%s source=%s mates=%d before=%.1f/s during=%.1f/s (produced %.1f/s, %.1f/s) ratio=%.3f",
-		kind, scaleOutSource[kind], len(mates), before.handledRate(), during.handledRate(), before.producedRate(), during.producedRate(), ratio))
+		kind, source, len(mates), before.handledRate(), during.handledRate(), before.producedRate(), during.producedRate(), ratio))
 	if ratio < scaleGoodputFloor {
 		t.Errorf("%s's partition-mates kept %.3f of their goodput during its outage, want >= %.2f", failing, ratio, scaleGoodputFloor)
 	}
 
 	pauses := sameOwnerGaps(hs, failing, steady, restartFrom, restartTo)
-	report(fmt.Sprintf("pauses: scenario=scale-out broker=%s source=%s %s", kind, scaleOutSource[kind], pauses))
+	report(fmt.Sprintf("pauses: scenario=scale-out broker=%s source=%s %s", kind, source, pauses))
 	phase("done")
 }
 
@@ -265,8 +268,8 @@ func scaleFailingTenant(kind string, tenants []string) string {
 }
 
 // partitionMates returns the tenants that share the failing tenant's source
-// partition, read from where their messages were handled (every other
-// tenant on NATS, whose source is one partition a consumer).
+// partition, read from where their messages were handled; on NATS every
+// other tenant.
 func partitionMates(kind string, hs []handledLine, failing string, tenants []string) map[string]bool {
 	out := map[string]bool{}
 	if kind != "kafka" {
