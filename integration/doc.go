@@ -51,9 +51,10 @@
 //     SIGKILL and restarted in turn, then the broker container restarted.
 //     Besides lost=0 and nothing dead-lettered: each inversion of a
 //     tenant's order among first handlings (and of its source partition's
-//     offsets on Kafka) is classified as explained by a redelivery (the late
-//     message was delivered before, to a killed process or a revoked
-//     partition), by an EventReordered, or unexplained, which fails; the
+//     offsets on Kafka) is classified as explained by a redelivery (an
+//     earlier delivery of the late message was cut short by a kill, a
+//     revocation or the broker's restart, or NATS says it redelivered it),
+//     by an EventReordered, or unexplained, which fails; the
 //     failing tenant's partition-mates (every other tenant on NATS) keep
 //     0.95 of their goodput at the outage's start; and it prints, per
 //     partition, the longest pause between two handlings by the same

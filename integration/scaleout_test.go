@@ -107,8 +107,10 @@ func scaleOut(t *testing.T, kind, source string) {
 	phase(failing + "'s dependency down")
 	time.Sleep(scaleWindow) // the goodput window at the outage's start, before any kill
 
+	killed := map[string]time.Time{}
 	for i, n := range names {
 		procs[i].kill(t)
+		killed[n] = time.Now()
 		next := n + "b"
 		procs[i] = r.startConsumer(next, mod)
 		r.waitFor(next+" handling messages", scaleStepTimeout, func(hs []handledLine) bool {
@@ -170,7 +172,7 @@ func scaleOut(t *testing.T, kind, source string) {
 		t.Errorf("%s never spilled during its outage", failing)
 	}
 
-	ex := explanations(evs)
+	ex := explanations(evs, killed, []time.Time{restartFrom})
 	report := func(line string) {
 		fmt.Println(line)
 		t.Log(line)
@@ -337,30 +339,78 @@ func goodputIn(hs []handledLine, produced []msg, tenants map[string]bool, from, 
 	return g
 }
 
-// explained is what the children recorded that explains an order
-// inversion: per place in the source, how many times the source delivered
-// it, whether NATS said it was a redelivery, and whether the engine
-// reported handling it ahead of its lane's head.
+// explained is what explains an order inversion: what the children
+// recorded (per place in the source, each delivery of it, whether NATS
+// said it was a redelivery, whether the engine reported handling it ahead
+// of its lane's head; when each process lost each partition) and what the
+// scenario did (which process it killed when, when it restarted the
+// broker).
 type explained struct {
-	deliveries  map[place]int
+	deliveries  map[place][]eventLine
 	redelivered map[place]bool
 	reordered   map[place]bool
+	revoked     map[string][]time.Time // by process and partition (revokeKey)
+	killed      map[string]time.Time   // by process
+	restarts    []time.Time
 }
 
-func explanations(evs []eventLine) explained {
-	ex := explained{deliveries: map[place]int{}, redelivered: map[place]bool{}, reordered: map[place]bool{}}
+func revokeKey(proc string, partition int32) string { return proc + "/" + strconv.Itoa(int(partition)) }
+
+func explanations(evs []eventLine, killed map[string]time.Time, restarts []time.Time) explained {
+	ex := explained{deliveries: map[place][]eventLine{}, redelivered: map[place]bool{}, reordered: map[place]bool{},
+		revoked: map[string][]time.Time{}, killed: killed, restarts: restarts}
 	for _, e := range evs {
 		p := place{e.partition, e.offset}
 		switch e.kind {
 		case "delivered":
-			ex.deliveries[p]++
+			ex.deliveries[p] = append(ex.deliveries[p], e)
 		case "redelivered":
 			ex.redelivered[p] = true
 		case "reordered":
 			ex.reordered[p] = true
+		case "partition-revoked":
+			k := revokeKey(e.proc, e.partition)
+			ex.revoked[k] = append(ex.revoked[k], e.at)
 		}
 	}
 	return ex
+}
+
+// cutShort reports whether delivery d was cut short before at: its
+// process killed, its partition revoked from it, or the broker restarted
+// in between.
+func (ex explained) cutShort(d eventLine, at time.Time) bool {
+	within := func(t time.Time) bool { return t.After(d.at) && t.Before(at) }
+	if k, ok := ex.killed[d.proc]; ok && within(k) {
+		return true
+	}
+	for _, t := range ex.revoked[revokeKey(d.proc, d.partition)] {
+		if within(t) {
+			return true
+		}
+	}
+	for _, t := range ex.restarts {
+		if within(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// redelivery reports whether the source delivered h's message again, after
+// an earlier delivery that a kill, a revocation or the broker's restart
+// cut short, or NATS says it redelivered it.
+func (ex explained) redelivery(h handledLine) bool {
+	p := place{h.partition, h.offset}
+	if ex.redelivered[p] {
+		return true
+	}
+	for _, d := range ex.deliveries[p] {
+		if d.at.Before(h.at) && ex.cutShort(d, h.at) {
+			return true
+		}
+	}
+	return false
 }
 
 // inversions counts a scope's order inversions by cause.
@@ -378,9 +428,9 @@ func (v inversions) total() int { return v.redelivered + v.reordered + len(v.une
 // in scope "partition" at a higher offset of the same source partition.
 // An inversion is explained by a reorder when the engine reported the late
 // message or the one handled ahead of it as reordered, else by a
-// redelivery when the source delivered the late message more than once
-// (it was in flight in a killed process or a revoked partition, or NATS
-// says so); else it is unexplained.
+// redelivery when the late message was delivered again after a kill, a
+// revocation or the broker's restart (see redelivery); else it is
+// unexplained.
 func countInversions(hs []handledLine, scope string, ex explained) inversions {
 	var v inversions
 	seen := map[string]bool{}
@@ -411,7 +461,7 @@ func countInversions(hs []handledLine, scope string, ex explained) inversions {
 		switch {
 		case ex.reordered[hp] || ex.reordered[ap]:
 			v.reordered++
-		case ex.deliveries[hp] > 1 || ex.redelivered[hp]:
+		case ex.redelivery(h):
 			v.redelivered++
 		default:
 			v.unexplained = append(v.unexplained, fmt.Sprintf("%s: id %s (partition %d offset %d, by %s) after id %s (offset %d, by %s)",
@@ -464,10 +514,16 @@ func sameOwnerGaps(hs []handledLine, failing string, steady, restartFrom, restar
 // TestCountInversions holds the inversion count to what it must catch and
 // how it must classify it.
 func TestCountInversions(t *testing.T) {
-	h := func(id string, off int64) handledLine {
-		return handledLine{id: id, tenant: "t", partition: 0, offset: off, proc: "c"}
+	t0 := time.Unix(1000, 0)
+	at := func(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
+	h := func(id string, off int64, sec int) handledLine {
+		return handledLine{id: id, tenant: "t", partition: 0, offset: off, proc: "c2", at: at(sec)}
 	}
-	other := handledLine{id: "100", tenant: "u", partition: 0, offset: 0, proc: "c"}
+	other := handledLine{id: "100", tenant: "u", partition: 0, offset: 0, proc: "c2", at: at(0)}
+	late := []handledLine{h("1", 1, 1), h("3", 3, 2), h("2", 2, 10)} // 2 handled after 3
+	delivered := func(proc string, sec int) eventLine {
+		return eventLine{kind: "delivered", tenant: "t", partition: 0, offset: 2, proc: proc, at: at(sec)}
+	}
 	for _, tc := range []struct {
 		name        string
 		hs          []handledLine
@@ -476,18 +532,26 @@ func TestCountInversions(t *testing.T) {
 		reordered   int
 		unexplained int
 	}{
-		{name: "in order", hs: []handledLine{h("1", 1), other, h("2", 2), h("3", 3)}},
-		{name: "handled again", hs: []handledLine{h("1", 1), h("2", 2), h("1", 1), h("3", 3)}},
-		{name: "unexplained", hs: []handledLine{h("1", 1), h("3", 3), h("2", 2)}, unexplained: 1},
-		{name: "two behind one", hs: []handledLine{h("3", 3), h("1", 1), h("2", 2)}, unexplained: 2},
-		{name: "late one delivered twice", hs: []handledLine{h("1", 1), h("3", 3), h("2", 2)},
-			ex: explained{deliveries: map[place]int{{0, 2}: 2}}, redelivered: 1},
-		{name: "late one redelivered by the server", hs: []handledLine{h("1", 1), h("3", 3), h("2", 2)},
-			ex: explained{redelivered: map[place]bool{{0, 2}: true}}, redelivered: 1},
-		{name: "the one ahead reordered", hs: []handledLine{h("1", 1), h("3", 3), h("2", 2)},
-			ex: explained{reordered: map[place]bool{{0, 3}: true}}, reordered: 1},
-		{name: "delivered once elsewhere", hs: []handledLine{h("1", 1), h("3", 3), h("2", 2)},
-			ex: explained{deliveries: map[place]int{{0, 2}: 1, {0, 3}: 2}}, unexplained: 1},
+		{name: "in order", hs: []handledLine{h("1", 1, 1), other, h("2", 2, 2), h("3", 3, 3)}},
+		{name: "handled again", hs: []handledLine{h("1", 1, 1), h("2", 2, 2), h("1", 1, 3), h("3", 3, 4)}},
+		{name: "unexplained", hs: late, unexplained: 1},
+		{name: "two behind one", hs: []handledLine{h("3", 3, 1), h("1", 1, 2), h("2", 2, 3)}, unexplained: 2},
+		{name: "in flight in a killed process", hs: late, redelivered: 1, ex: explained{
+			deliveries: map[place][]eventLine{{0, 2}: {delivered("c1", 1), delivered("c2", 9)}},
+			killed:     map[string]time.Time{"c1": at(5)}}},
+		{name: "delivered to a process killed after it was handled", hs: late, unexplained: 1, ex: explained{
+			deliveries: map[place][]eventLine{{0, 2}: {delivered("c1", 1), delivered("c2", 9)}},
+			killed:     map[string]time.Time{"c1": at(11)}}},
+		{name: "in a revoked partition", hs: late, redelivered: 1, ex: explained{
+			deliveries: map[place][]eventLine{{0, 2}: {delivered("c1", 1), delivered("c2", 9)}},
+			revoked:    map[string][]time.Time{revokeKey("c1", 0): {at(4)}}}},
+		{name: "across the broker's restart", hs: late, redelivered: 1, ex: explained{
+			deliveries: map[place][]eventLine{{0, 2}: {delivered("c2", 1), delivered("c2", 9)}},
+			restarts:   []time.Time{at(6)}}},
+		{name: "delivered twice, nothing cut it short", hs: late, unexplained: 1, ex: explained{
+			deliveries: map[place][]eventLine{{0, 2}: {delivered("c1", 1), delivered("c2", 9)}}}},
+		{name: "redelivered by the server", hs: late, redelivered: 1, ex: explained{redelivered: map[place]bool{{0, 2}: true}}},
+		{name: "the one ahead reordered", hs: late, reordered: 1, ex: explained{reordered: map[place]bool{{0, 3}: true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, scope := range []string{"tenant", "partition"} {
