@@ -80,6 +80,17 @@ type Consumer struct {
 
 	running  atomic.Bool
 	draining atomic.Bool
+	// runGen ends the workers' runs (see runOn): bit 0 is set when the
+	// engine drains, and SetControls adds 2, so that a run's next message
+	// is stepped only under the controls its lane was scheduled with.
+	runGen atomic.Uint64
+
+	// Operators' controls and the fleet's breaker seeds (controls.go):
+	// tables swapped whole. ctlMu orders SetControls calls; it is taken
+	// before any other engine lock.
+	ctlMu sync.Mutex
+	ctls  atomic.Pointer[controlTable]
+	seeds atomic.Pointer[map[string]time.Time]
 
 	parkedTotal atomic.Int64
 	stats       counters
@@ -203,6 +214,7 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 	// Drain: no new work; in-flight handlers and spill appends finish (up
 	// to DrainTimeout); then the source stops.
 	c.draining.Store(true)
+	c.runGen.Or(1)
 	for _, sh := range c.shards() {
 		c.requestPause(sh, PauseDraining)
 	}

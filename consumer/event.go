@@ -27,6 +27,8 @@ const (
 	EventSpilling                              // a tenant's lane started spilling to its spill log (Spill says why)
 	EventSpillDrained                          // a tenant's spill log was read back to its end; its messages flow directly again
 	EventSpillFailed                           // appending to or reading a spill log failed; retried after Delay
+	EventControlSet                            // SetControls set or changed the tenant's control
+	EventControlCleared                        // SetControls cleared the tenant's control
 )
 
 func (k EventKind) String() string {
@@ -61,6 +63,10 @@ func (k EventKind) String() string {
 		return "spill-drained"
 	case EventSpillFailed:
 		return "spill-failed"
+	case EventControlSet:
+		return "control-set"
+	case EventControlCleared:
+		return "control-cleared"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }

@@ -27,7 +27,10 @@ type lane struct {
 
 	state  laneState
 	parked bool // refused by the breaker; q's messages count as parked
-	dead   bool // dropped (partition revoked or lane swept)
+	// holdPark: parked by its tenant's Hold or Quarantine, not by the
+	// breaker; unparked when released (see releaseLane).
+	holdPark bool
+	dead     bool // dropped (partition revoked or lane swept)
 	// hits counts the messages it received since it was made, up to 2; the
 	// idle sweep sets it back to 1 when it looks at the lane, so 2 means a
 	// message since (see sweepLanes).
@@ -116,10 +119,11 @@ const (
 	laneRunning                  // a worker owns the head
 	laneTimer                    // waiting for its timer (retry, park)
 	laneBlocked                  // its tenant is at its bulkhead limit
+	laneHeld                     // its tenant's control holds or quarantines it (see holdLane)
 )
 
 func (s laneState) String() string {
-	return [...]string{"idle", "ready", "running", "timer", "blocked"}[s]
+	return [...]string{"idle", "ready", "running", "timer", "blocked", "held"}[s]
 }
 
 // laneSpill is a lane's spill state (guarded by the shard's mu, except the

@@ -24,6 +24,8 @@ const (
 	// SpillDLQUnavailable: as SpillStuck, while its oldest message waits
 	// for a dead letter its DLQ refuses (TenantStats.DLQUnavailable).
 	SpillDLQUnavailable
+	// SpillQuarantine: its tenant is quarantined (Control.Quarantine).
+	SpillQuarantine
 )
 
 func (r SpillReason) String() string {
@@ -38,6 +40,8 @@ func (r SpillReason) String() string {
 		return "recovered"
 	case SpillDLQUnavailable:
 		return "dlq-unavailable"
+	case SpillQuarantine:
+		return "quarantine"
 	}
 	return "none"
 }
@@ -357,8 +361,12 @@ func (c *Consumer) spillWork(l *lane) {
 // tenant's breaker is closed; while it is not, only what a probe needs: the
 // head, and as many behind it as a judge round of a suspect head may try
 // (a poison head must not keep its tenant parked for lack of a message to
-// compare it with). Called with l's shard mu held.
+// compare it with); none while its tenant is held or quarantined. Called
+// with l's shard mu held.
 func (c *Consumer) refeedRoom(l *lane) int {
+	if l.t.ctl.Load().stops() {
+		return 0 // held or quarantined: nothing re-fed until released
+	}
 	want := min(c.cfg.RefeedWindow, l.sh.bounds.maxQueuedTenant)
 	if g := l.t.peekGuard(); g != nil && !g.Closed() {
 		want = 1

@@ -37,7 +37,8 @@ type TenantStats struct {
 	DLQUnavailable    bool
 	DLQUnavailableFor time.Duration
 	DLQFailures       uint64
-	// Parked is how many of its messages wait behind an open breaker now.
+	// Parked is how many of its messages wait behind an open breaker, or
+	// because of its control's Hold or Quarantine, now.
 	Parked int
 	// Queued is how many of its messages are in the engine now (parked and
 	// waiting-to-spill ones included).
@@ -74,6 +75,11 @@ type TenantStats struct {
 	// from produce to settle (a spilled message once, when its re-fed copy
 	// settles).
 	Dwell Histogram
+	// Control is its operators' control (a copy; nil when none), see
+	// SetControls. Held says messages of it wait because of the control's
+	// Hold or Quarantine: in the engine or in its spill log.
+	Control *Control
+	Held    bool
 }
 
 // PartitionStats is a snapshot of one assigned partition.
@@ -140,6 +146,9 @@ type Stats struct {
 	// DLQUnavailableTenants counts the tenants whose DLQ refuses their
 	// dead letters now (TenantStats.DLQUnavailable).
 	DLQUnavailableTenants int
+	// Controlled counts the tenants with a control now (SetControls),
+	// whether the engine has them or not.
+	Controlled int
 	// Partitions lists the assigned partitions, in order.
 	Partitions []PartitionStats
 	// Tenants lists the tenants the engine tracks now, sorted by key (the
@@ -301,6 +310,7 @@ func (c *Consumer) Stats() Stats {
 		x := c.tenantStats(t)
 		x.CommitLag = lag[t]
 		x.Queued = queued[t]
+		x.Held = x.Control.stops() && (x.Queued > 0 || x.SpillLag > 0)
 		if tt := times[t]; tt != nil {
 			x.TimeLag, x.OldestParked, x.SpillBacklogAge = tt.timeLag, tt.parked, tt.spill
 		}
@@ -323,6 +333,9 @@ func (c *Consumer) Stats() Stats {
 		return cmp.Compare(a.Tenant, b.Tenant)
 	})
 	s.Dwell = histogram(&dwell, dwellSum)
+	if tab := c.ctls.Load(); tab != nil {
+		s.Controlled = len(*tab)
+	}
 	return s
 }
 
@@ -386,6 +399,10 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 		x.State = g.State()
 		x.Latency = g.Latency()
 	}
+	if ct := t.ctl.Load(); ct != nil {
+		cp := *ct
+		x.Control = &cp
+	}
 	if at := t.openSince.Load(); at != 0 && x.State != policy.Closed {
 		x.OpenSince = c.epoch.Add(time.Duration(at))
 	}
@@ -419,6 +436,7 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 		}
 		sh.mu.Unlock()
 	}
+	x.Held = x.Control.stops() && (x.Queued > 0 || x.SpillLag > 0)
 	return x, true
 }
 

@@ -77,6 +77,10 @@ type tenant struct {
 	gone bool
 
 	inflight atomic.Int32 // messages of this tenant being handled (bulkhead)
+	// ctl is its operators' control (nil: none), an entry of the table
+	// SetControls publishes: read once per lane scheduling, on the line
+	// take reads for the bulkhead anyway. Stored under Consumer.tmu.
+	ctl atomic.Pointer[Control]
 	// zombies counts in-flight slots held by jobs of lanes dropped while
 	// they ran (a revoked partition): released when those jobs finish.
 	zombies  atomic.Int32
@@ -122,6 +126,10 @@ func (c *Consumer) guard(t *tenant) *policy.Guard {
 			g = c.scope.Pin(t.key)
 		}()
 		t.guardP.Store(g)
+		// Before any permit: the operators' override, then the fleet's
+		// seed (a guard forced either way ignores it).
+		c.forceGuard(t, g)
+		c.seedGuard(t, g)
 	})
 	return t.guardP.Load()
 }
@@ -189,6 +197,9 @@ func (c *Consumer) tenantFor(key string, none bool) *tenant {
 	case t == nil:
 		t = new(tenant)
 		t.ownKey(key)
+		if ct := c.controlOf(t.key); ct != nil {
+			t.ctl.Store(ct)
+		}
 		c.tenants[t.key] = t
 	case t.onIdle:
 		c.idle.remove(t)

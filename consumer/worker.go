@@ -104,6 +104,9 @@ type job struct {
 	// turns is how many of the run's messages the lane's fair share
 	// allows while other lanes of the shard are ready.
 	turns int
+	// gen is Consumer.runGen when the job was loaded: the run ends when it
+	// moves (the engine drains, or the controls changed).
+	gen uint64
 	// fresh: no message of the lane had been tried when the job was
 	// loaded (lane.tried clear), so none of m and run has a failure state,
 	// an attempt or a round begun: the steps read nothing of their states
@@ -262,6 +265,7 @@ func (j *job) dropMessages() {
 // parked in the tenant's blocked list and skipped; a shard with no ready
 // lane leaves the scheduler's ring.
 func (c *Consumer) take(sh *shard, w *worker) bool {
+	gen := c.runGen.Load() // before the controls (see runOn)
 	for sh.ready.len() > 0 {
 		l := sh.ready.pop()
 		if l.dead || l.state != laneReady {
@@ -271,7 +275,12 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 			l.state = laneIdle
 			continue
 		}
-		if !l.t.none && !l.t.tryAcquire(c.limitOf(l.t)) {
+		ct := l.t.ctl.Load()
+		if ct.stops() {
+			c.holdLane(l, ct, &w.events)
+			continue
+		}
+		if !l.t.none && !l.t.tryAcquire(c.limitWith(l.t, ct)) {
 			l.state = laneBlocked
 			l.shared = true
 			l.t.block(l)
@@ -280,9 +289,9 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 		}
 		l.state = laneRunning
 		if l.credit <= 0 {
-			l.credit, l.quick = c.creditOf(l.t)
+			l.credit, l.quick = c.creditOf(l.t, ct)
 		}
-		w.load(l)
+		w.load(l, gen)
 		w.chain = sh.ready.len() // lanes still ready behind it
 		sh.takes++
 		if w.enough = c.runQuick(sh, w, l); w.enough {
@@ -297,11 +306,12 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 	return false
 }
 
-// load points w.job at l's head. Called with l's shard lock held.
-func (w *worker) load(l *lane) {
+// load points w.job at l's head; gen is Consumer.runGen, read before the
+// lane's control was. Called with l's shard lock held.
+func (w *worker) load(l *lane, gen uint64) {
 	j := &w.job
 	j.dropMessages()
-	j.l, j.sh, j.m, j.judge, j.next = l, l.sh, l.q.front(), l.judge, 0
+	j.l, j.sh, j.m, j.judge, j.next, j.gen = l, l.sh, l.q.front(), l.judge, 0, gen
 	if j.t != l.t {
 		j.t = l.t // stored only on a change: a pointer store pays the write barrier while the collector marks
 	}
@@ -336,14 +346,16 @@ func (w *worker) load(l *lane) {
 
 // runOn moves w.job to the next message of its run, if the step just made
 // settled its message and asked nothing of the lane (no wait, park,
-// suspicion or set-aside), and the engine is not draining nor the
-// partition revoked. The messages stay in their lane's queue (only this
+// suspicion or set-aside), the engine is not draining nor the partition
+// revoked, and the controls did not change since the job was loaded (a
+// Hold set meanwhile stops the run before its next message; the load
+// that replaces the comparison of draining costs nothing more). The messages stay in their lane's queue (only this
 // worker takes from its front) until finish removes the settled ones.
 func (w *worker) runOn() bool {
 	j, r := &w.job, &w.res
 	if j.next == len(j.run) || len(r.settled) == 0 || r.settled[len(r.settled)-1] != j.m ||
 		r.wait != 0 || r.park || r.suspect != "" || r.cleared || r.aside != nil ||
-		w.c.draining.Load() || j.sh.gate.closed.Load() ||
+		w.c.runGen.Load() != j.gen || j.gen&1 != 0 || j.sh.gate.closed.Load() ||
 		j.next >= j.turns && j.sh.readyHint.Load() {
 		return false
 	}
@@ -443,9 +455,14 @@ func (c *Consumer) applyResult(sh *shard, w *worker) {
 func (c *Consumer) moveOn(sh *shard, w *worker) bool {
 	j, r := &w.job, &w.res
 	l, t := j.l, j.l.t
+	gen := c.runGen.Load() // before the controls (see runOn)
+	ct := t.ctl.Load()
 	switch {
 	case c.draining.Load():
 		l.state = laneIdle
+	case ct.stops() && (l.q.len() > 0 || l.spill.want):
+		l.state = laneIdle
+		c.holdLane(l, ct, &w.events)
 	case l.spill.want:
 		l.state = laneIdle
 		c.enterSpill(l, &w.events)
@@ -456,9 +473,9 @@ func (c *Consumer) moveOn(sh *shard, w *worker) bool {
 		c.arm(l, r.wait)
 	case l.q.len() > 0:
 		l.credit -= 1 + j.next
-		if (l.credit > 0 || sh.ready.len() == 0) && w.turn < shardTurn && t.inflight.Load() <= c.limitOf(t) {
+		if (l.credit > 0 || sh.ready.len() == 0) && w.turn < shardTurn && t.inflight.Load() <= c.limitWith(t, ct) {
 			// Keep the lane (and its bulkhead slot).
-			w.load(l)
+			w.load(l, gen)
 			c.runQuick(sh, w, l)
 			w.turn++
 			return true
@@ -532,7 +549,14 @@ func (c *Consumer) releaseSlot(w *worker, t *tenant) {
 }
 
 // limitOf is t's bulkhead limit now.
-func (c *Consumer) limitOf(t *tenant) int32 {
+func (c *Consumer) limitOf(t *tenant) int32 { return c.limitWith(t, t.ctl.Load()) }
+
+// limitWith is t's bulkhead limit under its control ct: ct's Concurrency
+// if set, else its guard's (up to Concurrency either way).
+func (c *Consumer) limitWith(t *tenant, ct *Control) int32 {
+	if ct != nil && ct.Concurrency > 0 {
+		return int32(min(ct.Concurrency, c.cfg.Concurrency))
+	}
 	g := t.peekGuard()
 	if g == nil {
 		return int32(c.cfg.TenantConcurrency)
@@ -562,12 +586,18 @@ const quickTurn = 10 * time.Microsecond
 // would each pay a take and a finish under its partition's lock, and the
 // workers would wait on those locks longer than they run: turns by
 // slowTurn spare that (BenchmarkHandler's wait-50us rows guard this).
-func (c *Consumer) creditOf(t *tenant) (credit int, quick bool) {
+func (c *Consumer) creditOf(t *tenant, ct *Control) (credit int, quick bool) {
+	w := 1
+	if ct != nil && ct.Weight > 0 {
+		w = ct.Weight
+	}
 	g := t.peekGuard()
 	if g == nil {
-		return 1, false
+		return w, false
 	}
-	w := max(g.Weight(), 1)
+	if ct == nil || ct.Weight <= 0 {
+		w = max(g.Weight(), 1)
+	}
 	est := g.Latency()
 	if quickEst(est) {
 		return w * int(min(quickTurn/est, runMax)), true

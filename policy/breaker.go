@@ -31,6 +31,9 @@ func (g *guard) retryAfter() time.Duration {
 	if st != Open {
 		return 0
 	}
+	if Override(g.force.Load()) == OverrideOpen {
+		return g.r.maxOpen // see Force
+	}
 	return max(time.Duration(g.openUntil.Load()-g.now()), 0)
 }
 
@@ -183,10 +186,7 @@ func (g *guard) recordSuccess(p *Permit, now int64) {
 		g.mu.Unlock()
 		return
 	}
-	g.setState(Closed)
-	g.trips = 0
-	g.consec.Store(0)
-	g.clearWindow()
+	g.closeLocked()
 	g.mu.Unlock()
 	g.emitState(Event{Kind: EventBreakerClosed, State: Closed})
 }
@@ -232,6 +232,9 @@ func (g *guard) recordFailure(p *Permit, now int64, err error) {
 		}
 	case HalfOpen:
 		trip = p.probe
+	}
+	if trip && Override(g.force.Load()) == OverrideClosed {
+		trip = false // forced closed: counted, never tripped (see Force)
 	}
 	if !trip {
 		g.mu.Unlock()

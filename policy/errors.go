@@ -55,12 +55,18 @@ type OpenError struct {
 	clock Clock
 	g     *guard
 	life  uint64 // g's life when this error was made
+	// forced is the wait RetryAfter reports for a breaker held open by
+	// OverrideOpen (see Guard.Force); zero otherwise.
+	forced time.Duration
 }
 
 // RetryAfter is how long until the breaker admits a probe. For a half-open
 // breaker whose probes are all taken it is the guard's latency estimate
 // (between 1ms and 1s): about when a probe's outcome is known.
 func (e *OpenError) RetryAfter() time.Duration {
+	if e.forced > 0 {
+		return e.forced
+	}
 	if e.State == HalfOpen || e.clock == nil {
 		if e.g == nil || e.g.life.Load() != e.life {
 			// No guard, or its state now serves another guard.

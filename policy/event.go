@@ -61,4 +61,7 @@ type Event struct {
 	Delay time.Duration
 	// Err is the error that caused the event, if any.
 	Err error
+	// Forced: the state change was made by Guard.Force or Guard.Trip, not
+	// by outcomes.
+	Forced bool
 }

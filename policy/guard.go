@@ -121,6 +121,9 @@ type tail struct {
 	// ns after that, up to floorCap ns' worth (mu).
 	floorEmpty int64
 	win        [windowBuckets]bucket
+	// force is the breaker's Override (see Force): written under mu, read
+	// without it by retryAfter.
+	force atomic.Uint32
 }
 
 const counterShards = 4 // a power of two
