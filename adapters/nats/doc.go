@@ -77,6 +77,51 @@
 // SpillStats for its counters; what was spilled and re-fed per tenant is in
 // the engine's Stats.
 //
+// # Scaling out
+//
+// Several processes bound to one plain durable share every tenant's
+// messages: a tenant runs in several engines at once, each with its own
+// breaker, and its order holds only within each. To give each tenant's
+// messages to one process at a time, partition the stream with a static
+// partitioned consumer group (Synadia's pcgroups): the stream's subject
+// transform puts partition(n, tenant tokens) first in each subject
+// (PartitionTransform), the group's configuration in pcgroups' KV bucket
+// gives each member a fixed set of partitions (CreateConsumerGroup), and
+// each process joins as a member:
+//
+//	src, _ := nats.Open(ctx, nc, "ORDERS", "", nats.WithConsumerGroup("billing", "m1"))
+//
+// Static, not elastic: an elastic group re-maps partitions at run time by
+// moving its members' consumers on a work-queue stream, and during a move
+// the old and the new member may both hold messages of one partition. A
+// static group's mapping never changes while it exists; a change to its
+// configuration ends every member's Run with ErrConsumerGroup.
+//
+// The member's consumer ("<group>-<member>") pins one client (a JetStream
+// priority group with the pinned_client policy), so further processes of
+// the same member are hot standbys that get nothing. Each partition N is
+// its own engine partition, announced (Assigned) when the Source's first
+// message under a new pin arrives, and revoked when the server answers
+// "pin ID mismatch", when a new pin replaces its own, and when Run ends:
+// the Source then naks what the engine held and what the client had
+// buffered, in stream order, and unpins itself, so a standby takes over at
+// its next pull with those messages first. A process that dies keeps the
+// pin for PinnedTTL (twice AckWait from 2s on), while what it held is redelivered
+// after AckWait, so the standby normally gets those first too. A handler
+// still running when its process steps down may run again, at the same
+// time, on the new owner (at-least-once). MaxAckPending is shared evenly by
+// the member's partitions (MaxUnsettled). The group's spill log
+// (Source.SpillLog) has one subject per partition and tenant, appended and
+// re-fed only by the partition's owner. The server pins a client only when
+// it has a message for it: an idle member's new owner re-feeds spilled
+// lanes once a message for one of its partitions arrives.
+//
+// A plain durable can be shared the same way without partitions:
+// WithPinnedClient (or PinDurable) makes it a pinned priority group, so
+// one process works and the others wait. That keeps each tenant's order
+// and one breaker per tenant at a time; it gives up parallelism between
+// processes, and breaker state starts afresh on the new owner.
+//
 // # Errors
 //
 // Run returns an error when the consumer can never deliver again; the

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrInvalidOption: an option was given an unusable value.
@@ -28,6 +30,10 @@ type sourceOptions struct {
 	doubleAck   bool
 	logger      *slog.Logger
 	liveness    time.Duration
+
+	group, member string                    // WithConsumerGroup
+	groupConfig   *jetstream.ConsumerConfig // WithGroupConsumerConfig
+	pin           bool                      // WithPinnedClient
 }
 
 // WithLivenessCheck sets how often Run asks the server whether the durable

@@ -36,16 +36,37 @@ type Source struct {
 	// message's shard, so that the consume goroutine does not wait on one
 	// lock for the workers' settles. An insert (onMsg) takes mu and then
 	// the shard; revokeAll takes mu and then every shard.
-	held    [heldShards]heldShard
-	paused  bool
-	resumed chan struct{} // closed by Resume while paused
-	gated   chan struct{} // non-nil while revokeAll runs; closed when it ends
-	disp    consumer.Dispatcher
-	ran     bool
+	held [heldShards]heldShard
+	// paused holds the paused partitions, each with the channel Resume
+	// closes.
+	paused map[consumer.Partition]chan struct{}
+	gated  chan struct{} // non-nil while revokeAll runs; closed when it ends
+	disp   consumer.Dispatcher
+	ran    bool
 
 	acks *acker // sends acks in bursts while Run runs
 
-	dupDropped, extends atomic.Uint64
+	// parts is the partitions the Source reports: its home partition, or
+	// a group member's partitions.
+	parts []consumer.Partition
+	// group is the consumer group the Source is a member of; nil for a
+	// plain durable.
+	group *groupSpec
+	// pinGroup is the priority group a pinned consumer is pulled in; ""
+	// when the consumer does not pin a client.
+	pinGroup   string
+	pullExpiry time.Duration
+	// Pin state of a pinned consumer, used only by the consume goroutine
+	// (and by Run once consuming stopped): the current pin, whether the
+	// engine was told the partitions are ours, recent pins lost.
+	pin      string
+	owning   bool
+	unfed    []heldMsg // delivered while Run ended, never given to the engine
+	lostPins [4]string
+	lostNext int
+
+	owned                           atomic.Bool
+	dupDropped, extends, pinChanges atomic.Uint64
 }
 
 // heldShards is how many shards Source.held has.
@@ -113,6 +134,12 @@ type SourceStats struct {
 	// AcksQueued is how many acks of settled messages wait to be sent
 	// (at most about a millisecond: see Settle).
 	AcksQueued int
+	// Owning says whether the Source owns its partitions now: always
+	// while a plain durable's Run runs; for a pinned consumer (a group
+	// member, WithPinnedClient), while this process is the pinned one.
+	Owning bool
+	// Pinned counts the times a pinned consumer's Source became the owner.
+	Pinned uint64
 }
 
 // Stats returns the Source's counters.
@@ -120,13 +147,40 @@ func (s *Source) Stats() SourceStats {
 	st := SourceStats{Held: s.heldCount()}
 	st.Duplicates, st.Extends = s.dupDropped.Load(), s.extends.Load()
 	st.AcksQueued = s.acks.queued()
+	st.Owning, st.Pinned = s.owned.Load(), s.pinChanges.Load()
 	return st
 }
 
 // NewSource returns a Source on cons, a durable pull consumer with explicit
 // acks. The tenant key is the engine's (consumer.Config.Tenant; e.g.
-// FromSubjectToken); the Source does not need it.
+// FromSubjectToken); the Source does not need it. A durable that is a
+// pinned-client priority group (see WithPinnedClient) is consumed as one:
+// of several processes, only the pinned one owns its partition.
 func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, opts ...SourceOption) (*Source, error) {
+	o, err := buildSourceOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if o.group != "" {
+		return nil, fmt.Errorf("%w: WithConsumerGroup needs Open, which makes the member's consumer", ErrInvalidOption)
+	}
+	return newSource(ctx, js, cons, o, nil)
+}
+
+func buildSourceOptions(opts []SourceOption) (sourceOptions, error) {
+	o := sourceOptions{pullMax: 500, logger: slog.Default(), liveness: 5 * time.Second}
+	for _, opt := range opts {
+		if opt == nil {
+			return o, fmt.Errorf("%w: nil source option", ErrInvalidOption)
+		}
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+func newSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, o sourceOptions, g *groupSpec) (*Source, error) {
 	if js == nil || cons == nil {
 		return nil, fmt.Errorf("%w: nil JetStream or consumer", ErrInvalidOption)
 	}
@@ -141,21 +195,24 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 	case cfg.Durable == "":
 		return nil, fmt.Errorf("%w: not durable", ErrConsumerConfig)
 	}
-	o := sourceOptions{
-		extendEvery: cfg.AckWait / 3,
-		pullMax:     500,
-		logger:      slog.Default(),
-		liveness:    5 * time.Second,
-	}
-	if o.extendEvery <= 0 {
-		o.extendEvery = 10 * time.Second
-	}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil source option", ErrInvalidOption)
-		}
-		if err := opt(&o); err != nil {
+	pinGroup := ""
+	switch {
+	case g != nil:
+		pinGroup = groupPriority
+	case o.pin || cfg.PriorityPolicy != jetstream.PriorityPolicyNone:
+		if pinGroup, err = pinDurable(ctx, js, info); err != nil {
 			return nil, err
+		}
+		// nats.go checks a pull's priority group against the consumer's
+		// cached info: take the updated one.
+		if cons, err = js.Consumer(ctx, info.Stream, cfg.Durable); err != nil {
+			return nil, fmt.Errorf("nats: consumer %s/%s: %w", info.Stream, cfg.Durable, err)
+		}
+	}
+	if o.extendEvery == 0 {
+		o.extendEvery = cfg.AckWait / 3
+		if o.extendEvery <= 0 {
+			o.extendEvery = 10 * time.Second
 		}
 	}
 	if cfg.AckWait > 0 && o.extendEvery >= cfg.AckWait {
@@ -171,6 +228,19 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 		maxAckPending: cfg.MaxAckPending,
 		log:           o.logger.With("stream", info.Stream, "durable", cfg.Durable),
 		acks:          newAcker(o.logger.With("stream", info.Stream, "durable", cfg.Durable)),
+		paused:        make(map[consumer.Partition]chan struct{}),
+		group:         g,
+		pinGroup:      pinGroup,
+		pullExpiry:    max(cfg.AckWait/2, time.Second),
+	}
+	src.parts = []consumer.Partition{src.part}
+	if g != nil {
+		src.part = consumer.Partition{Topic: g.topic, ID: -1} // no message is on it
+		src.parts = src.parts[:0]
+		for _, id := range g.parts {
+			src.parts = append(src.parts, consumer.Partition{Topic: g.topic, ID: id})
+		}
+		src.log = src.log.With("group", g.name, "member", g.member)
 	}
 	for i := range src.held {
 		src.held[i].m = make(map[uint64]jetstream.Msg)
@@ -179,12 +249,27 @@ func NewSource(ctx context.Context, js jetstream.JetStream, cons jetstream.Consu
 }
 
 // Open looks up the durable consumer on stream and returns a Source on it.
-// When the server has no JetStream it fails with an error wrapping
-// ErrCoreNATS.
+// With WithConsumerGroup, durable must be "": Open joins the group as its
+// member instead (see WithConsumerGroup). When the server has no JetStream
+// it fails with an error wrapping ErrCoreNATS.
 func Open(ctx context.Context, nc *nats.Conn, stream, durable string, opts ...SourceOption) (*Source, error) {
+	o, err := buildSourceOptions(opts)
+	if err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
+	}
+	if o.group != "" {
+		if durable != "" {
+			return nil, fmt.Errorf("%w: durable %q given with WithConsumerGroup; pass \"\" (the member's consumer is \"<group>-<member>\")", ErrInvalidOption, durable)
+		}
+		cons, g, err := joinGroup(ctx, js, stream, &o)
+		if err != nil {
+			return nil, err
+		}
+		return newSource(ctx, js, cons, o, g)
 	}
 	cons, err := js.Consumer(ctx, stream, durable)
 	if err != nil {
@@ -193,25 +278,32 @@ func Open(ctx context.Context, nc *nats.Conn, stream, durable string, opts ...So
 		}
 		return nil, fmt.Errorf("nats: consumer %s/%s: %w", stream, durable, err)
 	}
-	return NewSource(ctx, js, cons, opts...)
+	return newSource(ctx, js, cons, o, nil)
 }
 
 // SpillLog opens the spill log of the Source's consumer (NewSpillLog on its
-// stream and durable), for consumer.Config.Spill.
+// stream and durable), for consumer.Config.Spill. A group member's is the
+// group's (NewSpillLog on the stream and the group's name), shared by its
+// members: each partition's lanes have subjects of their own, appended and
+// re-fed only by the partition's owner.
 func (s *Source) SpillLog(ctx context.Context, opts ...SpillOption) (*SpillLog, error) {
 	opts = append([]SpillOption{WithSpillLogger(s.opt.logger)}, opts...)
+	if s.group != nil {
+		return NewSpillLog(ctx, s.js, s.stream, s.group.name, opts...)
+	}
 	return NewSpillLog(ctx, s.js, s.stream, s.durable, opts...)
 }
 
 // MaxUnsettled implements consumer.PartitionCapacity: the consumer's
-// MaxAckPending, past which the server stops delivering. The engine keeps
-// its per-partition bound below it, so a stuck tenant spills before the
-// consumer stalls (0: unlimited).
+// MaxAckPending, past which the server stops delivering, shared evenly by
+// a group member's partitions. The engine keeps its per-partition bound
+// below it, so a stuck tenant spills before the consumer stalls (0:
+// unlimited).
 func (s *Source) MaxUnsettled(p consumer.Partition) int {
-	if p != s.part || s.maxAckPending < 0 {
+	if !slices.Contains(s.parts, p) || s.maxAckPending <= 0 {
 		return 0
 	}
-	return s.maxAckPending
+	return max(s.maxAckPending/len(s.parts), 1)
 }
 
 // noJetStream reports whether err says the server has no JetStream. A
@@ -226,8 +318,12 @@ func noJetStream(err error) bool {
 // DLQ on the same connection.
 func (s *Source) JetStream() jetstream.JetStream { return s.js }
 
-// Partition is the engine partition of the consumer's own messages.
+// Partition is the engine partition of a plain durable's messages.
 func (s *Source) Partition() consumer.Partition { return s.part }
+
+// Partitions are the engine partitions the Source reports: a plain
+// durable's one, or a group member's.
+func (s *Source) Partitions() []consumer.Partition { return slices.Clone(s.parts) }
 
 // Run consumes until ctx is cancelled, and returns nil then. It returns an
 // error when the consumer can never deliver again: the error wraps
@@ -245,7 +341,11 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	s.disp = d
 	s.mu.Unlock()
 
-	d.Assigned(s.part)
+	if s.pinGroup == "" {
+		d.Assigned(s.part)
+		s.owned.Store(true)
+		defer s.owned.Store(false)
+	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs after cancel
@@ -256,17 +356,54 @@ func (s *Source) Run(ctx context.Context, d consumer.Dispatcher) error {
 	wg.Go(func() { s.acks.run(ctx) }) // sends what is queued once ctx ends
 
 	live := newLiveness()
-	cc, err := s.cons.Consume(func(msg jetstream.Msg) { s.onMsg(ctx, d, msg) },
+	if s.group != nil {
+		if err := s.watchGroup(ctx, live); err != nil {
+			return err
+		}
+	}
+	copts := []jetstream.PullConsumeOpt{
 		jetstream.PullMaxMessages(s.opt.pullMax),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { s.onConsumeErr(live, err) }))
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			// Status errors reach here on the consume goroutine, in
+			// order with the messages, so the pin state needs no lock.
+			if s.pinGroup != "" && errors.Is(err, jetstream.ErrPinIDMismatch) {
+				s.lostPin(d)
+				return
+			}
+			s.onConsumeErr(live, err)
+		}),
+	}
+	if s.pinGroup != "" {
+		// A pull at least every half AckWait keeps the pin (PinnedTTL is
+		// twice AckWait), as pcgroups' own consumers do.
+		copts = append(copts, jetstream.PullPriorityGroup(s.pinGroup), jetstream.PullExpiry(s.pullExpiry))
+	}
+	cc, err := s.cons.Consume(func(msg jetstream.Msg) { s.onMsg(ctx, d, msg) }, copts...)
 	if err != nil {
 		return fmt.Errorf("nats: consume: %w", err)
 	}
 	err = s.watch(ctx, cc, live)
 	cancel() // a consume callback blocked by Pause returns
-	cc.Stop()
+	if s.pinGroup != "" {
+		// Drain: what the client buffered comes to onMsg, which keeps it
+		// for stepDown to hand back in order with what the engine held.
+		cc.Drain()
+	} else {
+		cc.Stop()
+	}
 	<-cc.Closed()
+	if s.pinGroup != "" {
+		s.stepDown(d)
+	}
 	return err
+}
+
+// unhanded keeps a message that reached onMsg once Run was ending. A
+// pinned Source hands it back (stepDown); any other leaves it to AckWait.
+func (s *Source) unhanded(seq uint64, msg jetstream.Msg) {
+	if s.pinGroup != "" {
+		s.unfed = append(s.unfed, heldMsg{seq, msg})
+	}
 }
 
 // onMsg runs on the consume goroutine, one message at a time, and hands
@@ -283,11 +420,27 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		}
 		seq, ts = md.Sequence.Stream, md.Timestamp.UnixNano()
 	}
+	subject, part := msg.Subject(), s.part
+	if s.group != nil {
+		var ok bool
+		if part, subject, ok = s.group.split(subject); !ok {
+			s.log.Warn("ringfence nats: message without a partition token; handed back", "subject", msg.Subject())
+			_ = msg.NakWithDelay(s.opt.extendEvery)
+			return
+		}
+	}
+	if s.pinGroup != "" && ctx.Err() != nil {
+		s.unhanded(seq, msg) // stopping: drained from the client's buffer
+		return
+	}
+	if s.pinGroup != "" && !s.claim(d, msg) {
+		return
+	}
 	m := &consumer.Message{
 		Value:     msg.Data(),
 		Headers:   fromNATSHeader(msg.Headers()),
-		Topic:     msg.Subject(),
-		Partition: s.part,
+		Topic:     subject,
+		Partition: part,
 		Offset:    int64(seq),
 		Stream:    s.stream,
 		Time:      time.Unix(0, ts),
@@ -295,10 +448,10 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 	}
 	for {
 		s.mu.Lock()
-		if !s.paused && s.gated == nil {
+		ch, paused := s.paused[part]
+		if !paused && s.gated == nil {
 			break
 		}
-		ch := s.resumed
 		if s.gated != nil {
 			ch = s.gated
 		}
@@ -306,11 +459,13 @@ func (s *Source) onMsg(ctx context.Context, d consumer.Dispatcher, msg jetstream
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return // not acked: redelivered after AckWait
+			s.unhanded(seq, msg)
+			return
 		}
 	}
 	if ctx.Err() != nil {
 		s.mu.Unlock()
+		s.unhanded(seq, msg)
 		return
 	}
 	h := s.heldOf(seq)
@@ -360,29 +515,27 @@ func (s *Source) MessagingSystem() string { return "nats" }
 
 var _ consumer.SystemNamer = (*Source)(nil)
 
-// Pause stops handing messages of p to the engine: it blocks the consume
-// callback (messages nats.go already buffered wait in the client).
+// Pause stops handing messages of p to the engine: the consume callback
+// blocks at p's next message (messages nats.go already buffered wait in
+// the client). A group member's partitions share one consumer, so a
+// message of a paused partition holds back the member's others behind it.
 func (s *Source) Pause(p consumer.Partition) {
-	if p != s.part {
+	if !slices.Contains(s.parts, p) {
 		return
 	}
 	s.mu.Lock()
-	if !s.paused {
-		s.paused = true
-		s.resumed = make(chan struct{})
+	if _, ok := s.paused[p]; !ok {
+		s.paused[p] = make(chan struct{})
 	}
 	s.mu.Unlock()
 }
 
 // Resume undoes Pause.
 func (s *Source) Resume(p consumer.Partition) {
-	if p != s.part {
-		return
-	}
 	s.mu.Lock()
-	if s.paused {
-		s.paused = false
-		close(s.resumed)
+	if ch, ok := s.paused[p]; ok {
+		delete(s.paused, p)
+		close(ch)
 	}
 	s.mu.Unlock()
 }
@@ -479,6 +632,9 @@ func fromNATSHeader(h nats.Header) []consumer.Header {
 	slices.Sort(keys)
 	out := make([]consumer.Header, 0, n)
 	for _, k := range keys {
+		if k == pinHeader { // the server's, for this delivery only
+			continue
+		}
 		for _, v := range h[k] {
 			out = append(out, consumer.Header{Key: k, Value: []byte(v)})
 		}
@@ -494,7 +650,7 @@ func fromNATSHeader(h nats.Header) []consumer.Header {
 func (s *Source) revokeAll() {
 	s.mu.Lock()
 	d := s.disp
-	if d == nil || s.gated != nil {
+	if d == nil || s.gated != nil || s.pinGroup != "" {
 		s.mu.Unlock()
 		return
 	}
