@@ -58,14 +58,19 @@ type childConfig struct {
 	// Source picks the source implementation (see sourceKinds); "" is the
 	// broker's first.
 	Source string
+	// Member is the consumer group member the process runs (a NATS
+	// partitioned group's members are fixed: a restarted process takes its
+	// predecessor's place).
+	Member string
 }
 
 // sourceKinds lists, per broker, the sources a child can run, the default
-// first: Kafka's consumer-group source (kafka.NewSource), and NATS's
-// source on one durable shared by every process (nats.Open).
+// first: Kafka's consumer-group source on kafka-go (kafka.NewSource);
+// NATS's source on one durable shared by every process (nats.Open), or as a member of a static partitioned
+// consumer group (nats.WithConsumerGroup).
 var sourceKinds = map[string][]string{
 	"kafka": {"group"},
-	"nats":  {"durable"},
+	"nats":  {"durable", "pcgroup"},
 }
 
 // progressEvery is how often a child writes its Progress file.
@@ -347,7 +352,7 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		}
 		defer spill.Close()
 		src, ccfg.Tenant, ccfg.DLQ, ccfg.Spill = s, consumer.FromKey(), dlqSink, spill
-	case "nats/durable":
+	case "nats/durable", "nats/pcgroup":
 		nc, err := nats.Connect(cfg.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err != nil {
 			return err
@@ -372,7 +377,11 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		if events != nil && cfg.FaultTenant != "" {
 			ccfg.Tenant = redeliveries(ccfg.Tenant, cfg.FaultTenant, events)
 		}
-		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, natsad.WithLogger(log))
+		durable, opts := cfg.Group, []natsad.SourceOption{natsad.WithLogger(log)}
+		if cfg.Source == "pcgroup" {
+			durable, opts = "", append(opts, natsad.WithConsumerGroup(cfg.Group, cfg.Member))
+		}
+		s, err := natsad.Open(ctx, nc, cfg.Topic, durable, opts...)
 		if err != nil {
 			return err
 		}

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
+	natsad "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/internal/brokertest"
 )
 
@@ -35,7 +37,7 @@ const (
 // source its consumers run (see sourceKinds).
 var scaleOutRuns = []struct{ broker, source string }{
 	{"kafka", "group"},
-	{"nats", "durable"},
+	{"nats", "pcgroup"},
 }
 
 // TestScaleOut runs three consumer processes in one group over tenant-keyed
@@ -49,9 +51,6 @@ var scaleOutRuns = []struct{ broker, source string }{
 func TestScaleOut(t *testing.T) {
 	for _, run := range scaleOutRuns {
 		t.Run(run.broker+"-"+run.source, func(t *testing.T) {
-			if run.broker == "nats" && run.source == "durable" {
-				t.Skip("scale-out on NATS needs the partitioned consumer group source (adapters/nats, pcgroups): processes sharing one durable break per-tenant order")
-			}
 			scaleOut(t, run.broker, run.source)
 		})
 	}
@@ -71,6 +70,11 @@ func scaleOut(t *testing.T, kind, source string) {
 		c.FaultTenant, c.FaultFile = failing, fault
 		c.MaxParkedPerTenant = scaleParkedBound
 		c.Events, c.TraceDeliveries = events, true
+		c.Member = strings.TrimSuffix(c.Name, "b") // c1b takes c1's place
+	}
+	names := []string{"c1", "c2", "c3"}
+	if source == "pcgroup" {
+		r.natsConsumerGroup(scalePartitions, names...)
 	}
 
 	stopProducing := make(chan struct{})
@@ -81,7 +85,6 @@ func scaleOut(t *testing.T, kind, source string) {
 			close(stopProducing)
 		}
 	}()
-	names := []string{"c1", "c2", "c3"}
 	procs := make([]*proc, len(names))
 	for i, n := range names {
 		procs[i] = r.startConsumer(n, mod)
@@ -214,6 +217,26 @@ func scaleOut(t *testing.T, kind, source string) {
 	pauses := sameOwnerGaps(hs, failing, steady, restartFrom, restartTo)
 	report(fmt.Sprintf("pauses: scenario=scale-out broker=%s source=%s %s", kind, source, pauses))
 	phase("done")
+}
+
+// natsConsumerGroup partitions the rig's stream by tenant (the subject's
+// last token) into n partitions and creates the static consumer group
+// r.group of members over it.
+func (r *rig) natsConsumerGroup(n int, members ...string) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := natsad.PartitionTransform("orders.*", n, 1)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.js.UpdateStream(ctx, jetstream.StreamConfig{Name: r.topic, Subjects: []string{"orders.>"},
+		Storage: jetstream.FileStorage, SubjectTransform: &tr}); err != nil {
+		r.t.Fatalf("partition stream %s: %v", r.topic, err)
+	}
+	if err := natsad.CreateConsumerGroup(ctx, r.js, r.topic, r.group, members...); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
 // waitCaughtUp polls (bounded) until every message the broker acknowledged
