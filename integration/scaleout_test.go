@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -215,7 +216,9 @@ func scaleOut(t *testing.T, kind, source string) {
 	}
 
 	pauses := sameOwnerGaps(hs, failing, steady, restartFrom, restartTo)
-	report(fmt.Sprintf("pauses: scenario=scale-out broker=%s source=%s %s", kind, source, pauses))
+	kept, keptMax := revokedAndKept(evs, steady, restartFrom, restartTo)
+	report(fmt.Sprintf("pauses: scenario=scale-out broker=%s source=%s %s revoked-and-reassigned-to-its-owner=%d (longest %.2fs)",
+		kind, source, pauses, kept, keptMax.Seconds()))
 	phase("done")
 }
 
@@ -534,6 +537,35 @@ func sameOwnerGaps(hs []handledLine, failing string, steady, restartFrom, restar
 	return b.String()
 }
 
+// revokedAndKept counts, from steady on and leaving out the broker's
+// restart, the revocations of a partition whose next assignment went to the
+// same process (a rebalance that stopped a partition without moving it),
+// and the longest time from such a revocation to that assignment.
+func revokedAndKept(evs []eventLine, steady, restartFrom, restartTo time.Time) (int, time.Duration) {
+	evs = slices.Clone(evs)
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
+	revoked := map[int32]eventLine{}
+	n, longest := 0, time.Duration(0)
+	for _, e := range evs {
+		if e.at.Before(steady) {
+			continue
+		}
+		switch e.kind {
+		case "partition-revoked":
+			revoked[e.partition] = e
+		case "partition-assigned":
+			r, ok := revoked[e.partition]
+			delete(revoked, e.partition)
+			if !ok || r.proc != e.proc || (r.at.Before(restartTo) && e.at.After(restartFrom)) {
+				continue
+			}
+			n++
+			longest = max(longest, e.at.Sub(r.at))
+		}
+	}
+	return n, longest
+}
+
 // TestCountInversions holds the inversion count to what it must catch and
 // how it must classify it.
 func TestCountInversions(t *testing.T) {
@@ -585,5 +617,28 @@ func TestCountInversions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRevokedAndKept holds the count of rebalances that stopped a
+// partition without moving it.
+func TestRevokedAndKept(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ev := func(kind, proc string, part int32, ms int) eventLine {
+		return eventLine{kind: kind, tenant: "-", proc: proc, partition: part, at: at(ms)}
+	}
+	evs := []eventLine{
+		ev("partition-assigned", "c1", 0, 0), // before steady
+		ev("partition-revoked", "c1", 0, 1000),
+		ev("partition-revoked", "c2", 1, 1000),
+		ev("partition-assigned", "c1", 0, 3500), // kept: 2.5s
+		ev("partition-assigned", "c1", 1, 3500), // moved
+		ev("partition-revoked", "c1", 0, 9000),  // across the restart
+		ev("partition-assigned", "c1", 0, 12000),
+	}
+	n, longest := revokedAndKept(evs, at(500), at(10000), at(11000))
+	if n != 1 || longest != 2500*time.Millisecond {
+		t.Errorf("got %d kept, longest %v; want 1, 2.5s", n, longest)
 	}
 }
