@@ -66,6 +66,9 @@ else
   for i in 1 2 3 4 5; do
     bench "kafka.$i" "$root/bench/kafka" kafka.test -test.bench 'Consume$' -test.benchtime 1x -test.count 3
   done
+  for i in 1 2 3 4 5; do
+    bench "kafka-tenants.$i" "$root/bench/kafka" kafka.test -test.bench 'ConsumeTenants$' -test.benchtime 1x -test.count 3
+  done
   for i in 1 2 3 4 5 6 7; do
     bench "nats.$i" "$root/bench/nats" nats.test -test.bench 'Consume$' -test.benchtime 50000x
   done

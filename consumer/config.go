@@ -91,8 +91,8 @@ type Config struct {
 	// ReadAhead bounds the messages of quick tenants (calls under 5µs by
 	// their guards' estimates, see Concurrency; a new tenant counts until
 	// its first call says otherwise) that one partition holds in memory,
-	// not parked and not spilling, or 8 for each lane holding some if that
-	// is more (a thousand quick tenants on a partition still take turns of
+	// not parked and not spilling, or 8 for each lane holding more than one
+	// if that is more (a thousand quick tenants on a partition still take turns of
 	// several messages). Past it the partition is paused
 	// (PauseReadAhead) until half of them are handled: workers get through
 	// such messages in microseconds, so holding more buys nothing, while
@@ -113,7 +113,13 @@ type Config struct {
 	// an eighth of a partition's bound.
 	MaxQueuedPerTenant int
 	// StuckAfter is how long a partition's oldest unsettled message may
-	// hold the partition's commit before its tenant spills. Zero means 10s.
+	// hold the partition's commit before its tenant spills. While the
+	// tenant is in trouble (parked, its breaker open, its DLQ refusing) it
+	// counts from the message's first delivery to the group: its
+	// Message.Time when that is earlier than its receipt here (a message
+	// redelivered after a restart or a rebalance, or re-fed from a spill
+	// log, keeps its age); from its receipt otherwise (a healthy tenant's
+	// head in a backlog is old, not stuck). Zero means 10s.
 	StuckAfter time.Duration
 	// RefeedWindow is how many spilled messages of one tenant and
 	// partition are read back into memory at a time. Zero means 64.

@@ -427,6 +427,7 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	clear(sh.lanes)
 	sh.sweep.q.reset()
+	sh.sweep.skip = 0
 	forget = append(forget, sh.takeForgotten()...)
 	sh.sweep.due.Store(false)
 	sh.none = nil
@@ -509,7 +510,7 @@ func (c *Consumer) maintain(sh *shard, now int64) {
 		return
 	}
 	if c.cfg.Spill != nil && sh.commit.unsettled > 0 {
-		if h := sh.oldest(); h != nil && now-h.st.at > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
+		if h := sh.oldest(); h != nil && now-c.stuckSince(h) > int64(c.cfg.StuckAfter) && !h.st.spilled && !h.st.aside {
 			if l := h.st.lane; !l.spill.on && !l.spill.want {
 				c.requestSpill(l, decideStuckSpill(l.t.dlqDownAt.Load() != 0), &ev)
 			}

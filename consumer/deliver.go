@@ -179,9 +179,9 @@ func (c *Consumer) recount(l *lane) {
 	}
 	sh := l.sh
 	switch {
-	case n > 0 && l.rq == 0:
+	case n > 1 && l.rq <= 1:
 		sh.count.aheadLanes++
-	case n == 0 && l.rq > 0:
+	case n <= 1 && l.rq > 1:
 		sh.count.aheadLanes--
 	}
 	sh.count.quickQueued += n - l.rq
@@ -196,10 +196,14 @@ func (c *Consumer) recount(l *lane) {
 const aheadPerLane = 8
 
 // aheadLimit is how many messages of quick tenants sh may hold: ReadAhead,
-// or aheadPerLane for each lane holding some, if that is more. The bound
-// is shared by the partition's quick lanes; with a thousand of them,
+// or aheadPerLane for each lane holding more than one, if that is more. The
+// bound is shared by the partition's quick lanes; with a thousand of them,
 // ReadAhead alone is a few messages a lane, so that a lane's turn would
-// serve fewer messages (BenchmarkEngine at 1000 tenants guards this).
+// serve fewer messages (BenchmarkEngine at 1000 tenants guards this). A
+// lane holding one message gains nothing from a longer turn: counting
+// those would let a stream of keys each seen once fill the partition to
+// its MaxQueuedPerPartition, a tenant and a lane live for every message
+// held (BenchmarkConsumeTenants guards this).
 // Called with sh.mu held.
 func (c *Consumer) aheadLimit(sh *shard) int {
 	return max(sh.bounds.readAhead, aheadPerLane*sh.count.aheadLanes)

@@ -95,6 +95,11 @@ type laneSweep struct {
 	// due is set while the partition has more than laneBound lanes:
 	// housekeeping reads it at every tick without the lock.
 	due atomic.Bool
+	// skip is how many of the next lanes made look at none: the last look
+	// passed only lanes holding messages, which stay at the front (the
+	// oldest, not handled yet) until workers get to them, so that looking
+	// again at the next lane would pass the same ones.
+	skip int
 }
 
 // Per lane made past the bound, the sweep looks at up to sweepPerLane
@@ -139,8 +144,12 @@ func (c *Consumer) laneBound() int {
 func (sh *shard) addLane(t *tenant) *lane {
 	c := sh.c
 	bound := c.laneBound()
-	if sh.sweep.q.len() >= bound {
-		c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, bound-1, bound)
+	if sw := &sh.sweep; sw.q.len() >= bound {
+		if sw.skip > 0 {
+			sw.skip--
+		} else if idle, busy := c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, bound-1, bound); idle == 0 {
+			sw.skip = busy
+		}
 	}
 	l := sh.newLane()
 	l.t, l.key = t, t.key
@@ -171,16 +180,26 @@ func (sh *shard) addLane(t *tenant) *lane {
 // housekeeping does sweepChunk of each per tick while sh.sweep.due is set,
 // for lanes that went idle after their keys stopped coming. Called with
 // sh.mu held; the tenants it forgets wait in sh.sweep.forgot for their
-// pins to be released with no lock held.
-func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) {
+// pins to be released with no lock held. It returns how many idle and busy
+// lanes it looked at.
+//
+// A partition holding more lanes with messages than laneBound (a backlog
+// of many tenants, or keys each seen once) has them all at the front: a
+// lane made past the bound whose look found nothing but those makes the
+// next ones made skip their look, as many as it passed (see
+// laneSweep.skip), so that a message costs one look at a lane, not
+// sweepPerLane*sweepBusy (BenchmarkConsumeTenants guards this).
+func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, passed int) {
 	sw := &sh.sweep
 	for idle > 0 && busy > 0 && sw.q.len() > keep {
 		l := sw.q.pop()
 		free := l.idle()
 		if free {
 			idle--
+			looked++
 		} else {
 			busy--
+			passed++
 		}
 		if !free || l.hits > 1 {
 			if l.hits > 1 {
@@ -200,6 +219,7 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) {
 	if over := sw.q.len() > bound; over != sw.due.Load() {
 		sw.due.Store(over)
 	}
+	return looked, passed
 }
 
 // takeForgotten returns the tenants forgotten by sh's sweeps, whose pins

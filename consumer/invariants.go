@@ -89,7 +89,7 @@ func (c *Consumer) checkInvariants() error {
 				bad("%v/%q: lane counts %d messages against ReadAhead, holds %d that count", sh.p, l.key, l.rq, rq)
 			}
 			quickQueued += l.rq
-			if l.rq > 0 {
+			if l.rq > 1 {
 				aheadLanes++
 			}
 			x := at(l.t)

@@ -152,19 +152,38 @@ func TestReadAheadIgnoresSlowTenants(t *testing.T) {
 
 // The read-ahead is shared by a partition's quick lanes: with many of them
 // each may still hold a few messages (8), so that a lane's turn serves more
-// than one. With 100 quick tenants and ReadAhead 40, the partition is
-// paused at 800 messages, not 40.
+// than one. With 100 quick tenants, each arriving two messages at a time,
+// and ReadAhead 40, the partition is paused at 800 messages, not 40.
 func TestReadAheadGrowsWithLanes(t *testing.T) {
 	const tenants, readAhead, maxQueued = 100, 40, 5000
 	release := make(chan struct{})
 	var log pauseLog
 	var handled atomic.Int64
-	src := newGenSource(4000, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%03d", i%tenants), strconv.Itoa(i)) })
+	src := newGenSource(4000, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%03d", i/2%tenants), strconv.Itoa(i)) })
 	c := startQuickBlocked(t, src, 1, readAhead, maxQueued, &log, release, &handled)
 	defer close(release)
 	consumertest.Eventually(t, "a read-ahead pause", func() bool { return log.has("read-ahead") })
 	st := c.Stats().Partitions[0]
 	if st.QuickQueued < 8*tenants || st.QuickQueued >= maxQueued {
 		t.Fatalf("paused for read-ahead holding %d messages of %d quick tenants; want 8 a lane (%d) or a delivery more, below %d", st.QuickQueued, tenants, 8*tenants, maxQueued)
+	}
+}
+
+// Lanes holding one message each do not grow the read-ahead: a stream of
+// keys each seen once (every message a new tenant) is paused at ReadAhead,
+// not at MaxQueuedPerPartition, so that the engine does not keep a tenant
+// and a lane live for every message it could hold.
+func TestReadAheadKeysSeenOnce(t *testing.T) {
+	const readAhead, maxQueued = 100, 5000
+	release := make(chan struct{})
+	var log pauseLog
+	var handled atomic.Int64
+	src := newGenSource(4000, func(i int) *consumer.Message { return tenantMsg(fmt.Sprintf("t%05d", i), strconv.Itoa(i)) })
+	c := startQuickBlocked(t, src, 1, readAhead, maxQueued, &log, release, &handled)
+	defer close(release)
+	consumertest.Eventually(t, "a read-ahead pause", func() bool { return log.has("read-ahead") })
+	st := c.Stats().Partitions[0]
+	if st.QuickQueued < readAhead || st.QuickQueued >= 4*readAhead {
+		t.Fatalf("paused for read-ahead holding %d messages of as many tenants; want ReadAhead (%d) or a delivery more", st.QuickQueued, readAhead)
 	}
 }

@@ -102,7 +102,7 @@ type queueCount struct {
 	// quickQueued is how many of them count against readAhead: the sum of
 	// the lanes' rq (see recount).
 	quickQueued int
-	aheadLanes  int // lanes whose rq is not zero
+	aheadLanes  int // lanes whose rq is over one (see aheadLimit)
 }
 
 // eachLane calls f for each of sh's lanes, the no-tenant bucket's

@@ -118,6 +118,24 @@ func (c *Consumer) bornOf(m *Message) int64 {
 	return ns - c.epochNano
 }
 
+// stuckSince is when m's StuckAfter clock started, on the engine clock.
+// While its tenant is in trouble (its lane parked, its breaker found open,
+// or its DLQ refusing a dead letter) that is its first delivery to the
+// group, not to this process: its produce time (Message.Time, which a
+// re-fed spill record keeps) when earlier than its receipt, so that a head
+// that held its partition's commit before a restart or a rebalance does
+// not hold it for another full StuckAfter at its new owner. Otherwise, and
+// for a message with no time or a producer clock ahead of ours, it is its
+// receipt: a healthy tenant's head in a backlog is old, not stuck.
+// Housekeeping reads it, with m's shard mu held; the delivery path does
+// not.
+func (c *Consumer) stuckSince(m *Message) int64 {
+	if l := m.st.lane; l == nil || !(l.parked || l.t.openSince.Load() != 0 || l.t.dlqDownAt.Load() != 0) {
+		return m.st.at
+	}
+	return min(m.st.at, c.bornOf(m))
+}
+
 // age is now minus born, at least zero.
 func age(now, born int64) time.Duration { return time.Duration(max(now-born, 0)) }
 

@@ -21,7 +21,9 @@
 // go through github.com/segmentio/kafka-go; records are fetched and decoded
 // by the package itself (message format v2, Kafka 0.11 and later), so that
 // one partition can be paused while the others flow and a parked message
-// holds back its partition's commit, not its consumption.
+// holds back its partition's commit, not its consumption. NewGroupSource
+// returns the same source on franz-go's kgo instead, with cooperative
+// rebalancing (see "Scaling out"); it takes the same options.
 //
 // # Commits
 //
@@ -29,8 +31,8 @@
 // letter was written; the source commits, per partition, the lowest
 // unsettled offset, every CommitInterval, on revocation and on shutdown.
 // Nothing is lost on a crash: what was not committed is delivered again. A
-// rebalance revokes every partition (the engine drops what it buffered,
-// which the new owner reads again) and assigns them anew.
+// revoked partition's watermark is committed before it is given away; the
+// engine drops what it buffered of it, which the new owner reads again.
 //
 // # Errors
 //
@@ -81,4 +83,11 @@
 // process; with tenant-keyed partitioning each tenant's messages reach one
 // owner at a time, and a tenant's spill lanes belong to whoever owns their
 // source partition.
+//
+// A Source's group protocol (kafka-go's) is eager: every rebalance revokes
+// every partition of every member, and each drops what it held. A
+// GroupSource's is cooperative (KIP-429, kgo's cooperative-sticky
+// balancer): only the partitions that move are revoked, and the others
+// keep flowing, their parked messages and commit tracking kept. The
+// members of one group must all be Sources or all GroupSources.
 package kafka

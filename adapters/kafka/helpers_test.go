@@ -30,7 +30,7 @@ func startCluster(t testing.TB, opts ...kfake.Opt) *kafkatest.Cluster {
 		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(1),
-		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
+		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0", "group.consumer.heartbeat.interval.ms": "200"}),
 	}
 	return kafkatest.MustStart(t, append(base, opts...)...)
 }
@@ -42,7 +42,7 @@ func startStrictCluster(t testing.TB, opts ...kfake.Opt) *kafkatest.Cluster {
 	base := []kfake.Opt{
 		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
 		kfake.DefaultNumPartitions(1),
-		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}),
+		kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0", "group.consumer.heartbeat.interval.ms": "200"}),
 	}
 	return kafkatest.MustStart(t, append(base, opts...)...)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ErrInvalidOption is wrapped by every error that an option or a
@@ -32,6 +33,10 @@ type sourceConfig struct {
 	startOffset       int64
 	topicGrace        time.Duration
 	logger            *slog.Logger
+	// dialerSet is set by WithDialer, which a GroupSource refuses.
+	dialerSet bool
+	// clientOpts are WithClientOptions', which a Source refuses.
+	clientOpts []kgo.Opt
 }
 
 func defaultSourceConfig() sourceConfig {
@@ -57,7 +62,7 @@ func WithDialer(d *kafkago.Dialer) SourceOption {
 		if d == nil {
 			return invalid("nil dialer")
 		}
-		c.dialer = d
+		c.dialer, c.dialerSet = d, true
 		return nil
 	}
 }
@@ -187,6 +192,24 @@ func WithLogger(l *slog.Logger) SourceOption {
 			return invalid("nil logger")
 		}
 		c.logger = l
+		return nil
+	}
+}
+
+// WithClientOptions adds options to the kgo client of a GroupSource:
+// connections (kgo.Dialer, kgo.DialTLSConfig, kgo.SASL), kgo.ClientID,
+// kgo.InstanceID and the like. Options that would change how the group is
+// consumed (balancers, autocommit, rebalance blocking, the callbacks) are
+// set by the source after these and win. A Source refuses this option.
+// Default: none.
+func WithClientOptions(opts ...kgo.Opt) SourceOption {
+	return func(c *sourceConfig) error {
+		for _, o := range opts {
+			if o == nil {
+				return invalid("nil kgo option")
+			}
+		}
+		c.clientOpts = append(c.clientOpts, opts...)
 		return nil
 	}
 }

@@ -122,6 +122,9 @@ func NewSource(brokers []string, topic, group string, opts ...SourceOption) (*So
 			return nil, err
 		}
 	}
+	if len(cfg.clientOpts) > 0 {
+		return nil, invalid("WithClientOptions is for a GroupSource; give a Source kafka-go's connection settings with WithDialer")
+	}
 	s := &Source{
 		brokers: append([]string(nil), brokers...),
 		topic:   topic,

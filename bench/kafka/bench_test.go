@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,17 +20,21 @@ import (
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/internal/cputime"
 	"github.com/ringfence/ringfence/internal/kafkatest"
+	"github.com/ringfence/ringfence/scope"
 )
 
 const (
 	benchMsgs    = 100_000
 	benchParts   = 4
 	benchTenants = 20
+	// manyTenants is BenchmarkConsumeTenants's: every message its own key.
+	manyTenants = 100_000
 )
 
-// benchTopic fills one topic once; every row of BenchmarkConsume reads the
-// same data with a fresh group.
-func benchTopic(b *testing.B) (addrs []string, topic string) {
+// benchTopic fills one topic once, its messages keyed round-robin over
+// tenants keys; every row of a benchmark reads the same data with a fresh
+// group.
+func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
 	b.Helper()
 	c, err := kafkatest.Start(kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}))
 	if err != nil {
@@ -51,9 +56,10 @@ func benchTopic(b *testing.B) (addrs []string, topic string) {
 	w := &kafkago.Writer{Addr: kafkago.TCP(c.Addrs()...), Topic: topic, Balancer: &kafkago.RoundRobin{}, BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireAll}
 	defer w.Close()
 	value := make([]byte, 100)
+	width := len(fmt.Sprint(tenants - 1))
 	batch := make([]kafkago.Message, 0, 1000)
 	for i := range benchMsgs {
-		batch = append(batch, kafkago.Message{Key: []byte(fmt.Sprintf("tenant-%02d", i%benchTenants)), Value: value})
+		batch = append(batch, kafkago.Message{Key: []byte(fmt.Sprintf("tenant-%0*d", width, i%tenants)), Value: value})
 		if len(batch) == cap(batch) {
 			if err := w.WriteMessages(ctx, batch...); err != nil {
 				b.Fatal(err)
@@ -74,15 +80,34 @@ func benchTopic(b *testing.B) (addrs []string, topic string) {
 // under the full engine, and franz-go's kgo client in a group (a
 // PollFetches loop, committed by kgo's default autocommit: every 5s, only
 // what earlier polls returned, so a record is committed only once the loop
-// has handled it and polled again). One op is the whole topic, group join
+// has handled it and polled again), and kafka.GroupSource (built on kgo)
+// alone and under the engine, to read against kgo's own loop. One op is
+// the whole topic, group join
 // and shutdown included; msgs/s is the figure to compare. The rows run in
 // a random order in one invocation, each row's -count repetitions back to
 // back; for medians and ratios, interleave the rows with a process per
 // round (bench/run.sh does), from bench/:
 //
 //	for i in 1 2 3 4 5; do go test -run '^$' -bench 'Consume$' -benchtime 1x -count 3 ./kafka/; done
-func BenchmarkConsume(b *testing.B) {
-	addrs, topic := benchTopic(b)
+func BenchmarkConsume(b *testing.B) { benchConsume(b, benchTenants) }
+
+// BenchmarkConsumeTenants is BenchmarkConsume's source, handoff-floor and
+// engine rows over a topic whose 100,000 messages each have a key of their
+// own: 100,000 tenants, each seen once, through an engine of the default
+// Config (a Scope of 1024 keys, as many idle tenants kept), so that nearly
+// every message makes a tenant, a lane and a guard, and the engine forgets
+// as many. The engine's ratio to the source is the figure to compare with
+// BenchmarkConsume's. From bench/:
+//
+//	for i in 1 2 3 4 5; do go test -run '^$' -bench 'ConsumeTenants$' -benchtime 1x -count 3 ./kafka/; done
+func BenchmarkConsumeTenants(b *testing.B) {
+	benchConsume(b, manyTenants, "ringfence-source", "handoff-floor", "ringfence-engine")
+}
+
+// benchConsume runs the rows of BenchmarkConsume named in only (all of
+// them if none) over a topic keyed over tenants keys.
+func benchConsume(b *testing.B, tenants int, only ...string) {
+	addrs, topic := benchTopic(b, tenants)
 	var groups atomic.Int64
 	group := func() string { return fmt.Sprintf("bench-%d", groups.Add(1)) }
 	// msgs/s counts from the first message to the last of each op, so the
@@ -221,7 +246,8 @@ func BenchmarkConsume(b *testing.B) {
 		close(d.ch) // Run returned: no DeliverBatch after it
 	}))
 
-	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) {
+	// engineOp runs the full engine on src to the end of the topic.
+	engineOp := func(b *testing.B, src consumer.Source) {
 		end := consumertest.NewEndCounter(lastOffsets)
 		c, err := consumer.New(consumer.Config{
 			Tenant: consumer.FromKey(),
@@ -248,12 +274,46 @@ func BenchmarkConsume(b *testing.B) {
 		go func() { errc <- c.Run(ctx, src) }()
 		consumertest.WaitEnd(b, c, end, benchMsgs)
 		lap()
-		checkTenants(b, c)
+		checkTenants(b, c, tenants)
+		cancel()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}
+	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) { engineOp(b, src) }))
+
+	// The group rows read the topic with kafka.GroupSource (kgo, the
+	// cooperative-sticky balancer, commits only what the engine gives):
+	// alone, committing past every message as ringfence-source does, and
+	// under the full engine. Read them against franz-go-kgo, the same
+	// client's own poll loop.
+	groupRow := func(name string, op func(b *testing.B, src *kafka.GroupSource)) benchRow {
+		return benchRow{name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				begin()
+				src, err := kafka.NewGroupSource(addrs, topic, group())
+				if err != nil {
+					b.Fatal(err)
+				}
+				op(b, src)
+			}
+			report(b)
+		}}
+	}
+	rows = append(rows, groupRow("ringfence-group-source", func(b *testing.B, src *kafka.GroupSource) {
+		d := &groupLoopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- src.Run(ctx, d) }()
+		<-d.done
+		lap()
 		cancel()
 		if err := <-errc; err != nil {
 			b.Fatal(err)
 		}
 	}))
+	rows = append(rows, groupRow("ringfence-group-engine", func(b *testing.B, src *kafka.GroupSource) { engineOp(b, src) }))
 
 	rows = append(rows, benchRow{"franz-go-kgo", func(b *testing.B) {
 		b.ReportAllocs()
@@ -324,15 +384,32 @@ func BenchmarkConsume(b *testing.B) {
 	// For interleaved medians, run the benchmark in a loop of processes
 	// (bench/run.sh).
 	for _, i := range rand.Perm(len(rows)) {
-		b.Run(rows[i].name, rows[i].run)
+		if len(only) == 0 || slices.Contains(only, rows[i].name) {
+			b.Run(rows[i].name, rows[i].run)
+		}
 	}
 }
 
-// checkTenants fails unless c handled each tenant's share exactly once
-// (nothing lost, nothing handled twice). A tenant's count is added when
-// its worker's run ends, just after the engine's: it waits for those.
-func checkTenants(b *testing.B, c *consumer.Consumer) {
+// checkTenants fails unless c handled each of tenants tenants' share
+// exactly once (nothing lost, nothing handled twice). A tenant's count is
+// added when its worker's run ends, just after the engine's: it waits for
+// those. Of more tenants than the engine keeps idle (MaxIdleTenants), only
+// the engine's totals and the tenants it still tracks can be checked.
+func checkTenants(b *testing.B, c *consumer.Consumer, tenants int) {
 	b.Helper()
+	if tenants > scope.DefaultMaxKeys {
+		consumertest.Eventually(b, "the engine's count", func() bool { return c.Stats().Handled >= benchMsgs })
+		st := c.Stats()
+		if st.Handled != benchMsgs || st.Failed != 0 || st.DeadLettered != 0 {
+			b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, benchMsgs)
+		}
+		for _, t := range st.Tenants {
+			if !t.NoTenant && t.Handled > uint64(benchMsgs/tenants) {
+				b.Fatalf("tenant %q handled %d, want at most %d", t.Tenant, t.Handled, benchMsgs/tenants)
+			}
+		}
+		return
+	}
 	sum := func(st consumer.Stats) (n uint64) {
 		for _, t := range st.Tenants {
 			n += t.Handled
@@ -349,13 +426,13 @@ func checkTenants(b *testing.B, c *consumer.Consumer) {
 		if t.NoTenant {
 			continue
 		}
-		if t.Handled != benchMsgs/benchTenants {
-			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, benchMsgs/benchTenants)
+		if t.Handled != uint64(benchMsgs/tenants) {
+			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, benchMsgs/tenants)
 		}
 		seen++
 	}
-	if seen != benchTenants {
-		b.Fatalf("%d tenants in Stats, want %d", seen, benchTenants)
+	if seen != tenants {
+		b.Fatalf("%d tenants in Stats, want %d", seen, tenants)
 	}
 }
 
@@ -384,6 +461,32 @@ func (d *loopDispatcher) Deliver(m *consumer.Message) {
 	if d.seen != nil {
 		d.seen(m)
 	}
+	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
+	if d.n.Add(1) == d.want {
+		d.once.Do(func() { close(d.done) })
+	}
+}
+
+// groupLoopDispatcher is loopDispatcher over a GroupSource.
+type groupLoopDispatcher struct {
+	src  *kafka.GroupSource
+	want int64
+	n    atomic.Int64
+	once sync.Once
+	done chan struct{}
+	mark func()
+}
+
+func (d *groupLoopDispatcher) Assigned(consumer.Partition) {}
+func (d *groupLoopDispatcher) Revoked(consumer.Partition)  {}
+func (d *groupLoopDispatcher) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		d.Deliver(m)
+	}
+}
+
+func (d *groupLoopDispatcher) Deliver(m *consumer.Message) {
+	d.mark()
 	_ = d.src.Commit(context.Background(), m.Partition, m.Offset+1)
 	if d.n.Add(1) == d.want {
 		d.once.Do(func() { close(d.done) })

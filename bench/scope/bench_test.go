@@ -302,20 +302,23 @@ func churnStores() []churnStore {
 	}
 }
 
-// latencies is the latency histogram of all lookups, and of those that
-// found their key.
-type latencies struct{ all, hits hist }
+// latencies is the latency histogram of all lookups, of those that found
+// their key, and of those that did not.
+type latencies struct{ all, hits, misses hist }
 
 func (l *latencies) add(d time.Duration, hit bool) {
 	l.all.add(d)
 	if hit {
 		l.hits.add(d)
+	} else {
+		l.misses.add(d)
 	}
 }
 
 func (l *latencies) merge(o *latencies) {
 	l.all.merge(&o.all)
 	l.hits.merge(&o.hits)
+	l.misses.merge(&o.misses)
 }
 
 // warmUp runs the whole key sequence once through lookup, untimed, so that
@@ -345,6 +348,8 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 		b.ReportMetric(p999/p50, "p99.9/p50")
 		b.ReportMetric(l.hits.quantile(0.5), "hit-p50-ns")
 		b.ReportMetric(l.hits.quantile(0.999), "hit-p99.9-ns")
+		b.ReportMetric(l.misses.quantile(0.5), "miss-p50-ns")
+		b.ReportMetric(l.misses.quantile(0.99), "miss-p99-ns")
 		b.ReportMetric(float64(hits)/float64(hits+misses), "hit-ratio")
 		if !math.IsNaN(sweeps) {
 			b.ReportMetric(sweeps, "sweeps")

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -16,6 +18,11 @@ const (
 	kFloor      = "Consume/handoff-floor"
 	kReader     = "Consume/kafka-go-reader"
 	kKgo        = "Consume/franz-go-kgo"
+	kTEngine    = "ConsumeTenants/ringfence-engine"
+	kTSource    = "ConsumeTenants/ringfence-source"
+	kTFloor     = "ConsumeTenants/handoff-floor"
+	kGEngine    = "Consume/ringfence-group-engine"
+	kGSource    = "Consume/ringfence-group-source"
 	nEngine     = "Consume/ringfence-Source-engine"
 	nLoop       = "Consume/ringfence-Source-loop"
 	nNatsGo     = "Consume/nats.go-Consume-Ack"
@@ -107,6 +114,8 @@ func table(w io.Writer, s *samples) error {
 		handlerRow(s, handlerWait, fmt.Sprintf("handler that waits 50 µs for a dependency, 1000 tenants, 64 workers, %d processes, median of the paired ratios", s.procs(handlerWait+"engine", "msgs/s")), "a bare pool of 64 goroutines over the same source"),
 		handlerRow(s, handlerCPU, "handler that computes for 50 µs (2 cores: at most 40k msg/s)", "bare pool"),
 		kafkaRow(s),
+		kafkaTenantsRow(s),
+		kafkaGroupRow(s),
 		natsRow(s),
 	}
 	if s.err != nil {
@@ -177,6 +186,45 @@ func kafkaRow(s *samples) [4]string {
 			rate(kEngine)/rate(kReader), rate(kEngine)/rate(kKgo), rate(kEngine)/rate(kSource),
 			perProc(kEngine, kReader), perProc(kEngine, kKgo), perProc(kEngine, kSource),
 			rate(kFloor)/rate(kSource)),
+	}
+}
+
+func kafkaTenantsRow(s *samples) [4]string {
+	rate := func(name string) float64 { return s.med(name, "msgs/s") }
+	cpu := func(name string) string { return thousands(s.med(name, "cpu-ns/msg")) }
+	r := s.paired(kTEngine, kTSource, "msgs/s")
+	lo, hi := math.NaN(), math.NaN()
+	if len(r) > 0 {
+		lo, hi = slices.Min(r), slices.Max(r)
+	}
+	return [4]string{
+		fmt.Sprintf("the same, each of the 100k messages its own tenant (100,000 tenants, default Config: 1024 kept), %d processes, median of %d", s.procs(kTEngine, "msgs/s"), s.count(kTEngine, "msgs/s")),
+		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kTEngine)), cpu(kTEngine)),
+		fmt.Sprintf("the source alone %s (%s ns CPU); `handoff-floor` %s (%s ns CPU)", thousands(rate(kTSource)), cpu(kTSource), thousands(rate(kTFloor)), cpu(kTFloor)),
+		fmt.Sprintf("**%.2fx** of the source from the rows' medians; median of the per-process ratios %.2fx (%.2f-%.2f)", rate(kTEngine)/rate(kTSource), median(r), lo, hi),
+	}
+}
+
+// kafkaGroupRow is the engine on kafka.GroupSource (kgo underneath) beside
+// kgo's own poll loop, the kafka-go source's engine row beside it.
+func kafkaGroupRow(s *samples) [4]string {
+	rate := func(name string) float64 { return s.med(name, "msgs/s") }
+	cpu := func(name string) string { return thousands(s.med(name, "cpu-ns/msg")) }
+	r := s.paired(kGEngine, kKgo, "msgs/s")
+	lo, hi := math.NaN(), math.NaN()
+	if len(r) > 0 {
+		lo, hi = r[0], r[0]
+		for _, v := range r {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	return [4]string{
+		"Kafka, the same on `kafka.GroupSource` (kgo, cooperative rebalancing), same processes",
+		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kGEngine)), cpu(kGEngine)),
+		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
+			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
+		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of the GroupSource; median of the per-process ratios to kgo %.2fx (%.2f-%.2f)",
+			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kGSource), median(r), lo, hi),
 	}
 }
 

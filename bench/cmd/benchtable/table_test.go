@@ -43,7 +43,10 @@ func output(scale float64) string {
 		line(h+"bare-pool", 1000, "msgs/s")
 		line(h+"engine", 1000*scale, "msgs/s")
 	}
-	for _, k := range []string{kEngine, kSource, kFloor} {
+	for _, k := range []string{kEngine, kSource, kFloor, kGEngine, kGSource} {
+		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
+	}
+	for _, k := range []string{kTEngine, kTSource, kTFloor} {
 		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
 	}
 	for _, k := range []string{kReader, kKgo} {
@@ -74,8 +77,8 @@ func TestTableRatios(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(rows) != 2+15 {
-		t.Fatalf("%d lines, want a header, a rule and 15 rows:\n%s", len(rows), b.String())
+	if len(rows) != 2+17 {
+		t.Fatalf("%d lines, want a header, a rule and 17 rows:\n%s", len(rows), b.String())
 	}
 	for _, want := range []string{
 		"| guard success path, parallel | 10.0 ns, 0 allocs | gobreaker 30.0 ns | 3.0x |",
@@ -83,6 +86,7 @@ func TestTableRatios(t *testing.T) {
 		"3.000x from the rows' medians; 3.000 the median of the paired ratios (2.00-4.00)",
 		"3.00x (4.000, 2.000, 3.000)", // the handler's paired ratios, in process order
 		"3 processes x 1", "median of 3",
+		"**3.00x** of kgo, 1.00x of the GroupSource; median of the per-process ratios to kgo 3.00x (2.00-4.00)",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())

@@ -1,0 +1,656 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ringfence/ringfence/consumer"
+)
+
+// A GroupSource consumes one topic as a member of a Kafka consumer group
+// with cooperative rebalancing: a consumer.Source built on franz-go's kgo
+// client and its cooperative-sticky balancer (KIP-429). It is safe for
+// concurrent use; Run may be called once.
+//
+// A rebalance costs only what moves. A partition that stays with its
+// member is never revoked, so its fetching, its buffered and parked
+// messages and its commit tracking go on through the rebalance; only the
+// partitions given to another member are revoked (the engine drops what it
+// held of them, the final watermark is committed before the rebalance goes
+// on) and only new partitions are assigned. With
+// WithClientOptions(kgo.ServerSideBalancer()) the broker assigns instead
+// (KIP-848, Kafka 4.0 and later; the classic cooperative protocol on older
+// brokers), just as incrementally. Every member of a group must
+// use the same protocol: a Source (kafka-go, eager) and a GroupSource in
+// one group do not agree on a balancer, and the later member's join fails.
+//
+// Rebalance callbacks and polls gate each other (kgo's
+// BlockRebalanceOnPoll, and a lock of the source's around each delivery):
+// a revocation runs only between deliveries, and no record of a revoked
+// partition is delivered after it. Each revoked partition's watermark is
+// committed synchronously in the callback, and the periodic committer,
+// which holds the same lock while it commits, never commits it again, so
+// no commit of a partition lands after its revocation returned. A lost
+// partition (the member was evicted) is dropped without a commit.
+//
+// Records are polled with kgo's own fetching (one Fetch per broker for all
+// its partitions) and handed to the engine with DeliverBatch, per
+// partition in offset order, in slices of at most 64 messages, copied out
+// of the response as Source does (a message kept for long pins only its
+// slice's small neighbours). Once the engine pauses a partition, the rest
+// of the poll's records of that partition are kept back and delivered
+// first after Resume (which wakes the poll loop); kgo fetches nothing for
+// a paused partition and drops what it had buffered of it, to fetch it
+// again after Resume. So the engine's per-partition bounds hold within one
+// slice, and a pause costs no fetch again of what was polled.
+//
+// Offsets are committed only as the engine reports them (kgo's autocommit
+// is off): every CommitInterval, on revocation and on shutdown. After Run
+// has returned, Commit commits at once, as Source does.
+//
+// Options shared with Source apply as their documentation says, except
+// WithDialer (refused: pass kgo.Dialer, kgo.DialTLSConfig or kgo.SASL with
+// WithClientOptions) and WithJoinBackoff (kgo backs off on its own).
+type GroupSource struct {
+	brokers []string
+	topic   string
+	group   string
+	cfg     sourceConfig
+	log     *slog.Logger
+	watch   topicWatch
+	fatal   fatal
+
+	started atomic.Bool
+	cl      atomic.Pointer[kgo.Client]
+	// parts holds the assigned partitions by ID; replaced (never mutated)
+	// by the rebalance callbacks, which kgo runs one at a time, under
+	// commitMu.
+	parts atomic.Pointer[map[int32]*groupPart]
+	// commitMu is held across every commit, and by the rebalance callbacks
+	// while they take partitions away, so that no commit of a partition
+	// lands after its revocation. It guards groupPart.done.
+	commitMu sync.Mutex
+	// deliverMu is held while records are delivered and while the
+	// rebalance callbacks revoke, so that no record of a partition is
+	// delivered after its Revoked. It guards groupPart.rest.
+	deliverMu sync.Mutex
+	// wake (with woken set first) asks the poll loop to stop waiting and
+	// deliver what resumed partitions kept back.
+	wake  chan struct{}
+	woken atomic.Bool
+	// stopping is set once Run's context ended: the revocation of every
+	// partition that leaving the group brings commits but does not revoke
+	// (the engine drains and commits after Run returns).
+	stopping atomic.Bool
+	// ended is set just before the group is left; later Commit calls
+	// commit directly (lateCommit) once left is closed.
+	ended atomic.Bool
+	left  chan struct{}
+}
+
+// groupPart is one assigned partition.
+type groupPart struct {
+	id consumer.Partition
+	// want is the highest commit point the engine reported, -1 for none.
+	want atomic.Int64
+	// done is the last offset committed; guarded by GroupSource.commitMu.
+	done int64
+	// paused is set by Pause and read by the poll loop.
+	paused atomic.Bool
+	// rest is what a poll returned of the partition after the engine
+	// paused it, to deliver first once it is resumed; guarded by
+	// GroupSource.deliverMu.
+	rest []*kgo.Record
+}
+
+// NewGroupSource returns a GroupSource for topic in consumer group group,
+// reaching the cluster through brokers (host:port). It takes the options
+// of NewSource (see GroupSource for the two that differ) and
+// WithClientOptions. It validates its arguments and options; nothing
+// connects until Run.
+func NewGroupSource(brokers []string, topic, group string, opts ...SourceOption) (*GroupSource, error) {
+	if err := validBrokers(brokers); err != nil {
+		return nil, err
+	}
+	if err := validTopic(topic); err != nil {
+		return nil, err
+	}
+	if group == "" {
+		return nil, invalid("empty consumer group")
+	}
+	cfg := defaultSourceConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("nil option")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.dialerSet {
+		return nil, invalid("WithDialer is kafka-go's; give a GroupSource kgo's dialer, TLS or SASL options with WithClientOptions")
+	}
+	s := &GroupSource{
+		brokers: append([]string(nil), brokers...),
+		topic:   topic,
+		group:   group,
+		cfg:     cfg,
+		log:     cfg.logger.With("topic", topic, "group", group),
+		watch:   topicWatch{grace: cfg.topicGrace},
+		left:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+	}
+	empty := map[int32]*groupPart{}
+	s.parts.Store(&empty)
+	return s, nil
+}
+
+// Topic returns the source topic.
+func (s *GroupSource) Topic() string { return s.topic }
+
+// Group returns the consumer group.
+func (s *GroupSource) Group() string { return s.group }
+
+// clientOpts are the kgo options every client of s starts from: brokers,
+// logging and the user's WithClientOptions.
+func (s *GroupSource) clientOpts() []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(s.brokers...),
+		kgo.WithLogger(kgoLogger{s.log}),
+	}
+	return append(opts, s.cfg.clientOpts...)
+}
+
+// Run joins the group and consumes until ctx is cancelled, and returns nil
+// then. It returns an error when the source can never work (see the
+// package documentation, "Errors"): bad credentials or ACLs, an invalid
+// group or session timeout, or a topic that stayed unknown for
+// UnknownTopicTimeout. Anything else is retried by kgo. On return it has
+// committed what was settled and left the group.
+func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer close(s.left)
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.fatal.cancel = cancel
+
+	reset := kgo.NewOffset().AtStart()
+	if s.cfg.startOffset == kafkago.LastOffset {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	opts := append(s.clientOpts(),
+		kgo.ConsumerGroup(s.group),
+		kgo.ConsumeTopics(s.topic),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.ConsumeResetOffset(reset),
+		kgo.FetchMaxWait(s.cfg.maxWait),
+		kgo.FetchMaxPartitionBytes(int32(min(s.cfg.maxBytes, 1<<30))),
+		kgo.HeartbeatInterval(s.cfg.heartbeatInterval),
+		kgo.SessionTimeout(s.cfg.sessionTimeout),
+		kgo.RebalanceTimeout(s.cfg.rebalanceTimeout),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { s.assigned(m[s.topic], d) }),
+		kgo.OnPartitionsRevoked(func(cctx context.Context, _ *kgo.Client, m map[string][]int32) {
+			s.revoked(cctx, m[s.topic], d, true)
+		}),
+		kgo.OnPartitionsLost(func(cctx context.Context, _ *kgo.Client, m map[string][]int32) {
+			s.revoked(cctx, m[s.topic], d, false)
+		}),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return invalid("kgo client: %v", err)
+	}
+	s.cl.Store(cl)
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.commitLoop(ctx) }()
+	go func() { defer wg.Done(); s.watchTopic(ctx, cl) }()
+	s.poll(ctx, cl, d)
+	wg.Wait()
+
+	// Shutdown: commit what was settled, then leave. Leaving revokes every
+	// partition; the callback commits what was settled since (stopping),
+	// and Commit takes over once ended is set.
+	s.stopping.Store(true)
+	fctx, fcancel := context.WithTimeout(context.Background(), s.cfg.rebalanceTimeout)
+	s.commit(fctx, nil)
+	fcancel()
+	s.ended.Store(true)
+	cl.Close()
+	if parent.Err() != nil {
+		return nil
+	}
+	return s.fatal.get()
+}
+
+// poll delivers every polled record until ctx ends.
+func (s *GroupSource) poll(ctx context.Context, cl *kgo.Client, d consumer.Dispatcher) {
+	var sb recordSlicer
+	// The waker cancels the current poll when Resume leaves records of a
+	// partition to deliver (see Resume).
+	var cur atomic.Pointer[context.CancelFunc]
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.wake:
+				if c := cur.Load(); c != nil {
+					(*c)()
+				}
+			}
+		}
+	}()
+	for ctx.Err() == nil {
+		s.woken.Store(false)
+		s.deliverRests(&sb, d)
+		pctx, cancel := context.WithCancel(ctx)
+		cur.Store(&cancel)
+		if s.woken.Load() {
+			cancel()
+		}
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			cl.AllowRebalance()
+			return
+		}
+		fs.EachError(func(topic string, p int32, err error) {
+			if pctx.Err() == nil && !s.failed(err) {
+				s.log.Warn("kafka: fetch failed; kgo retries", "partition", p, "err", err)
+			}
+		})
+		s.deliverMu.Lock()
+		fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
+			if ftp.Topic != s.topic || len(ftp.Records) == 0 {
+				return
+			}
+			if ps := (*s.parts.Load())[ftp.Partition]; ps != nil {
+				s.deliver(ps, ftp.Records, &sb, d)
+			}
+		})
+		s.deliverMu.Unlock()
+		cl.AllowRebalance()
+	}
+}
+
+// deliverRests delivers what partitions that are no longer paused kept
+// back.
+func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
+	s.deliverMu.Lock()
+	defer s.deliverMu.Unlock()
+	for _, ps := range *s.parts.Load() {
+		if len(ps.rest) > 0 && !ps.paused.Load() {
+			s.deliver(ps, nil, sb, d)
+		}
+	}
+}
+
+// deliver hands what ps kept back and then recs to the engine in slices,
+// and keeps back the rest once the engine paused ps. Called with
+// deliverMu held.
+func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, sb *recordSlicer, d consumer.Dispatcher) {
+	if len(ps.rest) > 0 {
+		recs = append(ps.rest, recs...)
+		ps.rest = nil
+	}
+	for i := 0; i < len(recs); i += deliverSlice {
+		if ps.paused.Load() {
+			ps.rest = recs[i:]
+			return
+		}
+		d.DeliverBatch(sb.build(ps.id, recs[i:min(i+deliverSlice, len(recs))]))
+	}
+}
+
+// assigned records newly assigned partitions and announces them.
+func (s *GroupSource) assigned(ids []int32, d consumer.Dispatcher) {
+	if len(ids) == 0 {
+		return
+	}
+	s.commitMu.Lock()
+	parts := maps(*s.parts.Load())
+	for _, id := range ids {
+		ps := &groupPart{id: consumer.Partition{Topic: s.topic, ID: id}, done: -1}
+		ps.want.Store(-1)
+		parts[id] = ps
+	}
+	s.parts.Store(&parts)
+	s.commitMu.Unlock()
+	s.log.Debug("kafka: partitions assigned", "partitions", ids)
+	for _, id := range ids {
+		d.Assigned(parts[id].id)
+	}
+}
+
+// revoked takes partitions away: the engine drops them (no delivery runs
+// meanwhile), they leave the table, and (when commit is set) their final
+// watermarks are committed, all before the rebalance goes on. On shutdown
+// it only commits.
+func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispatcher, commit bool) {
+	if len(ids) == 0 {
+		return
+	}
+	cur := *s.parts.Load()
+	var gone []*groupPart
+	for _, id := range ids {
+		if ps := cur[id]; ps != nil {
+			gone = append(gone, ps)
+		}
+	}
+	if s.stopping.Load() {
+		if commit {
+			s.commit(ctx, gone)
+		}
+		return
+	}
+	s.deliverMu.Lock()
+	for _, ps := range gone {
+		d.Revoked(ps.id)
+	}
+	s.commitMu.Lock()
+	parts := maps(*s.parts.Load())
+	for _, id := range ids {
+		delete(parts, id)
+	}
+	s.parts.Store(&parts)
+	s.commitMu.Unlock()
+	s.deliverMu.Unlock()
+	if commit {
+		// A periodic commit that included them has finished once this one
+		// holds commitMu; none starts after, as they left the table.
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.rebalanceTimeout)
+		s.commit(cctx, gone)
+		cancel()
+	}
+	s.log.Debug("kafka: partitions revoked", "partitions", ids, "committed", commit)
+}
+
+func maps(m map[int32]*groupPart) map[int32]*groupPart {
+	out := make(map[int32]*groupPart, len(m)+4)
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// commitLoop commits every CommitInterval until ctx ends.
+func (s *GroupSource) commitLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.commitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.commit(ctx, nil)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// commit commits the watermarks that moved of the partitions in list (all
+// assigned partitions when nil), synchronously, under commitMu.
+func (s *GroupSource) commit(ctx context.Context, list []*groupPart) {
+	cl := s.cl.Load()
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	if list == nil {
+		for _, ps := range *s.parts.Load() {
+			list = append(list, ps)
+		}
+	}
+	offsets := map[int32]kgo.EpochOffset{}
+	byID := make(map[int32]*groupPart, len(list))
+	for _, ps := range list {
+		if w := ps.want.Load(); w > ps.done {
+			offsets[ps.id.ID] = kgo.EpochOffset{Epoch: -1, Offset: w}
+			byID[ps.id.ID] = ps
+		}
+	}
+	if len(offsets) == 0 {
+		return
+	}
+	cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{s.topic: offsets},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			if err != nil {
+				// Uncommitted messages are redelivered if the partition
+				// moves; the next tick retries.
+				if ctx.Err() == nil && !s.failed(err) {
+					s.log.Warn("kafka: commit failed", "err", err)
+				}
+				return
+			}
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+						if !s.failed(err) {
+							s.log.Warn("kafka: commit failed", "partition", p.Partition, "err", err)
+						}
+						continue
+					}
+					if ps := byID[p.Partition]; ps != nil && t.Topic == s.topic {
+						ps.done = offsets[p.Partition].Offset
+					}
+				}
+			}
+		})
+}
+
+// Settle does nothing: Kafka progress is committed by watermark (Commit).
+func (s *GroupSource) Settle(context.Context, *consumer.Message) error { return nil }
+
+// SettleIsNoop reports that Settle does nothing (see consumer.SettleNooper).
+func (s *GroupSource) SettleIsNoop() bool { return true }
+
+// MessagingSystem implements consumer.SystemNamer: "kafka" in traces.
+func (s *GroupSource) MessagingSystem() string { return "kafka" }
+
+var _ consumer.SettleNooper = (*GroupSource)(nil)
+var _ consumer.SystemNamer = (*GroupSource)(nil)
+
+// Commit records that every message of p below next is settled; it is
+// committed within CommitInterval, or when p is revoked. After Run has
+// returned, Commit commits at once (accepted while the group has no
+// member).
+func (s *GroupSource) Commit(ctx context.Context, p consumer.Partition, next int64) error {
+	ps := s.lookup(p)
+	if ps == nil {
+		return nil // revoked: the new owner reads it again
+	}
+	for {
+		cur := ps.want.Load()
+		if next <= cur || ps.want.CompareAndSwap(cur, next) {
+			break
+		}
+	}
+	if s.ended.Load() {
+		return s.lateCommit(ctx, ps)
+	}
+	return nil
+}
+
+// lateCommit commits ps's watermark outside the group, once it was left,
+// over a client of its own.
+func (s *GroupSource) lateCommit(ctx context.Context, ps *groupPart) error {
+	select {
+	case <-s.left:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	w := ps.want.Load()
+	if w <= ps.done {
+		return nil
+	}
+	cl, err := kgo.NewClient(s.clientOpts()...)
+	if err != nil {
+		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, ps.id.ID, err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = s.group
+	req.Generation = -1
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = s.topic
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset, rp.LeaderEpoch = ps.id.ID, w, -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil {
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && err == nil {
+					err = e
+				}
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, ps.id.ID, err)
+	}
+	ps.done = w
+	return nil
+}
+
+func (s *GroupSource) lookup(p consumer.Partition) *groupPart {
+	if p.Topic != s.topic {
+		return nil
+	}
+	return (*s.parts.Load())[p.ID]
+}
+
+// Pause stops fetching p: the records of p that the last poll returned
+// and the engine was not given yet are kept back until Resume (kgo drops
+// what it buffered of p and fetches it again then).
+func (s *GroupSource) Pause(p consumer.Partition) {
+	if ps := s.lookup(p); ps != nil {
+		ps.paused.Store(true)
+		if cl := s.cl.Load(); cl != nil {
+			cl.PauseFetchPartitions(map[string][]int32{s.topic: {p.ID}})
+		}
+	}
+}
+
+// Resume undoes Pause. What p kept back is delivered first, by the poll
+// loop, which Resume wakes.
+func (s *GroupSource) Resume(p consumer.Partition) {
+	if ps := s.lookup(p); ps != nil {
+		ps.paused.Store(false)
+		s.woken.Store(true)
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+		if cl := s.cl.Load(); cl != nil {
+			cl.ResumeFetchPartitions(map[string][]int32{s.topic: {p.ID}})
+		}
+	}
+}
+
+// kgoTerminal are kgo's broker answers that no retry can change (see
+// terminalCodes).
+var kgoTerminal = []error{
+	kerr.SaslAuthenticationFailed,
+	kerr.UnsupportedSaslMechanism,
+	kerr.IllegalSaslState,
+	kerr.TopicAuthorizationFailed,
+	kerr.GroupAuthorizationFailed,
+	kerr.ClusterAuthorizationFailed,
+	kerr.InvalidGroupID,
+	kerr.InvalidSessionTimeout,
+	kerr.InvalidTopicException,
+}
+
+// failed reports err to Run if it is terminal, or if it says the topic is
+// unknown and has been for the whole grace; true then.
+func (s *GroupSource) failed(err error) bool {
+	for _, t := range kgoTerminal {
+		if errors.Is(err, t) {
+			s.fatal.set(fmt.Errorf("kafka: topic %q, group %q: %w", s.topic, s.group, err))
+			return true
+		}
+	}
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		if d, over := s.watch.unknown(time.Now()); over {
+			s.fatal.set(fmt.Errorf("%w: topic %q unknown to the cluster for %v (UnknownTopicTimeout %v): %w",
+				ErrUnknownTopic, s.topic, d.Round(time.Millisecond), s.watch.grace, err))
+			return true
+		}
+	}
+	return false
+}
+
+// watchTopic asks the cluster for the topic every probeEvery, so that a
+// topic never created or deleted ends Run after UnknownTopicTimeout (kgo
+// itself waits for a missing topic for ever).
+func (s *GroupSource) watchTopic(ctx context.Context, cl *kgo.Client) {
+	t := time.NewTicker(s.watch.probeEvery())
+	defer t.Stop()
+	for {
+		req := kmsg.NewPtrMetadataRequest()
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(s.topic)
+		req.Topics = append(req.Topics, rt)
+		pctx, cancel := context.WithTimeout(ctx, max(s.watch.probeEvery(), 2*time.Second))
+		resp, err := req.RequestWith(pctx, cl)
+		cancel()
+		if err == nil && len(resp.Topics) == 1 {
+			err = kerr.ErrorForCode(resp.Topics[0].ErrorCode)
+		}
+		switch {
+		case err == nil:
+			s.watch.seen()
+		case ctx.Err() != nil, s.failed(err):
+			return
+		case errors.Is(err, kerr.UnknownTopicOrPartition):
+			s.log.Warn("kafka: topic does not exist; waiting for it", "timeout", s.watch.grace)
+		default:
+			s.log.Debug("kafka: topic metadata failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// kgoLogger routes kgo's logging to slog, one level down (kgo's Info is
+// chatty about routine group events).
+type kgoLogger struct{ l *slog.Logger }
+
+func (k kgoLogger) Level() kgo.LogLevel {
+	switch {
+	case k.l.Enabled(context.Background(), slog.LevelDebug):
+		return kgo.LogLevelWarn
+	case k.l.Enabled(context.Background(), slog.LevelInfo):
+		return kgo.LogLevelError
+	}
+	return kgo.LogLevelNone
+}
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lv := slog.LevelDebug
+	if level == kgo.LogLevelError {
+		lv = slog.LevelInfo
+	}
+	k.l.Log(context.Background(), lv, "kgo: "+msg, keyvals...)
+}
