@@ -65,11 +65,12 @@ type childConfig struct {
 }
 
 // sourceKinds lists, per broker, the sources a child can run, the default
-// first: Kafka's consumer-group source on kafka-go (kafka.NewSource);
-// NATS's source on one durable shared by every process (nats.Open), or as a member of a static partitioned
-// consumer group (nats.WithConsumerGroup).
+// first: Kafka's consumer-group source on kafka-go (kafka.NewSource) or on
+// kgo (kafka.NewGroupSource); NATS's source on one durable shared by every
+// process (nats.Open), or as a member of a static partitioned consumer
+// group (nats.WithConsumerGroup).
 var sourceKinds = map[string][]string{
-	"kafka": {"group"},
+	"kafka": {"group", "kgo"},
 	"nats":  {"durable", "pcgroup"},
 }
 
@@ -329,8 +330,16 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 	}
 	var src consumer.Source
 	switch cfg.Broker + "/" + cfg.Source {
-	case "kafka/group":
-		s, err := kafkaad.NewSource([]string{cfg.Addr}, cfg.Topic, cfg.Group,
+	case "kafka/group", "kafka/kgo":
+		newSource := func(brokers []string, topic, group string, opts ...kafkaad.SourceOption) (consumer.Source, error) {
+			return kafkaad.NewSource(brokers, topic, group, opts...)
+		}
+		if cfg.Source == "kgo" {
+			newSource = func(brokers []string, topic, group string, opts ...kafkaad.SourceOption) (consumer.Source, error) {
+				return kafkaad.NewGroupSource(brokers, topic, group, opts...)
+			}
+		}
+		s, err := newSource([]string{cfg.Addr}, cfg.Topic, cfg.Group,
 			kafkaad.WithHeartbeatInterval(200*time.Millisecond),
 			kafkaad.WithSessionTimeout(3*time.Second),
 			kafkaad.WithRebalanceTimeout(5*time.Second),

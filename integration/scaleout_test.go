@@ -37,6 +37,7 @@ const (
 // scaleOutRuns are the runs of the scale-out scenario: a broker and the
 // source its consumers run (see sourceKinds).
 var scaleOutRuns = []struct{ broker, source string }{
+	{"kafka", "kgo"},
 	{"kafka", "group"},
 	{"nats", "pcgroup"},
 }
