@@ -300,9 +300,11 @@ func TestBreakerForceOpenParksUntilCleared(t *testing.T) {
 		ts := tenantStats(t, e.c, "a")
 		return ts.Parked == 9 && ts.State == policy.Open
 	})
-	// Far past the policy's open periods (20ms, up to 200ms): still no probe.
-	produce(h, "b", 0, 0)
-	consumertest.Eventually(t, "b handled", func() bool { return len(log.handledOf("b")) == 1 })
+	// Refused again after a forced open period (the policy's
+	// MaxOpenTimeout, when the lane asks again): still no probe.
+	consumertest.Eventually(t, "a refused again after an open period", func() bool {
+		return e.c.Scope().For("a").Stats().Rejected >= 2
+	})
 	if c := log.callsOf("a"); c != 1 {
 		t.Fatalf("a called %d times, want 1 (before the override)", c)
 	}
