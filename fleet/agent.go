@@ -119,7 +119,7 @@ type AgentStats struct {
 	// how many processes that left (Close) still seed their open breakers
 	// until their RetryAt.
 	Processes, Seeds, Departed int
-	ProcessesDropped uint64
+	ProcessesDropped           uint64
 	// Quorum is how many tenants a BreakerQuorum of live processes
 	// reported open at the last look; QuorumTrips how many breakers of
 	// this engine were opened (or kept open longer) for it.
