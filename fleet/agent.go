@@ -71,7 +71,8 @@ type AgentConfig struct {
 	// LagThreshold: a tenant whose commit lag is over it is not healthy.
 	// Default DefaultLagThreshold.
 	LagThreshold int64
-	// MaxProcesses bounds the statuses kept for breaker seeds. Default
+	// MaxProcesses bounds the statuses kept for breaker seeds, of live
+	// processes and of those that left and still seed (Departed). Default
 	// DefaultMaxProcesses.
 	MaxProcesses int
 	// MaxControls bounds the control table. Default DefaultMaxControls.
