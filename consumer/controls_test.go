@@ -475,3 +475,42 @@ func TestWeightOverrideSetsTheShareOfTurns(t *testing.T) {
 		t.Fatalf("a made %d of the first 20 calls, want 15 (3 a turn to b's 1): %v", a, first)
 	}
 }
+
+// TripBreakers opens the existing guard of a tenant the engine has, closed,
+// until its time: its next message waits, untried. A seed given to an
+// existing guard does not (SetBreakerSeeds applies only to new ones), and
+// a tenant the engine has not met is skipped.
+func TestTripBreakersOpensExistingGuards(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	log := newCallLog()
+	e := run(t, h, fastPolicy(), consumer.Config{
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			log.handled(log.call(m), m)
+			return nil
+		}),
+	})
+	produce(h, "a", 0, 0)
+	consumertest.Eventually(t, "a handled", func() bool { return len(log.handledOf("a")) == 1 })
+	until := time.Now().Add(time.Minute)
+	e.c.SetBreakerSeeds(map[string]time.Time{"a": until})
+	produce(h, "a", 0, 1)
+	consumertest.Eventually(t, "a handled again past its seed", func() bool { return len(log.handledOf("a")) == 2 })
+	if n := e.c.TripBreakers(map[string]time.Time{"a": until, "unknown": until}); n != 1 {
+		t.Fatalf("TripBreakers opened %d breakers, want 1", n)
+	}
+	if n := e.c.TripBreakers(map[string]time.Time{"a": until}); n != 0 {
+		t.Fatalf("TripBreakers again opened %d breakers, want 0", n)
+	}
+	produce(h, "a", 0, 2)
+	consumertest.Eventually(t, "a's message parked behind its breaker", func() bool {
+		ts := tenantStats(t, e.c, "a")
+		return ts.State == policy.Open && ts.Parked == 1
+	})
+	if n := len(log.handledOf("a")); n != 2 {
+		t.Fatalf("a handled %d times, want 2", n)
+	}
+	if _, ok := e.c.Tenant("unknown"); ok {
+		t.Fatal("TripBreakers made a tenant")
+	}
+}

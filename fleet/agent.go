@@ -71,11 +71,21 @@ type AgentConfig struct {
 	// LagThreshold: a tenant whose commit lag is over it is not healthy.
 	// Default DefaultLagThreshold.
 	LagThreshold int64
-	// MaxProcesses bounds the statuses kept for breaker seeds. Default
+	// MaxProcesses bounds the statuses kept for breaker seeds, of live
+	// processes and of those that left and still seed (Departed). Default
 	// DefaultMaxProcesses.
 	MaxProcesses int
 	// MaxControls bounds the control table. Default DefaultMaxControls.
 	MaxControls int
+	// BreakerQuorum, if not 0, trips a tenant's breaker in this process,
+	// even one that exists and is closed, when at least BreakerQuorum
+	// other live processes report it open (Consumer.TripBreakers), until
+	// the latest time at least BreakerQuorum of them report it open until
+	// (the BreakerQuorum-th latest of their open-until times). For a
+	// tenant several processes handle at once (a header tenant over many
+	// partitions). At least 2: one process alone never trips the others.
+	// Default 0: off (seeds apply only to new guards).
+	BreakerQuorum int
 	// Logger receives one line per skipped record and per failed call.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -106,9 +116,16 @@ type AgentStats struct {
 	LastError   string
 	// Processes is how many other live processes' statuses are kept,
 	// ProcessesDropped how many statuses were ignored past MaxProcesses;
-	// Seeds how many tenants the last SetBreakerSeeds named.
-	Processes, Seeds int
-	ProcessesDropped uint64
+	// Seeds how many tenants the last SetBreakerSeeds named; Departed
+	// how many processes that left (Close) still seed their open breakers
+	// until their RetryAt.
+	Processes, Seeds, Departed int
+	ProcessesDropped           uint64
+	// Quorum is how many tenants a BreakerQuorum of live processes
+	// reported open at the last look; QuorumTrips how many breakers of
+	// this engine were opened (or kept open longer) for it.
+	Quorum      int
+	QuorumTrips uint64
 	// Swept counts the statuses of dead processes this agent deleted.
 	Swept uint64
 }
@@ -138,6 +155,8 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, errors.New("fleet: AgentConfig.Store is required")
 	case cfg.Interval < 0 || cfg.TTL < 0 || cfg.MaxTenants < 0 || cfg.LagThreshold < 0 || cfg.MaxProcesses < 0 || cfg.MaxControls < 0:
 		return nil, errors.New("fleet: AgentConfig: negative interval, TTL or bound")
+	case cfg.BreakerQuorum < 0 || cfg.BreakerQuorum == 1:
+		return nil, fmt.Errorf("fleet: AgentConfig.BreakerQuorum %d: want 0 (off) or at least 2 (one process alone never trips the others' breakers)", cfg.BreakerQuorum)
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultInterval
@@ -180,9 +199,12 @@ func DefaultProcess() string {
 }
 
 // Start loads the group's control table and applies it to the consumer,
-// then starts the agent's loops and returns: call it before the
-// consumer's Run, so that no message is handled before the controls hold.
-// It fails when ctx ends first or the table cannot be read. Cancelling
+// and the other processes' statuses and gives the consumer their breaker
+// seeds, then starts the agent's loops and returns: call it before the
+// consumer's Run, so that no message is handled before the controls and
+// seeds hold (a partition assigned at once starts its tenants' breakers as
+// the fleet knows them). It fails when ctx ends first or a table cannot be
+// read. Cancelling
 // ctx later stops the agent as a crash would (its status ages out after
 // TTL); Close stops it and removes its status.
 func (a *Agent) Start(ctx context.Context) error {
@@ -198,11 +220,23 @@ func (a *Agent) Start(ctx context.Context) error {
 		return err
 	}
 	a.setControls(table)
+	sch, err := a.st.Watch(ctx, KindStatus)
+	if err != nil {
+		cancel()
+		return err
+	}
+	seeds := &seedState{self: Key(a.cfg.Process), peers: map[string]*peer{}}
+	if err := a.loadStatuses(ctx, sch, seeds); err != nil {
+		cancel()
+		return fmt.Errorf("fleet: loading the status table: %w", err)
+	}
+	seeds.dirty = true
+	a.sweep(ctx, a.refresh(seeds))
 	a.stop = cancel
 	a.done.Add(3)
 	go func() { defer a.done.Done(); a.controlLoop(ctx, ch, table) }()
 	go func() { defer a.done.Done(); a.statusLoop(ctx) }()
-	go func() { defer a.done.Done(); a.seedLoop(ctx) }()
+	go func() { defer a.done.Done(); a.seedLoop(ctx, sch, seeds) }()
 	return nil
 }
 
@@ -469,97 +503,6 @@ func severity(t TenantStatus) int {
 		return 1
 	}
 	return 0
-}
-
-// seedLoop watches the other processes' statuses and gives the engine
-// the breakers they report open, at most once per Interval.
-func (a *Agent) seedLoop(ctx context.Context) {
-	backoff := rewatchBackoff
-	self := Key(a.cfg.Process)
-	for ctx.Err() == nil {
-		ch, err := a.st.Watch(ctx, KindStatus)
-		if err != nil {
-			a.fail(err, true)
-		} else {
-			a.seedWatch(ctx, ch, self)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, maxRewatchBackoff)
-	}
-}
-
-func (a *Agent) seedWatch(ctx context.Context, ch <-chan Update, self string) {
-	statuses := map[string]Status{}
-	var dropped uint64
-	tick := time.NewTicker(a.cfg.Interval)
-	defer tick.Stop()
-	loaded, dirty := false, false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case u, ok := <-ch:
-			switch {
-			case !ok:
-				return
-			case u.Err != nil:
-				a.log.Warn("fleet: status watch ended; starting it again", "err", u.Err)
-				a.fail(u.Err, true)
-				return
-			case u.Loaded:
-				loaded, dirty = true, true
-			case u.Key == self:
-			case u.Value == nil:
-				delete(statuses, u.Key)
-				dirty = true
-			default:
-				s, err := DecodeStatus(u.Value)
-				if err != nil {
-					a.log.Warn("fleet: skipping a status record that does not decode", "key", u.Key, "err", err)
-					a.note(func(st *AgentStats) { st.Skipped++ })
-					continue
-				}
-				if _, known := statuses[u.Key]; !known && len(statuses) >= a.cfg.MaxProcesses {
-					dropped++
-					continue
-				}
-				statuses[u.Key] = s // an expired one is swept at the next tick
-				dirty = true
-			}
-		case <-tick.C:
-			now := a.cfg.Now()
-			var dead []string
-			for k, s := range statuses {
-				if s.Expired(now) {
-					delete(statuses, k)
-					dirty = true
-					if len(dead) < maxSweep {
-						dead = append(dead, k)
-					}
-				}
-			}
-			a.sweep(ctx, dead)
-			if !loaded || !dirty {
-				continue
-			}
-			dirty = false
-			seeds := map[string]time.Time{}
-			for _, s := range statuses {
-				for _, t := range s.Tenants {
-					if t.State == policy.Open.String() && t.RetryAt.After(now) && t.RetryAt.After(seeds[t.Tenant]) {
-						seeds[t.Tenant] = t.RetryAt
-					}
-				}
-			}
-			a.c.SetBreakerSeeds(seeds)
-			n := len(statuses)
-			a.note(func(st *AgentStats) { st.Processes, st.Seeds, st.ProcessesDropped = n, len(seeds), dropped })
-		}
-	}
 }
 
 // sweep deletes the statuses of processes found dead, so that they do

@@ -138,6 +138,8 @@ func TestAgentConfigChecked(t *testing.T) {
 		{Store: nil, Consumer: c},
 		{Consumer: c, Store: fakeStore{}, Interval: time.Second, TTL: time.Second},
 		{Consumer: c, Store: fakeStore{}, MaxTenants: -1},
+		{Consumer: c, Store: fakeStore{}, BreakerQuorum: 1},
+		{Consumer: c, Store: fakeStore{}, BreakerQuorum: -2},
 	} {
 		if _, err := fleet.NewAgent(cfg); err == nil {
 			t.Errorf("config %d accepted", i)
@@ -233,7 +235,10 @@ func TestAgentSeedOpensNewGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := startAgent(t, st, c, "me")
-	consumertest.Eventually(t, "the seed given to the engine", func() bool { return a.Stats().Seeds == 1 })
+	// Start gave the engine the seeds before it returned.
+	if s := a.Stats(); s.Seeds != 1 || s.Processes != 1 {
+		t.Fatalf("stats after Start: %+v, want 1 seed of 1 process", s)
+	}
 	b := consumertest.NewBroker("orders", 1)
 	b.Append(0, []byte("down"), []byte("1"))
 	b.Append(0, []byte("up"), []byte("1"))
@@ -248,4 +253,120 @@ func TestAgentSeedOpensNewGuard(t *testing.T) {
 	if n := tried.Load(); n != 0 {
 		t.Fatalf("the seeded tenant was tried %d times", n)
 	}
+}
+
+// A process that leaves (deletes its status while live) keeps seeding its
+// open breakers until their RetryAt: the next owner of its partitions
+// starts their tenants open. One whose status expired does not.
+func TestAgentKeepsALeaversSeeds(t *testing.T) {
+	t.Parallel()
+	st, err := natsBackend(t).open(t, "gl", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	now := time.Now()
+	for _, p := range []string{"leaver", "crashed"} {
+		ttl := time.Minute
+		if p == "crashed" {
+			ttl = time.Second
+		}
+		if err := fleet.PublishStatus(ctx, st, fleet.Status{Process: p, TTL: ttl, UpdatedAt: now,
+			Tenants: []fleet.TenantStatus{{Tenant: "down-" + p, State: "open", RetryAt: now.Add(time.Minute)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := startAgent(t, st, newEngine(t), "me")
+	if s := a.Stats(); s.Seeds < 1 || s.Processes < 1 {
+		t.Fatalf("stats after Start: %+v, want the leaver's seed", s)
+	}
+	if err := st.Delete(ctx, fleet.KindStatus, fleet.Key("leaver")); err != nil {
+		t.Fatal(err)
+	}
+	consumertest.Eventually(t, "the leaver departed and the crashed process expired", func() bool {
+		s := a.Stats()
+		return s.Processes == 0 && s.Departed == 1 && s.Seeds == 1
+	})
+}
+
+// With BreakerQuorum 2, one process reporting a tenant's breaker open
+// leaves this engine's existing, closed guard alone (a seed applies only
+// to a new guard); a second one trips it, until the later time both
+// report it open until (the earlier of the two).
+func TestAgentBreakerQuorum(t *testing.T) {
+	t.Parallel()
+	st, err := natsBackend(t).open(t, "gq", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	var tried atomic.Int64
+	c, err := consumer.New(consumer.Config{
+		Handler: consumer.HandlerFunc(func(context.Context, *consumer.Message) error { tried.Add(1); return nil }),
+		Tenant:  consumer.FromKey(), DLQ: consumertest.NewSink(), Logger: quiet(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := consumertest.NewBroker("orders", 1)
+	b.Append(0, []byte("shared"), []byte("1"))
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(rctx, b.Source("g")) }()
+	defer func() { cancel(); <-done }()
+	consumertest.Eventually(t, "the tenant handled", func() bool { return tried.Load() == 1 })
+
+	a, err := fleet.NewAgent(fleet.AgentConfig{Consumer: c, Store: st, Group: "g", Process: "me",
+		Interval: 50 * time.Millisecond, TTL: 5 * time.Second, Logger: quiet(), BreakerQuorum: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	report := func(process string, until time.Time) {
+		t.Helper()
+		if err := fleet.PublishStatus(ctx, st, fleet.Status{Process: process, TTL: time.Minute, UpdatedAt: time.Now(),
+			Tenants: []fleet.TenantStatus{{Tenant: "shared", State: "open", RetryAt: until}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	report("p1", now.Add(time.Hour))
+	consumertest.Eventually(t, "one process's report seen", func() bool {
+		s := a.Stats()
+		return s.Processes == 1 && s.Seeds == 1
+	})
+	if s, ts := a.Stats(), tenantOf(t, c, "shared"); s.Quorum != 0 || s.QuorumTrips != 0 || ts.State != policy.Closed {
+		t.Fatalf("one process alone: quorum %d, trips %d, breaker %v; want 0, 0, closed", s.Quorum, s.QuorumTrips, ts.State)
+	}
+	report("p2", now.Add(time.Minute))
+	consumertest.Eventually(t, "the quorum's trip", func() bool {
+		s := a.Stats()
+		return s.Processes == 2 && s.Quorum == 1 && s.QuorumTrips == 1
+	})
+	g, ok := c.Scope().Peek("shared")
+	if !ok || g.State() != policy.Open {
+		t.Fatal("the tenant's breaker is not open")
+	}
+	if d := g.RetryAfter(); d > time.Minute {
+		t.Fatalf("open for %v, want until the earlier report (within a minute)", d)
+	}
+	b.Append(0, []byte("shared"), []byte("2"))
+	consumertest.Eventually(t, "the next message waiting behind the breaker", func() bool {
+		return tenantOf(t, c, "shared").Parked == 1
+	})
+	if n := tried.Load(); n != 1 {
+		t.Fatalf("the tenant was tried %d times, want 1", n)
+	}
+}
+
+func tenantOf(t *testing.T, c *consumer.Consumer, key string) consumer.TenantStats {
+	t.Helper()
+	ts, ok := c.Tenant(key)
+	if !ok {
+		t.Fatalf("no tenant %q", key)
+	}
+	return ts
 }
