@@ -469,11 +469,11 @@ func fleetScenario(t *testing.T, bin, kind, source string) {
 	inv, invHeld := countInversions(hs, "tenant", ex), countInversions(heldHs, "tenant", ex)
 	report(fmt.Sprintf("fleet: scenario=fleet broker=%s source=%s durable-hold produced-while-held=%d handled-while-held=%d inversions=%d (redelivered=%d reordered=%d unexplained=%d) of-held-tenant=%d (redelivered=%d)",
 		kind, source, producedWhileHeld, handledWhileHeld, inv.total(), inv.redelivered, inv.reordered, len(inv.unexplained), invHeld.total(), invHeld.redelivered))
-	if len(inv.unexplained) > 0 {
-		t.Errorf("%d order inversions explained by no redelivery nor EventReordered, e.g. %v", len(inv.unexplained), inv.unexplained[:min(5, len(inv.unexplained))])
-	}
-	if invHeld.total() != invHeld.redelivered {
-		t.Errorf("%s's order inversions not explained by a redelivery: %d reordered, %v", held, invHeld.reordered, invHeld.unexplained)
+	// No handler fails here, so nothing is reordered on purpose: every
+	// inversion must be a redelivery after a kill or the broker's restart.
+	if inv.total() != inv.redelivered {
+		t.Errorf("order inversions not explained by a redelivery: %d reordered, %d unexplained, e.g. %v",
+			inv.reordered, len(inv.unexplained), inv.unexplained[:min(5, len(inv.unexplained))])
 	}
 
 	// 4. A killed process leaves status within its TTL.
