@@ -330,7 +330,8 @@ func fleetScenario(t *testing.T, bin, kind, source string) {
 		procs[i] = r.startConsumer(n, mod)
 	}
 
-	// 1. status shows the three processes and every partition's one owner.
+	// 1. status shows the three processes, each owning partitions, and
+	// every partition's one owner.
 	var s fleetStatus
 	err := brokertest.PollUntil(context.Background(), fleetStepTimeout, 250*time.Millisecond, func(context.Context) error {
 		s = cli.status()
@@ -343,6 +344,11 @@ func fleetScenario(t *testing.T, bin, kind, source string) {
 		for p, o := range s.partitions {
 			if len(o) != 1 {
 				return fmt.Errorf("partition %s owned by %v", p, o)
+			}
+		}
+		for _, p := range s.processes {
+			if len(p.Partitions) == 0 {
+				return fmt.Errorf("%s owns no partition yet", p.Process)
 			}
 		}
 		return nil
