@@ -31,7 +31,8 @@ type Control struct {
 	// with no attempt (spill reason quarantine), and re-feeds nothing until
 	// it is cleared. Without a SpillLog it is Hold.
 	Quarantine bool
-	// Breaker overrides the tenant's breaker (see policy.Guard.Force).
+	// Breaker overrides the tenant's breaker (see policy.Guard.Force); a
+	// policy without a breaker has nothing to override.
 	Breaker BreakerOverride
 	// Weight, if > 0, overrides the policy's fair-share weight
 	// (Bulkhead.Weight).
@@ -129,15 +130,19 @@ type controlTable map[string]*Control
 // tenant before SetControls returns; attempts under way finish, and a
 // release wakes its lanes and re-feeds what it spilled), and to tenants
 // met later before their first attempt. It never waits for a handler and
-// calls no user code but OnEvent (the engine's events and the guards'),
-// with no lock held. Safe for concurrent use.
+// calls no user code but OnEvent (EventControlSet, EventControlCleared,
+// and the guards' events of a breaker override), with no lock held. Safe
+// for concurrent use.
 func (c *Consumer) SetControls(m map[string]Control) {
 	tab := make(controlTable, len(m))
 	for k, v := range m {
 		tab[k] = &v
 	}
+	// ctlMu keeps the table and the tenants' entries in step; applying
+	// them (and the events) comes after, unlocked, so that an OnEvent may
+	// call SetControls: each application reads the tenant's entry then,
+	// so applications out of order still end on the current one.
 	c.ctlMu.Lock()
-	defer c.ctlMu.Unlock()
 	old := c.ctls.Swap(&tab)
 	var changed []string
 	var ev []Event
@@ -177,6 +182,7 @@ func (c *Consumer) SetControls(m map[string]Control) {
 	if len(ts) > 0 {
 		c.runGen.Add(2)
 	}
+	c.ctlMu.Unlock()
 	for _, t := range ts {
 		c.applyControl(t, &ev)
 	}
