@@ -19,6 +19,7 @@ import (
 	kafkaad "github.com/ringfence/ringfence/adapters/kafka"
 	natsad "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/fleet"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
@@ -62,7 +63,18 @@ type childConfig struct {
 	// partitioned group's members are fixed: a restarted process takes its
 	// predecessor's place).
 	Member string
+	// Fleet runs a fleet.Agent beside the consumer on the source broker
+	// (group Group, process Name, heartbeat fleetInterval, TTL fleetTTL),
+	// started before the consumer's Run.
+	Fleet bool
 }
+
+// The fleet agent's heartbeat and TTL in the children: short, so that a
+// killed process leaves the status within seconds.
+const (
+	fleetInterval = 250 * time.Millisecond
+	fleetTTL      = 3 * time.Second
+)
 
 // sourceKinds lists, per broker, the sources a child can run, the default
 // first: Kafka's consumer-group source on kafka-go (kafka.NewSource) or on
@@ -329,6 +341,7 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		cfg.Source = sourceKinds[cfg.Broker][0]
 	}
 	var src consumer.Source
+	var fleetStore fleet.Store
 	switch cfg.Broker + "/" + cfg.Source {
 	case "kafka/group", "kafka/kgo":
 		newSource := func(brokers []string, topic, group string, opts ...kafkaad.SourceOption) (consumer.Source, error) {
@@ -361,6 +374,12 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		}
 		defer spill.Close()
 		src, ccfg.Tenant, ccfg.DLQ, ccfg.Spill = s, consumer.FromKey(), dlqSink, spill
+		if cfg.Fleet {
+			if fleetStore, err = fleet.NewKafkaStore(ctx, []string{cfg.Addr}, cfg.Group, fleet.KafkaOptions{Create: true}); err != nil {
+				return err
+			}
+			defer fleetStore.Close()
+		}
 	case "nats/durable", "nats/pcgroup":
 		nc, err := nats.Connect(cfg.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err != nil {
@@ -399,6 +418,16 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		src, ccfg.DLQ, ccfg.Spill = s, q, spill
+		if cfg.Fleet {
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			if fleetStore, err = fleet.NewNATSStore(ctx, js, cfg.Group, fleet.NATSOptions{Create: true, TTL: fleetTTL}); err != nil {
+				return err
+			}
+			defer fleetStore.Close()
+		}
 	default:
 		return fmt.Errorf("unknown broker %q or source %q", cfg.Broker, cfg.Source)
 	}
@@ -408,6 +437,17 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 	c, err := consumer.New(ccfg)
 	if err != nil {
 		return err
+	}
+	if fleetStore != nil {
+		a, err := fleet.NewAgent(fleet.AgentConfig{Consumer: c, Store: fleetStore, Group: cfg.Group, Source: cfg.Broker + "/" + cfg.Source,
+			Process: cfg.Name, Interval: fleetInterval, TTL: fleetTTL, Logger: log})
+		if err != nil {
+			return err
+		}
+		if err := a.Start(ctx); err != nil {
+			return err
+		}
+		defer a.Close() // a drained process says goodbye; a killed one ages out
 	}
 	log.Info("child consumer running", "broker", cfg.Broker, "topic", cfg.Topic, "group", cfg.Group)
 	if cfg.Progress != "" {

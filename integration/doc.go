@@ -71,6 +71,19 @@
 //     messages first handled in produce order (leaving out what the engine
 //     reported as EventReordered and, on NATS, what the server redelivered
 //     after a kill, whose order JetStream does not keep).
+//   - fleet: three consumer processes (Kafka on NewGroupSource; NATS as a
+//     partitioned consumer group), each with a fleet.Agent (childConfig.Fleet:
+//     heartbeat 250ms, TTL 3s), over steady traffic of 12 tenants, driven by
+//     the ringfence binary built once per run: `status --json` shows the three
+//     processes and every partition's one owner; `tenant hold` is timed over
+//     20 holds, each released again (from the command's start to the tenant's
+//     last handling in any process, and to every status showing the control;
+//     p50/p99 printed, each asserted under 10s); a hold survives SIGKILL of
+//     every process and a broker restart (none of the tenant's messages is
+//     handled until `tenant release`, `status` shows the hold and its
+//     reason; afterwards every inversion of a tenant's order is explained by
+//     a redelivery); a process killed at the end leaves `status` within its
+//     TTL.
 //
 // Consumers are real child processes: the test binary started again with
 // RINGFENCE_IT_CHILD set (see TestMain), running the engine with an adapter,
@@ -91,5 +104,5 @@
 // (at-least-once redeliveries after a kill or a rebalance). go test hides the
 // output of passing tests, so the lines are also appended to the file named
 // by RINGFENCE_RECONCILE_OUT, when set; so are scale-out's "inversions:",
-// "goodput:" and "pauses:" lines.
+// "goodput:" and "pauses:" lines, and fleet's "fleet:" lines.
 package integration
