@@ -18,6 +18,7 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/dlq"
+	"github.com/ringfence/ringfence/fleet"
 )
 
 // Engine is what the tenant view reads: a *consumer.Consumer. Stats must
@@ -38,6 +39,9 @@ type Options struct {
 	// DLQ browses, replays and purges dead letters. Nil: no DLQ pages
 	// until SetDLQ.
 	DLQ dlq.Inspector
+	// Fleet holds the tables of the group the fleet page shows and
+	// controls (package fleet). Nil: no fleet page until SetFleet.
+	Fleet fleet.Store
 
 	// Prefix is the path the console is mounted at; it starts and ends
 	// with "/". Default "/". Mount the console there:
@@ -216,6 +220,7 @@ type Console struct {
 
 	engine atomic.Pointer[engineRef] // the engine shown; nil: none
 	dlq    atomic.Pointer[dlqRef]    // the DLQ browsed; nil: none
+	fleet  atomic.Pointer[fleetRef]  // the fleet shown; nil: none
 
 	snaps  snapshots
 	events eventLog
@@ -258,6 +263,7 @@ func New(o Options) (*Console, error) {
 	c.snaps.c = c
 	c.SetEngine(o.Engine, o.Label)
 	c.SetDLQ(o.DLQ)
+	c.SetFleet(o.Fleet)
 	c.mux = c.routes()
 	return c, nil
 }

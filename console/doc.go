@@ -84,6 +84,13 @@
 //	                         expect=E&limit=N: move them (RecordLines, a ReplayLine).
 //	POST /dlq/{token}/purge  dry_run=1: what a purge would remove (a TenantLine, a ConfirmLine);
 //	                         expect=E: remove them (a PurgeLine).
+//	GET  /fleet              with Options.Fleet: the group's live processes, partition owners,
+//	                         tenants not healthy and active controls (package fleet). JSON:
+//	                         FleetProcessLines, FleetPartitionLines, FleetTenantLines,
+//	                         FleetControlLines (as `ringfence status --json`).
+//	POST /fleet/control      verb=hold|release|quarantine|unquarantine|open|close|auto,
+//	                         reason=TEXT, tenant_token=T (or tenant=KEY): writes the tenant's
+//	                         control record, which every process applies (a FleetControlLine).
 //	GET  /static/...         the style sheet and live.js.
 //
 // Tenants are addressed by token (dlq.TenantToken of the raw key), never by
@@ -116,5 +123,6 @@
 // longer holds the same dead letters. Replays are rate-limited like SQS
 // redrive (MaxReplay at once, ReplayRate per second on average), purges to
 // one per PurgeEvery, and one action runs at a time. ReadOnly hides and
-// refuses both.
+// refuses both. Fleet controls take the same token and CSRF field, and a
+// reason, which is kept with the control.
 package console

@@ -33,10 +33,14 @@ const (
 )
 
 var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
-	"dur":            durText,
-	"age":            ageText,
-	"clock":          clockText,
-	"add":            func(a, b int) int { return a + b },
+	"dur":   durText,
+	"age":   ageText,
+	"clock": clockText,
+	"add":   func(a, b int) int { return a + b },
+	"int64": func(d time.Duration) int64 { return int64(d) },
+	"fleetAct": func(p *page, token string) fleetAct {
+		return fleetAct{Base: p.Base, CSRF: p.CSRF, Token: token}
+	},
 	"kinds":          func(k []string) string { return strings.Join(k, "/") },
 	"stamp":          stamp,
 	"short":          func(s string) string { return cut(s, keyTextLimit) },
@@ -120,6 +124,7 @@ type page struct {
 	Nav            string // "tenants", "dlq" or "log"
 	HasEngine      bool
 	HasDLQ         bool
+	HasFleet       bool
 	CanAct         bool // replay and purge are offered: not read-only, and a session
 	ReadOnly       bool
 	Session        bool
@@ -133,7 +138,7 @@ func (c *Console) page(r *http.Request, nav, heading string, body any) *page {
 	session := c.hasSession(r)
 	p := &page{
 		Title: c.o.Title, Heading: heading, Base: c.o.Prefix, Nav: nav,
-		HasEngine: c.engine.Load() != nil, HasDLQ: c.dlq.Load() != nil,
+		HasEngine: c.engine.Load() != nil, HasDLQ: c.dlq.Load() != nil, HasFleet: c.fleet.Load() != nil,
 		ReadOnly: c.o.ReadOnly, Session: session, CanAct: session && !c.o.ReadOnly, Body: body,
 	}
 	if p.CanAct {

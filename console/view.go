@@ -32,6 +32,7 @@ func (c *Console) routes() *http.ServeMux {
 	get("/plots", c.plotsPage)
 	get("/dlq", c.dlqList)
 	get("/dlq/{token}", c.dlqTenant)
+	get("/fleet", c.fleetPage)
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFS)))
 
 	// Cross-origin browser POSTs are refused before anything else looks at
@@ -42,6 +43,7 @@ func (c *Console) routes() *http.ServeMux {
 	}))
 	mux.Handle("POST /dlq/{token}/replay", cop.Handler(http.HandlerFunc(c.replay)))
 	mux.Handle("POST /dlq/{token}/purge", cop.Handler(http.HandlerFunc(c.purge)))
+	mux.Handle("POST /fleet/control", cop.Handler(http.HandlerFunc(c.fleetControl)))
 	return mux
 }
 

@@ -86,8 +86,8 @@ type Consumer struct {
 	runGen atomic.Uint64
 
 	// Operators' controls and the fleet's breaker seeds (controls.go):
-	// tables swapped whole. ctlMu orders SetControls calls; it is taken
-	// before any other engine lock.
+	// tables swapped whole. ctlMu orders SetControls' swaps and its
+	// stores of the tenants' entries; it is taken before tmu.
 	ctlMu sync.Mutex
 	ctls  atomic.Pointer[controlTable]
 	seeds atomic.Pointer[map[string]time.Time]

@@ -31,7 +31,8 @@ type Control struct {
 	// with no attempt (spill reason quarantine), and re-feeds nothing until
 	// it is cleared. Without a SpillLog it is Hold.
 	Quarantine bool
-	// Breaker overrides the tenant's breaker (see policy.Guard.Force).
+	// Breaker overrides the tenant's breaker (see policy.Guard.Force); a
+	// policy without a breaker has nothing to override.
 	Breaker BreakerOverride
 	// Weight, if > 0, overrides the policy's fair-share weight
 	// (Bulkhead.Weight).
@@ -129,15 +130,19 @@ type controlTable map[string]*Control
 // tenant before SetControls returns; attempts under way finish, and a
 // release wakes its lanes and re-feeds what it spilled), and to tenants
 // met later before their first attempt. It never waits for a handler and
-// calls no user code but OnEvent (the engine's events and the guards'),
-// with no lock held. Safe for concurrent use.
+// calls no user code but OnEvent (EventControlSet, EventControlCleared,
+// and the guards' events of a breaker override), with no lock held. Safe
+// for concurrent use.
 func (c *Consumer) SetControls(m map[string]Control) {
 	tab := make(controlTable, len(m))
 	for k, v := range m {
 		tab[k] = &v
 	}
+	// ctlMu keeps the table and the tenants' entries in step; applying
+	// them (and the events) comes after, unlocked, so that an OnEvent may
+	// call SetControls: each application reads the tenant's entry then,
+	// so applications out of order still end on the current one.
 	c.ctlMu.Lock()
-	defer c.ctlMu.Unlock()
 	old := c.ctls.Swap(&tab)
 	var changed []string
 	var ev []Event
@@ -177,6 +182,7 @@ func (c *Consumer) SetControls(m map[string]Control) {
 	if len(ts) > 0 {
 		c.runGen.Add(2)
 	}
+	c.ctlMu.Unlock()
 	for _, t := range ts {
 		c.applyControl(t, &ev)
 	}
@@ -313,12 +319,14 @@ func (c *Consumer) releaseLane(l *lane) {
 
 // SetBreakerSeeds gives the engine the fleet's last view of tenants'
 // breakers: for each tenant, the time until which its breaker is open
-// elsewhere. It replaces the whole table. When the engine makes a tenant's
-// guard (on first sight, or for a tenant that comes back after it was
-// forgotten, as when its partition is assigned again), and that guard's
-// breaker is closed with no outcome recorded yet, a seed in the future
-// opens it until then (policy.Guard.Trip): no attempt before the seed,
-// then one half-open probe. Safe for concurrent use.
+// elsewhere. It replaces the whole table. A seed applies only when the
+// engine makes a tenant's guard (on first sight, or for a tenant that
+// comes back after it was forgotten, as when its partition is assigned
+// again), and only if that guard's breaker is closed with no outcome
+// recorded yet: a seed in the future then opens it until then
+// (policy.Guard.Trip): no attempt before the seed, then one half-open
+// probe. A guard the engine has already made is left alone (see
+// TripBreakers). Safe for concurrent use.
 func (c *Consumer) SetBreakerSeeds(m map[string]time.Time) {
 	tab := make(map[string]time.Time, len(m))
 	for k, v := range m {
@@ -342,4 +350,42 @@ func (c *Consumer) seedGuard(t *tenant, g *policy.Guard) {
 		return
 	}
 	g.Trip(until)
+}
+
+// TripBreakers opens, until its time, the breaker of each tenant of m
+// whose guard the engine has made and that is closed, or open until an
+// earlier time (policy.Guard.Trip; a half-open breaker, already probing,
+// and a forced one are left alone). A tenant the engine has not made a
+// guard for is skipped (SetBreakerSeeds covers it). Attempts under way
+// finish; the tenant's next attempt waits for the breaker. It returns how
+// many breakers it opened or kept open longer. It calls no user code but
+// OnEvent (the guards' events), with no lock held. Safe for concurrent
+// use.
+func (c *Consumer) TripBreakers(m map[string]time.Time) int {
+	type trip struct {
+		g     *policy.Guard
+		until time.Time
+	}
+	trips := make([]trip, 0, len(m))
+	c.tmu.Lock()
+	for k, until := range m {
+		if t := c.tenants[k]; t != nil {
+			if g := t.peekGuard(); g != nil && g != c.fallback {
+				trips = append(trips, trip{g, until})
+			}
+		}
+	}
+	c.tmu.Unlock()
+	n := 0
+	for _, tr := range trips {
+		if tr.g.State() == policy.HalfOpen {
+			continue
+		}
+		before := tr.g.RetryAfter()
+		tr.g.Trip(tr.until)
+		if tr.g.RetryAfter() > before {
+			n++
+		}
+	}
+	return n
 }

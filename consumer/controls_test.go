@@ -300,9 +300,11 @@ func TestBreakerForceOpenParksUntilCleared(t *testing.T) {
 		ts := tenantStats(t, e.c, "a")
 		return ts.Parked == 9 && ts.State == policy.Open
 	})
-	// Far past the policy's open periods (20ms, up to 200ms): still no probe.
-	produce(h, "b", 0, 0)
-	consumertest.Eventually(t, "b handled", func() bool { return len(log.handledOf("b")) == 1 })
+	// Refused again after a forced open period (the policy's
+	// MaxOpenTimeout, when the lane asks again): still no probe.
+	consumertest.Eventually(t, "a refused again after an open period", func() bool {
+		return e.c.Scope().For("a").Stats().Rejected >= 2
+	})
 	if c := log.callsOf("a"); c != 1 {
 		t.Fatalf("a called %d times, want 1 (before the override)", c)
 	}
@@ -415,5 +417,100 @@ func TestBreakerSeedOpensNewTenantUntilItPasses(t *testing.T) {
 	log.mu.Unlock()
 	if len(at) != 3 || at[0].Before(until) {
 		t.Fatalf("a's calls at %v, want 3, none before the seed %v", at, until)
+	}
+}
+
+// A Weight override changes a tenant's share of its partition's turns:
+// with one worker and two backlogged tenants, the one of weight 3 makes
+// three calls a turn to the other's one. (Each call takes 1ms on the
+// guards' clock, over half of SlowTurn: a turn is then the weight alone.)
+func TestWeightOverrideSetsTheShareOfTurns(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	p := fastPolicy()
+	clk := &stepClock{}
+	p.Clock = clk
+	entered := make(chan struct{})
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var order []string
+	e := run(t, h, p, consumer.Config{
+		Concurrency: 1,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			tn, _ := m.Header(consumertest.TenantHeader)
+			if string(tn) == "gate" {
+				close(entered)
+				<-gate
+				return nil
+			}
+			mu.Lock()
+			order = append(order, string(tn))
+			mu.Unlock()
+			clk.advance(time.Millisecond) // over half of SlowTurn: a call a turn per unit of weight
+			return nil
+		}),
+	})
+	e.c.SetControls(map[string]consumer.Control{"a": {Weight: 3}})
+	produce(h, "gate", 0, 0)
+	<-entered // the one worker is held: a's and b's backlogs queue up
+	for i := range 30 {
+		produce(h, "a", 0, i)
+	}
+	for i := range 30 {
+		produce(h, "b", 0, i)
+	}
+	consumertest.Eventually(t, "the backlogs delivered", func() bool { return e.src.Delivered() == 61 })
+	close(gate)
+	consumertest.Eventually(t, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 60 })
+	mu.Lock()
+	first := append([]string(nil), order[:20]...)
+	mu.Unlock()
+	var a int
+	for _, tn := range first {
+		if tn == "a" {
+			a++
+		}
+	}
+	if a != 15 {
+		t.Fatalf("a made %d of the first 20 calls, want 15 (3 a turn to b's 1): %v", a, first)
+	}
+}
+
+// TripBreakers opens the existing guard of a tenant the engine has, closed,
+// until its time: its next message waits, untried. A seed given to an
+// existing guard does not (SetBreakerSeeds applies only to new ones), and
+// a tenant the engine has not met is skipped.
+func TestTripBreakersOpensExistingGuards(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	log := newCallLog()
+	e := run(t, h, fastPolicy(), consumer.Config{
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			log.handled(log.call(m), m)
+			return nil
+		}),
+	})
+	produce(h, "a", 0, 0)
+	consumertest.Eventually(t, "a handled", func() bool { return len(log.handledOf("a")) == 1 })
+	until := time.Now().Add(time.Minute)
+	e.c.SetBreakerSeeds(map[string]time.Time{"a": until})
+	produce(h, "a", 0, 1)
+	consumertest.Eventually(t, "a handled again past its seed", func() bool { return len(log.handledOf("a")) == 2 })
+	if n := e.c.TripBreakers(map[string]time.Time{"a": until, "unknown": until}); n != 1 {
+		t.Fatalf("TripBreakers opened %d breakers, want 1", n)
+	}
+	if n := e.c.TripBreakers(map[string]time.Time{"a": until}); n != 0 {
+		t.Fatalf("TripBreakers again opened %d breakers, want 0", n)
+	}
+	produce(h, "a", 0, 2)
+	consumertest.Eventually(t, "a's message parked behind its breaker", func() bool {
+		ts := tenantStats(t, e.c, "a")
+		return ts.State == policy.Open && ts.Parked == 1
+	})
+	if n := len(log.handledOf("a")); n != 2 {
+		t.Fatalf("a handled %d times, want 2", n)
+	}
+	if _, ok := e.c.Tenant("unknown"); ok {
+		t.Fatal("TripBreakers made a tenant")
 	}
 }

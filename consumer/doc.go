@@ -82,6 +82,22 @@
 // unsettled, and tried again every minute. deadletter.go; the judging is
 // in step.go.
 //
+// # Controls
+//
+// [Consumer.SetControls] publishes operators' standing instructions per
+// tenant ([Control]), applied at once to the tenants in the engine and to
+// tenants met later before their first attempt. A Hold stops trying the
+// tenant: its lanes wait (their messages count as parked, so MaxParked
+// and StuckAfter spill them as they spill a parked tenant), none is lost
+// or dead-lettered for it, and a release runs them again in order and
+// re-feeds what spilled. A Quarantine spills the tenant's messages with no
+// attempt (reason quarantine) and re-feeds nothing until it is cleared.
+// Breaker overrides go through policy.Guard.Force; Weight and Concurrency
+// replace the policy's share and bulkhead. The engine reads a tenant's
+// control once per lane scheduling, never per message.
+// [Consumer.SetBreakerSeeds] starts a new guard open until a time another
+// process saw its breaker open until (policy.Guard.Trip). controls.go.
+//
 // # Commits
 //
 // A message is settled (Source.Settle) only after its handler succeeded,

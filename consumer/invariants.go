@@ -156,6 +156,9 @@ func (c *Consumer) checkInvariants() error {
 			if l.dead {
 				bad("%v/%q: dead lane still in a live shard", sh.p, l.key)
 			}
+			if (l.state == laneHeld || l.holdPark) && !l.parked {
+				bad("%v/%q: lane held by its control (state %v) but not parked", sh.p, l.key, l.state)
+			}
 			x.aside += l.aside
 		}
 		if quickQueued != sh.count.quickQueued || aheadLanes != sh.count.aheadLanes {

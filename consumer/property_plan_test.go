@@ -81,13 +81,18 @@ const (
 	faultSpillDown
 	faultSpillUp
 	faultTearAppend
+	faultControlOn  // an operator holds or quarantines a tenant (SetControls)
+	faultControlOff // and releases it
 )
 
 type fault struct {
 	at     time.Duration
 	kind   faultKind
-	tenant int // outage faults
+	tenant int // outage and control faults
 	upTo   int // produce: messages [produced, upTo)
+	// quarantine: a control fault quarantines the tenant rather than
+	// holding it.
+	quarantine bool
 }
 
 // roundPlan is everything a seed decides.
@@ -271,6 +276,19 @@ func newRoundPlan(seed uint64) *roundPlan {
 	for range rng.IntN(5) / 2 { // none, one or two restarts
 		rp.faults = append(rp.faults, fault{at: dur(0, phase), kind: faultRestart})
 		rp.redelivers = true
+	}
+	// Operators' controls, from a stream of their own so that the other
+	// faults of a seed stay what they were: in half the rounds, a window
+	// or two in which a tenant is held or quarantined.
+	rc := rand.New(rand.NewPCG(seed, 0xc0de))
+	if rc.IntN(2) == 0 && len(rp.tenants) > 0 {
+		for range 1 + rc.IntN(2) {
+			ti := rc.IntN(len(rp.tenants))
+			on := time.Duration(rc.Int64N(int64(phase / 2)))
+			off := on + time.Duration(rc.Int64N(int64(phase/2)))
+			q := rc.IntN(2) == 0
+			rp.faults = append(rp.faults, fault{at: on, kind: faultControlOn, tenant: ti, quarantine: q}, fault{at: off, kind: faultControlOff, tenant: ti})
+		}
 	}
 	// Stable: produce chunks in order, and a window's end after its start.
 	sort.SliceStable(rp.faults, func(i, j int) bool { return rp.faults[i].at < rp.faults[j].at })

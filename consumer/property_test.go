@@ -303,6 +303,7 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 	}
 
 	e := startEngine(t, h, rp, w)
+	controls := map[string]consumer.Control{} // the operators' table, kept across a restart
 	start := time.Now()
 	for _, f := range rp.faults {
 		if d := time.Until(start.Add(f.at)); d > 0 {
@@ -330,6 +331,15 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 				return problems, w
 			}
 			e = startEngine(t, h, rp, w)
+			e.c.SetControls(controls)
+		case faultControlOn:
+			controls[tenantName(f.tenant)] = consumer.Control{Hold: !f.quarantine, Quarantine: f.quarantine}
+			e.c.SetControls(controls)
+			w.tracef("control on %s (quarantine %v)", tenantName(f.tenant), f.quarantine)
+		case faultControlOff:
+			delete(controls, tenantName(f.tenant))
+			e.c.SetControls(controls)
+			w.tracef("control off %s", tenantName(f.tenant))
 		case faultSpillDown:
 			h.Sp.SetDown(true)
 		case faultSpillUp:
@@ -341,7 +351,9 @@ func runRound(t *testing.T, rp *roundPlan) (problems []string, w *roundWorld) {
 			fail("invariants after fault %d: %v", f.kind, err)
 		}
 	}
-	// Every fault is over: no outage, the DLQ works, everything produced.
+	// Every fault is over: no outage, no control, the DLQ works, everything
+	// produced.
+	e.c.SetControls(nil)
 	for i := range w.outage {
 		w.outage[i].Store(false)
 	}

@@ -144,8 +144,9 @@ type SpillLane struct {
 }
 
 // SpillLog is a durable, ordered side log per tenant and source partition,
-// implemented by adapters (Kafka: a topic per source and tenant; NATS: a
-// subject per tenant in a spill stream). When a tenant cannot make progress
+// implemented by adapters (Kafka: the lanes of a source partition share a
+// partition of one spill topic per source; NATS: a subject per tenant in a
+// spill stream). When a tenant cannot make progress
 // (parked at its in-memory bound, a head message stuck longer than
 // Config.StuckAfter, or a backlog beyond its share of the partition), the
 // engine appends its messages to its log and settles the originals only once

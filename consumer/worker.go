@@ -348,8 +348,9 @@ func (w *worker) load(l *lane, gen uint64) {
 // settled its message and asked nothing of the lane (no wait, park,
 // suspicion or set-aside), the engine is not draining nor the partition
 // revoked, and the controls did not change since the job was loaded (a
-// Hold set meanwhile stops the run before its next message; the load
-// that replaces the comparison of draining costs nothing more). The messages stay in their lane's queue (only this
+// Hold set meanwhile stops the run before its next message: runGen's load
+// replaces the load of draining, so the controls cost a run nothing more
+// than a compare). The messages stay in their lane's queue (only this
 // worker takes from its front) until finish removes the settled ones.
 func (w *worker) runOn() bool {
 	j, r := &w.job, &w.res

@@ -19,6 +19,7 @@ import (
 	kafkaad "github.com/ringfence/ringfence/adapters/kafka"
 	natsad "github.com/ringfence/ringfence/adapters/nats"
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/fleet"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
 )
@@ -49,9 +50,40 @@ type childConfig struct {
 	// Progress, if set, is a file the child rewrites with its progress
 	// (a JSON childProgress) every progressEvery.
 	Progress string
-	// Events, if set, is a file the child appends the engine's spill and
-	// reorder events to, one line each (see eventSink).
+	// Events, if set, is a file the child appends the engine's spill,
+	// reorder and partition events to, one line each (see eventSink).
 	Events string
+	// TraceDeliveries, with Events, also records there every message the
+	// source delivers (see traceDeliveries).
+	TraceDeliveries bool
+	// Source picks the source implementation (see sourceKinds); "" is the
+	// broker's first.
+	Source string
+	// Member is the consumer group member the process runs (a NATS
+	// partitioned group's members are fixed: a restarted process takes its
+	// predecessor's place).
+	Member string
+	// Fleet runs a fleet.Agent beside the consumer on the source broker
+	// (group Group, process Name, heartbeat fleetInterval, TTL fleetTTL),
+	// started before the consumer's Run.
+	Fleet bool
+}
+
+// The fleet agent's heartbeat and TTL in the children: short, so that a
+// killed process leaves the status within seconds.
+const (
+	fleetInterval = 250 * time.Millisecond
+	fleetTTL      = 3 * time.Second
+)
+
+// sourceKinds lists, per broker, the sources a child can run, the default
+// first: Kafka's consumer-group source on kafka-go (kafka.NewSource) or on
+// kgo (kafka.NewGroupSource); NATS's source on one durable shared by every
+// process (nats.Open), or as a member of a static partitioned consumer
+// group (nats.WithConsumerGroup).
+var sourceKinds = map[string][]string{
+	"kafka": {"group", "kgo"},
+	"nats":  {"durable", "pcgroup"},
 }
 
 // progressEvery is how often a child writes its Progress file.
@@ -162,10 +194,11 @@ func scenarioHandler(cfg childConfig, sink *handledSink) consumer.HandlerFunc {
 	}
 }
 
-// eventSink appends "kind tenant partition offset process" lines for the
-// events a scenario checks against (the engine's spilling, spill-drained
-// and reordered, and redelivered: see redeliveries), one write each, like
-// handledSink.
+// eventSink appends "kind tenant partition offset process unixnano" lines
+// for the events a scenario checks against (the engine's spilling,
+// spill-drained, reordered, partition-assigned and partition-revoked, and
+// delivered and redelivered: see redeliveries and traceDeliveries), one
+// write each, like handledSink; an event of no tenant has tenant "-".
 type eventSink struct {
 	mu   sync.Mutex
 	f    *os.File
@@ -174,13 +207,17 @@ type eventSink struct {
 
 func (s *eventSink) onEvent(e consumer.Event) {
 	switch e.Kind {
-	case consumer.EventReordered, consumer.EventSpilling, consumer.EventSpillDrained:
+	case consumer.EventReordered, consumer.EventSpilling, consumer.EventSpillDrained,
+		consumer.EventAssigned, consumer.EventRevoked:
 		s.write(e.Kind.String(), e.Tenant, e.Partition.ID, e.Offset)
 	}
 }
 
 func (s *eventSink) write(kind, tenant string, partition int32, offset int64) {
-	line := fmt.Sprintf("%s %s %d %d %s\n", kind, tenant, partition, offset, s.name)
+	if tenant == "" {
+		tenant = "-"
+	}
+	line := fmt.Sprintf("%s %s %d %d %s %d\n", kind, tenant, partition, offset, s.name, time.Now().UnixNano())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, _ = s.f.WriteString(line)
@@ -199,6 +236,27 @@ func redeliveries(tf consumer.TenantFunc, tenant string, s *eventSink) consumer.
 				if md, merr := jm.Metadata(); merr == nil && md.NumDelivered > 1 {
 					s.write("redelivered", key, m.Partition.ID, m.Offset)
 				}
+			}
+		}
+		return key, err
+	}
+}
+
+// traceDeliveries wraps a tenant func (called once per message the source
+// delivers, never for a re-fed spill copy) to record every delivery, and on
+// NATS every message the server delivered more than once, of every tenant:
+// the scale-out scenario explains an order inversion by a redelivery only
+// when the late message was delivered before.
+func traceDeliveries(tf consumer.TenantFunc, s *eventSink) consumer.TenantFunc {
+	return func(m *consumer.Message) (string, error) {
+		key, err := tf(m)
+		if err != nil {
+			return key, err
+		}
+		s.write("delivered", key, m.Partition.ID, m.Offset)
+		if jm, ok := m.Handle.(jetstream.Msg); ok {
+			if md, merr := jm.Metadata(); merr == nil && md.NumDelivered > 1 {
+				s.write("redelivered", key, m.Partition.ID, m.Offset)
 			}
 		}
 		return key, err
@@ -279,10 +337,22 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		events = &eventSink{f: ef, name: cfg.Name}
 		ccfg.OnEvent = events.onEvent
 	}
+	if cfg.Source == "" && len(sourceKinds[cfg.Broker]) > 0 {
+		cfg.Source = sourceKinds[cfg.Broker][0]
+	}
 	var src consumer.Source
-	switch cfg.Broker {
-	case "kafka":
-		s, err := kafkaad.NewSource([]string{cfg.Addr}, cfg.Topic, cfg.Group,
+	var fleetStore fleet.Store
+	switch cfg.Broker + "/" + cfg.Source {
+	case "kafka/group", "kafka/kgo":
+		newSource := func(brokers []string, topic, group string, opts ...kafkaad.SourceOption) (consumer.Source, error) {
+			return kafkaad.NewSource(brokers, topic, group, opts...)
+		}
+		if cfg.Source == "kgo" {
+			newSource = func(brokers []string, topic, group string, opts ...kafkaad.SourceOption) (consumer.Source, error) {
+				return kafkaad.NewGroupSource(brokers, topic, group, opts...)
+			}
+		}
+		s, err := newSource([]string{cfg.Addr}, cfg.Topic, cfg.Group,
 			kafkaad.WithHeartbeatInterval(200*time.Millisecond),
 			kafkaad.WithSessionTimeout(3*time.Second),
 			kafkaad.WithRebalanceTimeout(5*time.Second),
@@ -304,7 +374,13 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		}
 		defer spill.Close()
 		src, ccfg.Tenant, ccfg.DLQ, ccfg.Spill = s, consumer.FromKey(), dlqSink, spill
-	case "nats":
+		if cfg.Fleet {
+			if fleetStore, err = fleet.NewKafkaStore(ctx, []string{cfg.Addr}, cfg.Group, fleet.KafkaOptions{Create: true}); err != nil {
+				return err
+			}
+			defer fleetStore.Close()
+		}
+	case "nats/durable", "nats/pcgroup":
 		nc, err := nats.Connect(cfg.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err != nil {
 			return err
@@ -329,7 +405,11 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		if events != nil && cfg.FaultTenant != "" {
 			ccfg.Tenant = redeliveries(ccfg.Tenant, cfg.FaultTenant, events)
 		}
-		s, err := natsad.Open(ctx, nc, cfg.Topic, cfg.Group, natsad.WithLogger(log))
+		durable, opts := cfg.Group, []natsad.SourceOption{natsad.WithLogger(log)}
+		if cfg.Source == "pcgroup" {
+			durable, opts = "", append(opts, natsad.WithConsumerGroup(cfg.Group, cfg.Member))
+		}
+		s, err := natsad.Open(ctx, nc, cfg.Topic, durable, opts...)
 		if err != nil {
 			return err
 		}
@@ -338,12 +418,36 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 			return err
 		}
 		src, ccfg.DLQ, ccfg.Spill = s, q, spill
+		if cfg.Fleet {
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			if fleetStore, err = fleet.NewNATSStore(ctx, js, cfg.Group, fleet.NATSOptions{Create: true, TTL: fleetTTL}); err != nil {
+				return err
+			}
+			defer fleetStore.Close()
+		}
 	default:
-		return fmt.Errorf("unknown broker %q", cfg.Broker)
+		return fmt.Errorf("unknown broker %q or source %q", cfg.Broker, cfg.Source)
+	}
+	if events != nil && cfg.TraceDeliveries {
+		ccfg.Tenant = traceDeliveries(ccfg.Tenant, events)
 	}
 	c, err := consumer.New(ccfg)
 	if err != nil {
 		return err
+	}
+	if fleetStore != nil {
+		a, err := fleet.NewAgent(fleet.AgentConfig{Consumer: c, Store: fleetStore, Group: cfg.Group, Source: cfg.Broker + "/" + cfg.Source,
+			Process: cfg.Name, Interval: fleetInterval, TTL: fleetTTL, Logger: log})
+		if err != nil {
+			return err
+		}
+		if err := a.Start(ctx); err != nil {
+			return err
+		}
+		defer a.Close() // a drained process says goodbye; a killed one ages out
 	}
 	log.Info("child consumer running", "broker", cfg.Broker, "topic", cfg.Topic, "group", cfg.Group)
 	if cfg.Progress != "" {

@@ -41,6 +41,7 @@ const (
 type msg struct {
 	tenant, id string
 	poison     bool
+	at         time.Time // when the broker acknowledged it
 }
 
 // rig is one scenario's brokers, names, producer and consumer processes.
@@ -64,8 +65,14 @@ type rig struct {
 }
 
 // newRig starts the brokers of a scenario: one, or two when the DLQ must be
-// faulted apart from the source.
+// faulted apart from the source. The Kafka topic has 3 partitions.
 func newRig(t *testing.T, kind string, separateDLQ bool) *rig {
+	t.Helper()
+	return newRigPartitions(t, kind, separateDLQ, 3)
+}
+
+// newRigPartitions is newRig with a Kafka topic of that many partitions.
+func newRigPartitions(t *testing.T, kind string, separateDLQ bool, partitions int) *rig {
 	t.Helper()
 	r := &rig{t: t, kind: kind, dir: t.TempDir(), produced: map[string]msg{}}
 	r.hfile = filepath.Join(r.dir, "handled.log")
@@ -83,7 +90,7 @@ func newRig(t *testing.T, kind string, separateDLQ bool) *rig {
 	switch kind {
 	case "kafka":
 		r.topic, r.group = "orders", "ringfence-it"
-		r.createKafkaTopic(ctx, 3)
+		r.createKafkaTopic(ctx, partitions)
 		r.kw = &kafka.Writer{Addr: kafka.TCP(r.src.Addr), Topic: r.topic, Balancer: &kafka.Hash{},
 			RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond, BatchSize: 200,
 			WriteTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, MaxAttempts: 2}
@@ -179,8 +186,10 @@ func (r *rig) tryProduce(msgs []msg) error {
 	if err != nil {
 		return fmt.Errorf("produce %d messages: %w", len(msgs), err)
 	}
+	at := time.Now()
 	r.mu.Lock()
 	for _, m := range msgs {
+		m.at = at
 		r.produced[m.id] = m
 	}
 	r.mu.Unlock()

@@ -237,6 +237,7 @@ type eventLine struct {
 	kind, tenant, proc string
 	partition          int32
 	offset             int64
+	at                 time.Time
 }
 
 func readEvents(t *testing.T, path string) []eventLine {
@@ -253,12 +254,13 @@ func readEvents(t *testing.T, path string) []eventLine {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) != 5 {
-			continue
+		if len(fs) != 6 {
+			continue // a torn last line of a killed process
 		}
 		part, _ := strconv.ParseInt(fs[2], 10, 32)
 		off, _ := strconv.ParseInt(fs[3], 10, 64)
-		out = append(out, eventLine{kind: fs[0], tenant: fs[1], partition: int32(part), offset: off, proc: fs[4]})
+		ns, _ := strconv.ParseInt(fs[5], 10, 64)
+		out = append(out, eventLine{kind: fs[0], tenant: fs[1], partition: int32(part), offset: off, proc: fs[4], at: time.Unix(0, ns)})
 	}
 	return out
 }

@@ -59,6 +59,11 @@
 // hang opens the breaker instead of holding a caller for five timeouts
 // (engines report it with [AttemptTimedOut]; Run does so itself).
 //
+// An operator may override the breaker ([Guard.Force]: held open with no
+// probe, or never opened) and a caller that knows better than the outcomes
+// so far may open it until a time ([Guard.Trip]); their events are marked
+// Forced.
+//
 // A failure is the dependency's unless it says otherwise: an error marked
 // [Permanent] is the unit of work's own fault (a message that can never be
 // handled), so by default the breaker counts it as neither success nor
@@ -134,8 +139,9 @@
 // # Files
 //
 // One concern per file: breaker.go (state machine, window, generations),
-// budget.go (earn, spend, floor), latency.go (the estimate, the slow-call
-// baseline, the gradient limit), backoff.go, retry.go ([RetryDecision]),
+// force.go (Force and Trip), budget.go (earn, spend, floor), latency.go
+// (the estimate, the slow-call baseline, the gradient limit), backoff.go,
+// retry.go ([RetryDecision]),
 // executor.go (Run, attempts, hedging), attemptctx.go (an attempt's ctx),
 // permit.go (Permit, Allow, Done, Release, the outcome recorded),
 // bulkhead.go, guard.go (the state, New, Compile, Stats), handle.go (the

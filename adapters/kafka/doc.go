@@ -1,12 +1,12 @@
 // Package kafka connects ringfence to Apache Kafka: a Source that consumes
 // a topic as a member of a consumer group, a DLQ that keeps each tenant's
 // dead letters in a topic of its own, and a SpillLog that moves a stuck
-// tenant's messages to a side topic of its own so that its partition's
-// commit and its partition-mates move on.
+// tenant's messages to a side topic shared by the source's tenants so that
+// its partition's commit and its partition-mates move on.
 //
 //	src, err := kafka.NewSource(brokers, "orders", "billing")
 //	dead, err := kafka.NewDLQ(brokers, "orders")                 // orders.dlq.<tenant>
-//	spill, err := kafka.NewSpillLog(brokers, "orders", "billing") // orders.spill.<tenant>
+//	spill, err := kafka.NewSpillLog(brokers, "orders", "billing") // orders.spill
 //	c, err := consumer.New(consumer.Config{
 //		Handler: handler,
 //		Tenant:  consumer.FromHeader("tenant"),
@@ -70,12 +70,15 @@
 // shared topic), created on first use and sized so that any message the
 // source accepted fits, and lists, peeks, replays and purges them; Kafka
 // has no DeleteRecords, so removing a dead letter advances a committed
-// cursor. A SpillLog appends a stuck tenant's messages to
-// "<source>.spill.<token>" and reads them back, oldest first, once the
-// tenant recovers; a spilled record stays on disk until the topic's
-// retention removes it. The token is dlq.TenantToken: a key crafted to
-// look like another tenant's never reaches that tenant's topic. See DLQ
-// and SpillLog for the details, what they cost and how they are bounded.
+// cursor. A SpillLog appends a stuck tenant's messages to partition p of
+// "<source>.spill" (p its source partition), each record naming its
+// tenant, and reads them back, oldest first, once the tenant recovers,
+// keeping each tenant's cursor in the compacted "<source>.spill-cursors":
+// two topics per source whatever the number of tenants. A spilled record
+// stays on disk until the topic's retention removes it. The DLQ's token is
+// dlq.TenantToken: a key crafted to look like another tenant's never
+// reaches that tenant's topic. See DLQ and SpillLog for the details, what
+// they cost and how they are bounded.
 //
 // # Scaling out
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,13 +19,19 @@ import (
 
 // Spill topic naming.
 const (
-	// SpillInfix separates the source topic from the tenant token in a
-	// spill topic's name: "<source>.spill.<token>".
+	// SpillSuffix makes the spill topic of a source: "<source>.spill".
+	SpillSuffix = ".spill"
+	// SpillCursorSuffix makes the cursor topic of a source:
+	// "<source>.spill-cursors".
+	SpillCursorSuffix = ".spill-cursors"
+	// SpillInfix separates the source topic from the tenant token in the
+	// name of a per-tenant spill topic of earlier versions,
+	// "<source>.spill.<token>", which a SpillLog still drains (see
+	// SpillLog).
 	SpillInfix = ".spill."
 	// MaxSpillSourceLen is the longest source topic a SpillLog accepts:
-	// "<source>.spill.<token>" must fit Kafka's 249 characters for the
-	// longest token (dlq.MaxTokenLen).
-	MaxSpillSourceLen = 249 - len(SpillInfix) - dlq.MaxTokenLen
+	// its cursor topic's name must fit Kafka's 249 characters.
+	MaxSpillSourceLen = 249 - len(SpillCursorSuffix)
 	// DefaultSpillGroupSuffix makes the cursor group of a SpillLog from
 	// its consumer group: "<group>.ringfence-spill".
 	DefaultSpillGroupSuffix = ".ringfence-spill"
@@ -32,10 +39,22 @@ const (
 	DefaultSpillFetchBytes = 1 << 20
 )
 
-// SpillTopic names the spill topic of tenant for source:
-// "<source>.spill.<token>", the token being dlq.TenantToken(tenant), the
-// same tenant-safe token the DLQ topics use.
-func SpillTopic(source, tenant string) string {
+// ErrNotSpill is wrapped by the error of a SpillLog that finds a topic by
+// its spill topic's name that is not one (compacted, or holding records
+// that are not spill records); it refuses to write to it.
+var ErrNotSpill = errors.New("kafka: not a ringfence spill topic")
+
+// SpillTopic names the spill topic of source: "<source>.spill". Every
+// tenant's spilled messages of source partition p go to its partition p.
+func SpillTopic(source string) string { return source + SpillSuffix }
+
+// SpillCursorTopic names the compacted topic that keeps the lanes' cursors
+// of source: "<source>.spill-cursors".
+func SpillCursorTopic(source string) string { return source + SpillCursorSuffix }
+
+// legacySpillTopic names the per-tenant spill topic earlier versions made:
+// "<source>.spill.<token>".
+func legacySpillTopic(source, tenant string) string {
 	return source + SpillInfix + dlq.TenantToken(tenant)
 }
 
@@ -65,7 +84,9 @@ func SpillDialer(d *kafkago.Dialer) SpillOption {
 }
 
 // SpillCursorGroup sets the consumer group whose committed offsets on the
-// spill topics mark what was re-fed and settled. No member ever joins it.
+// spill topic are the partitions' floors (every record of the group below
+// is settled), and on old per-tenant spill topics their lanes' cursors. No
+// member ever joins it.
 // Default: "<group>" + DefaultSpillGroupSuffix.
 func SpillCursorGroup(name string) SpillOption {
 	return func(c *spillConfig) error {
@@ -151,66 +172,80 @@ func SpillLogger(l *slog.Logger) SpillOption {
 }
 
 // A SpillLog keeps the messages a tenant could not make progress with, in
-// order, in a topic of the tenant's own: a consumer.SpillLog. When a
-// tenant's breaker stays open past its parked bound, a message of it holds
-// its partition's commit for StuckAfter, or its backlog passes its share
-// of the partition, the engine appends its messages and settles the
-// originals only once every in-sync replica acknowledged them, so the
-// source partition's commit moves on; once the tenant recovers the engine
-// reads them back, oldest first, before the tenant's live messages, and
-// commits the spill cursor past what it settled.
+// order, in a spill topic shared by the source's tenants: a
+// consumer.SpillLog. When a tenant's breaker stays open past its parked
+// bound, a message of it holds its partition's commit for StuckAfter, or
+// its backlog passes its share of the partition, the engine appends its
+// messages and settles the originals only once every in-sync replica
+// acknowledged them, so the source partition's commit moves on; once the
+// tenant recovers the engine reads them back, oldest first, before the
+// tenant's live messages, and commits the lane's cursor past what it
+// settled.
 //
-// The spill topic of tenant T for source S is SpillTopic(S, T) =
-// "S.spill.<token>", the token being dlq.TenantToken(T): a key made of
-// [A-Za-z0-9-] is its own token, every other byte is escaped as _hh, and a
-// key whose token would pass 180 characters is hashed (its records then
-// carry the full key in SpillHeaderTenant). Source topics longer than
-// MaxSpillSourceLen are refused, so that every token fits. A spill topic
-// has the source's partition count: the lane of T in source partition p is
-// partition p, and whoever owns source partition p owns its lanes. It is
-// created on its first spill (single-flight per topic, no lock shared
-// between tenants) with the source's partition count and replication
-// factor, max.message.bytes twice the source's plus 64 KiB (the message
-// plus the ringfence-spill- headers, which may hold a tenant key as long
-// as the message), cleanup.policy=delete and the source's retention.ms
-// (SpillRetention). An existing spill topic keeps its settings; one with
-// fewer partitions than the source is grown; a record that does not fit
-// raises its max.message.bytes.
+// # Layout
 //
+// A source S has one spill topic, SpillTopic(S) = "S.spill", with the
+// source's partition count: the lane of tenant T in source partition p is
+// appended to partition p, so whoever owns source partition p owns its
+// lanes, and a lane's records are in order. Each record carries its lane
+// (the full tenant key in SpillHeaderTenant, the source partition in
+// SpillHeaderPartition) and its consumer group. The topic is created on the
+// first spill with the source's replication factor, max.message.bytes
+// twice the source's plus 64 KiB (the message plus the ringfence-spill-
+// headers, which hold the tenant key), cleanup.policy=delete and the
+// source's retention.ms (SpillRetention); an existing one keeps its
+// settings, grows with the source, and is refused (ErrNotSpill) when it is
+// compacted or its last record is not a spill record.
+//
+// Cursors. A lane's cursor is a record keyed by the lane in the compacted
+// topic SpillCursorTopic(S) = "S.spill-cursors" (same partition count,
+// partition p for the lanes of p). Below every lane's cursor lies the
+// floor of partition p: the committed offset, on the spill topic, of the
+// group "<group>.ringfence-spill" (SpillCursorGroup), which no member ever
+// joins. Every record of the group below the floor is settled, so the
+// cursor records at or below it are dropped (tombstones, on Pending).
+//
+// Footprint. Two topics per source topic, each with the source's partition
+// count, whatever the number of tenants; one record per lane with progress
+// past the floor in the cursor topic.
+//
+// Reads. Per partition the log keeps an index in memory: the offsets of the
+// group's unsettled records, by lane. Pending builds it with one pass from
+// the floor to the end (the records of the oldest unsettled lane of the
+// partition on, other lanes' and groups' included), and Append keeps it up
+// to date; a Read of a lane fetches only from its own records' offsets, so
+// the records of a shared partition are fetched about once per lane whose
+// records share their record batch. Memory: 8 bytes per unsettled record
+// plus one entry per lane (SpillStats.Indexed, SpillStats.Lanes).
+//
+// Appends. Concurrent Appends of different lanes of one partition are sent
+// together, in order, in as few produce requests as the topic's limit
+// allows (acks=all); each Append's records stay contiguous and in order.
 // A spill record is the original's key, value and headers byte for byte
-// followed by the SpillHeader* headers (see SpillHeaderCount); its Kafka
-// timestamp is the time of the spill, so retention counts from then.
-// Append sends a batch in as few produce requests as the topic's limit
-// allows, one record batch each, sized exactly, with acks=all.
+// followed by the SpillHeader* headers; its Kafka timestamp is the time of
+// the spill, so retention counts from then.
 //
-// The cursor of a lane is the committed offset, on partition p of the
-// spill topic, of the consumer group "<group>.ringfence-spill"
-// (SpillCursorGroup), committed outside any generation; no member ever
-// joins it. Two consumer groups reading one source share its spill topics:
-// each writes its group into its records, reads back only its own, and
-// keeps its own cursor.
+// Earlier versions kept a topic per tenant, "S.spill.<token>". Pending still
+// finds the lanes with entries past their cursor there, and until the
+// partition is next assigned such a lane keeps using its old topic (Append,
+// Read, Commit) so its order holds; once drained, it moves to the shared
+// topic on the next assignment. Such old topics may be deleted once
+// Backlog reports them drained (Total 0) while no consumer of the source
+// runs. A process of an earlier version does not read the shared topic:
+// during a rolling upgrade, what this version spilled for a partition that
+// moves back to an old process waits there, out of its tenant's order,
+// until a process of this version owns the partition again.
 //
-// What it costs. A Commit removes nothing (Kafka has no DeleteRecords): a
-// spilled record stays on the broker's disk until retention deletes its
-// segment, re-fed or not. A tenant that spills R bytes a second holds up
-// to R x retention.ms of disk, times the replication factor. Every tenant
-// that ever spilled keeps a topic (with the source's partition count), and
-// Pending lists the cluster's topics.
-//
-// How it is bounded. Disk per spill topic is bounded by its retention.ms;
-// the default, the source's, lets a spilled message live at least as long
-// as the source would have kept it unconsumed. A message that is not
-// re-fed within retention is gone: set SpillRetention to outlast your
-// longest outage; Read logs at Error level, and SpillStats.Lost counts, a
-// cursor found below the log start. Topics are bounded by the tenants that
-// spill. The package never deletes a spill topic (a consumer could append
-// to it between the check that it is drained and the deletion): delete
-// drained ones (Backlog reports them with Total 0) while no consumer of
-// the source runs. Memory is bounded by SpillReadAhead plus one fetch
-// (SpillFetchBytes) per concurrent Read.
+// What it costs. A Commit removes nothing: a spilled record stays on the
+// broker's disk until retention deletes its segment, re-fed or not (the
+// records below the floor are garbage; the topic is shared by the consumer
+// groups of the source, so the log does not delete records itself). A
+// message that is not re-fed within retention is gone: set SpillRetention
+// to outlast your longest outage; Read logs at Error level, and
+// SpillStats.Lost counts, positions found below the log start.
 //
 // SpillLog is safe for concurrent use. It holds no lock across a network
-// call: creating one tenant's topic holds up no other tenant.
+// call.
 type SpillLog struct {
 	source  string
 	group   string
@@ -222,9 +257,19 @@ type SpillLog struct {
 	client  *kafkago.Client
 	records *wire.Client // reads the spill topics
 
+	shared    string // the spill topic
+	cursorLog string // the cursor topic
+
 	sources flight.Group[spillSource] // the source topic -> its shape and settings
 	topics  flight.Group[spillTopic]  // spill topic -> what the log knows of it
-	tenants flight.Group[string]      // spill topic with a hashed token -> tenant key
+	tenants flight.Group[string]      // old spill topic with a hashed token -> tenant key
+	builds  flight.Group[struct{}]    // partition -> its index being built
+
+	partsMu sync.Mutex
+	parts   map[int]*sharedPart // by spill partition
+
+	legacyMu sync.Mutex
+	legacy   map[consumer.SpillLane]bool // lanes draining an old per-tenant topic
 
 	ahead readAhead
 	// recordBytes is the running average size of a fetched spill record,
@@ -254,16 +299,20 @@ type SpillStats struct {
 	AppendedBytes uint64 // their size in record batches
 	Produces      uint64 // produce requests that succeeded
 	Read          uint64 // spill records returned by Read
-	Skipped       uint64 // records Read passed over: another group's, or not spill records
+	Coalesced     uint64 // Appends sent in a produce request with another lane's
+	Skipped       uint64 // records Read or an index build passed over: another group's, or not spill records
 	Commits       uint64 // cursor commits
-	Created       uint64 // spill topics created
+	Created       uint64 // topics created (spill and cursor topics)
 	Lost          uint64 // times Read found its cursor below the log start (entries removed by retention)
 	AheadHits     uint64 // Reads served from records an earlier Read fetched
 	AheadBytes    int    // bytes of records kept for the next Reads now (bound: SpillReadAhead)
+	Indexed       int    // unsettled records indexed in memory now (8 bytes each; see SpillLog)
+	Lanes         int    // lanes indexed in memory now
+	Legacy        int    // lanes draining an old per-tenant spill topic now
 }
 
 type spillCounters struct {
-	appended, appendedBytes, produces, read, skipped, commits, created, lost, aheadHits atomic.Uint64
+	appended, appendedBytes, produces, coalesced, read, skipped, commits, created, lost, aheadHits atomic.Uint64
 }
 
 // NewSpillLog returns a SpillLog for the spilled messages of sourceTopic
@@ -277,7 +326,7 @@ func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOptio
 		return nil, err
 	}
 	if len(sourceTopic) > MaxSpillSourceLen {
-		return nil, invalid("source topic %q is longer than %d characters: the spill topic of a long tenant key would pass Kafka's 249", sourceTopic, MaxSpillSourceLen)
+		return nil, invalid("source topic %q is longer than %d characters: its spill cursor topic would pass Kafka's 249", sourceTopic, MaxSpillSourceLen)
 	}
 	if group == "" {
 		return nil, invalid("empty consumer group")
@@ -301,6 +350,8 @@ func NewSpillLog(brokers []string, sourceTopic, group string, opts ...SpillOptio
 		tr:      transportFor(cfg.dialer),
 		ahead:   readAhead{max: cfg.readAhead},
 
+		shared:     SpillTopic(sourceTopic),
+		cursorLog:  SpillCursorTopic(sourceTopic),
 		skipBudget: skipBudget,
 	}
 	if s.cursor == "" {
@@ -320,12 +371,30 @@ func (s *SpillLog) CursorGroup() string { return s.cursor }
 // Stats returns what the log did so far.
 func (s *SpillLog) Stats() SpillStats {
 	c := &s.stats
-	return SpillStats{
+	st := SpillStats{
 		Appended: c.appended.Load(), AppendedBytes: c.appendedBytes.Load(), Produces: c.produces.Load(),
-		Read: c.read.Load(), Skipped: c.skipped.Load(), Commits: c.commits.Load(),
+		Coalesced: c.coalesced.Load(), Read: c.read.Load(), Skipped: c.skipped.Load(), Commits: c.commits.Load(),
 		Created: c.created.Load(), Lost: c.lost.Load(),
 		AheadHits: c.aheadHits.Load(), AheadBytes: s.ahead.kept(),
 	}
+	s.partsMu.Lock()
+	parts := make([]*sharedPart, 0, len(s.parts))
+	for _, sp := range s.parts {
+		parts = append(parts, sp)
+	}
+	s.partsMu.Unlock()
+	for _, sp := range parts {
+		sp.mu.Lock()
+		if x := sp.idx; x != nil {
+			st.Indexed += x.records
+			st.Lanes += len(x.lanes)
+		}
+		sp.mu.Unlock()
+	}
+	s.legacyMu.Lock()
+	st.Legacy = len(s.legacy)
+	s.legacyMu.Unlock()
+	return st
 }
 
 // Close closes the log's idle connections.
@@ -335,15 +404,26 @@ func (s *SpillLog) Close() error {
 	return nil
 }
 
-// laneTopic returns lane's spill topic, refusing a lane of another source.
-func (s *SpillLog) laneTopic(lane consumer.SpillLane) (string, error) {
+// checkLane refuses a lane of another source.
+func (s *SpillLog) checkLane(lane consumer.SpillLane) error {
 	if lane.Partition.Topic != s.source {
-		return "", fmt.Errorf("kafka: spill lane of topic %q given to the spill log of %q", lane.Partition.Topic, s.source)
+		return fmt.Errorf("kafka: spill lane of topic %q given to the spill log of %q", lane.Partition.Topic, s.source)
 	}
 	if lane.Partition.ID < 0 {
-		return "", fmt.Errorf("kafka: spill lane of partition %d", lane.Partition.ID)
+		return fmt.Errorf("kafka: spill lane of partition %d", lane.Partition.ID)
 	}
-	return SpillTopic(s.source, lane.Tenant), nil
+	return nil
+}
+
+// legacyTopic returns the old per-tenant topic of lane when the lane is
+// draining it (see SpillLog), else "".
+func (s *SpillLog) legacyTopic(lane consumer.SpillLane) string {
+	s.legacyMu.Lock()
+	defer s.legacyMu.Unlock()
+	if s.legacy[lane] {
+		return legacySpillTopic(s.source, lane.Tenant)
+	}
+	return ""
 }
 
 // hashedTenant returns the tenant key to write in SpillHeaderTenant: the key
@@ -355,25 +435,31 @@ func hashedTenant(tenant string) string {
 	return ""
 }
 
-// Append writes msgs to partition p of the tenant's spill topic (created on
-// first use), in order, and returns once every in-sync replica acknowledged
-// each of them. The records are sent in as few produce requests as the
-// topic's max.message.bytes allows, one record batch each, sized exactly;
-// a record that does not fit raises the topic's limit. On an error none of
-// msgs counts as appended (some may have been: the engine drops such copies
+// Append writes msgs to partition p of the spill topic (created on first
+// use), in order, and returns once every in-sync replica acknowledged each
+// of them. Appends of other lanes of p that wait at the same time go out in
+// the same produce requests (see SpillLog). On an error none of msgs counts
+// as appended (a prefix of them may have been: the engine drops such copies
 // when it reads them back).
 func (s *SpillLog) Append(ctx context.Context, lane consumer.SpillLane, msgs []*consumer.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	topic, err := s.laneTopic(lane)
-	if err != nil {
+	if err := s.checkLane(lane); err != nil {
 		return err
 	}
+	if topic := s.legacyTopic(lane); topic != "" {
+		return s.appendLegacy(ctx, topic, lane, msgs)
+	}
+	return s.appendShared(ctx, lane, msgs)
+}
+
+// appendLegacy is Append to a lane's old per-tenant topic.
+func (s *SpillLog) appendLegacy(ctx context.Context, topic string, lane consumer.SpillLane, msgs []*consumer.Message) error {
 	tenant := hashedTenant(lane.Tenant)
 	recs := make([]spillRec, len(msgs))
 	for i, m := range msgs {
-		recs[i] = encodeSpill(m, s.group, tenant)
+		recs[i] = encodeSpill(m, s.group, tenant, tenant != "")
 	}
 	p := int(lane.Partition.ID)
 	now := time.Now()
@@ -470,21 +556,23 @@ func (s *SpillLog) raise(ctx context.Context, topic string, t spillTopic, need i
 }
 
 // Commit moves the cursor of lane to next: entries below it are settled.
-// It is a committed offset of the cursor group on partition p of the
-// tenant's spill topic; the entries stay in the topic until retention
-// removes them (kafka-go has no DeleteRecords).
+// It writes the lane's record in the cursor topic, and moves the floor of
+// the partition when the lane held its oldest unsettled record; the
+// entries stay in the topic until retention removes them.
 func (s *SpillLog) Commit(ctx context.Context, lane consumer.SpillLane, next int64) error {
-	topic, err := s.laneTopic(lane)
-	if err != nil {
+	if err := s.checkLane(lane); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if err := commitOffsets(ctx, s.client, s.cursor, topic, map[int]int64{int(lane.Partition.ID): next}); err != nil {
-		return err
+	if topic := s.legacyTopic(lane); topic != "" {
+		if err := commitOffsets(ctx, s.client, s.cursor, topic, map[int]int64{int(lane.Partition.ID): next}); err != nil {
+			return err
+		}
+		s.stats.commits.Add(1)
+		return nil
 	}
-	s.stats.commits.Add(1)
-	return nil
+	return s.commitShared(ctx, lane, next)
 }
 
 var _ consumer.SpillLog = (*SpillLog)(nil)

@@ -1,13 +1,15 @@
 package kafka
 
-// Surveying a source's spill topics: Pending for the lanes an earlier owner
-// left, Backlog for operators.
+// Surveying a source's spill logs: Pending for the lanes an earlier owner
+// left, Backlog for operators; the shared topic through its index, old
+// per-tenant topics through their cursors.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	kafkago "github.com/segmentio/kafka-go"
 
@@ -46,7 +48,8 @@ func (p spillPart) backlog() int64 { return p.last - p.cursor }
 const offsetsChunk = 64
 
 // survey returns the state of partition part (all partitions for part <
-// 0) of every spill topic of the source, sorted, and each topic's token. It
+// 0) of every old per-tenant spill topic of the source, sorted, and each
+// topic's token. It
 // lists the cluster's topics once (directly, not through kafka-go's
 // metadata cache, which may not know a topic another process made a
 // moment ago), then asks for the cursors in one OffsetFetch and for the
@@ -146,18 +149,14 @@ func (s *SpillLog) cursors(ctx context.Context, parts map[string][]int) (map[top
 	return out, nil
 }
 
-// Pending returns the lanes of source partition p whose spill partition p
-// holds records past the cursor: the tenants an earlier process, or the
-// previous owner of p, spilled and did not finish. It costs one listing of
-// the cluster's topics (asking a broker directly: kafka-go's metadata
-// cache, refreshed every 6s, may not know a spill topic another process
-// made a moment ago), one OffsetFetch and ListOffsets of partition p of
-// every spill topic of the source (see survey), and for a hashed token one
-// fetch, once per topic, to read the tenant's full key from
-// SpillHeaderTenant.
-//
-// A lane whose records past the cursor are all another group's is named
-// too; its first Read moves the cursor past them.
+// Pending returns the lanes of source partition p with entries past their
+// cursor: the tenants an earlier process, or the previous owner of p,
+// spilled and did not finish. It (re)builds the index of spill partition p
+// from the broker (see SpillLog: one pass from the floor to the end),
+// drops the cursor records the floor made useless, and looks for lanes
+// still draining an old per-tenant topic (one listing of the cluster's
+// topics, asking a broker directly, and one OffsetFetch and ListOffsets of
+// partition p of each such topic).
 func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consumer.SpillLane, error) {
 	if p.Topic != s.source || p.ID < 0 {
 		return nil, nil
@@ -166,6 +165,52 @@ func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consume
 	s.ahead.forget(p)
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	old, err := s.legacyPending(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	s.legacyMu.Lock()
+	for l := range s.legacy {
+		if l.Partition == p {
+			delete(s.legacy, l)
+		}
+	}
+	for _, l := range old {
+		if s.legacy == nil {
+			s.legacy = make(map[consumer.SpillLane]bool)
+		}
+		s.legacy[l] = true
+	}
+	s.legacyMu.Unlock()
+
+	part := int(p.ID)
+	s.part(part).reset()
+	sp, err := s.index(ctx, part)
+	if err != nil {
+		return nil, err
+	}
+	s.dropCursors(ctx, part, sp)
+	sp.mu.Lock()
+	var tenants []string
+	if sp.idx != nil {
+		tenants = sp.idx.pendingLanes()
+	}
+	sp.mu.Unlock()
+	lanes := old
+	for _, t := range tenants {
+		l := consumer.SpillLane{Tenant: t, Partition: p}
+		if !slices.Contains(old, l) {
+			lanes = append(lanes, l)
+		}
+	}
+	return lanes, nil
+}
+
+// legacyPending returns the lanes of p with records past the cursor in
+// their old per-tenant spill topic. A lane whose records past the cursor
+// are all another group's is named too; its first Read moves the cursor
+// past them.
+func (s *SpillLog) legacyPending(ctx context.Context, p consumer.Partition) ([]consumer.SpillLane, error) {
 	parts, tokens, err := s.survey(ctx, int(p.ID))
 	if err != nil {
 		return nil, err
@@ -193,25 +238,80 @@ func (s *SpillLog) Pending(ctx context.Context, p consumer.Partition) ([]consume
 	return lanes, nil
 }
 
-// SpillBacklog is what one tenant's spill topic holds past the cursor.
+// SpillBacklog is what one tenant has past its cursors in one spill topic.
 type SpillBacklog struct {
 	Tenant string
-	Topic  string
+	// Topic is the spill topic: the shared one, or an old per-tenant one.
+	Topic string
 	// Partitions holds, by source partition, the records past the
-	// cursor. They include records of other groups that share the topic
-	// and copies (a re-appended batch), so they are an upper bound.
+	// cursor. They include copies (a re-appended batch); in an old
+	// per-tenant topic, records of other groups too, so they are an upper
+	// bound.
 	Partitions map[int]int64
 	// Total is the sum of Partitions. A topic with Total 0 is drained: it
 	// holds only settled records until retention removes them.
 	Total int64
 }
 
-// Backlog lists every spill topic of the source with what it holds past
-// the cursor, sorted by topic (drained topics too: see SpillBacklog.Total).
-// It costs what Pending costs, for all partitions.
+// Backlog lists the tenants with records past their cursors in the shared
+// spill topic, sorted by tenant, then every old per-tenant spill topic of
+// the source with what it holds past the cursor, sorted by topic (drained
+// ones too: see SpillBacklog.Total). It reads the broker's state only (an
+// index built for the purpose, for every partition) and writes nothing.
 func (s *SpillLog) Backlog(ctx context.Context) ([]SpillBacklog, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	shared, err := s.sharedBacklog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	old, err := s.legacyBacklog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return append(shared, old...), nil
+}
+
+// sharedBacklog is Backlog of the shared topic.
+func (s *SpillLog) sharedBacklog(ctx context.Context) ([]SpillBacklog, error) {
+	live, err := liveTopics(ctx, s.cfg.dialer, s.brokers)
+	if err != nil {
+		return nil, err
+	}
+	sh, ok := live[s.shared]
+	if !ok {
+		return nil, nil
+	}
+	refreshCache(ctx, s.client, s.shared, s.cursorLog)
+	by := map[string]*SpillBacklog{}
+	for p := range sh.partitions {
+		x, err := s.buildIndex(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		for t, l := range x.lanes {
+			if len(l.offs) == 0 {
+				continue
+			}
+			b := by[t]
+			if b == nil {
+				b = &SpillBacklog{Tenant: t, Topic: s.shared, Partitions: map[int]int64{}}
+				by[t] = b
+			}
+			b.Partitions[p] = int64(len(l.offs))
+			b.Total += int64(len(l.offs))
+		}
+	}
+	out := make([]SpillBacklog, 0, len(by))
+	for _, b := range by {
+		out = append(out, *b)
+	}
+	slices.SortFunc(out, func(a, b SpillBacklog) int { return strings.Compare(a.Tenant, b.Tenant) })
+	return out, nil
+}
+
+// legacyBacklog is Backlog of the old per-tenant topics.
+func (s *SpillLog) legacyBacklog(ctx context.Context) ([]SpillBacklog, error) {
 	parts, tokens, err := s.survey(ctx, -1)
 	if err != nil {
 		return nil, err

@@ -29,26 +29,36 @@ const skipBudget = 5 * time.Second
 var errSkipping = errors.New("kafka: spill lane holds many records of other groups; still passing over them")
 
 // Read returns up to limit spill records of lane at positions (offsets of
-// partition p of the tenant's spill topic) >= from, or, for from < 0, from
-// the cursor group's committed offset (the log start when there is none).
-// Each comes back as the original: key, value and headers byte for byte,
-// topic, partition, offset and time, with Refed set and SpillPos its
-// offset. Records that are not this group's spill records are passed over
-// (when they lie at the cursor, the cursor is moved past them); a lane
-// whose next record of this group lies behind more of them than one Read
-// passes in skipBudget gets an error wrapping errSkipping, and the next
-// Read goes on from there. Read does not wait for new records: at the
+// partition p of the spill topic) >= from, or, for from < 0, from the lane's
+// cursor. Each comes back as the original: key, value and headers byte for
+// byte, topic, partition, offset and time, with Refed set and SpillPos its
+// offset. The positions come from the partition's index (built on first
+// use, see SpillLog); when it knows none, Read first indexes what was
+// appended since by others. Read does not wait for new records: at the
 // log's end it returns none at once.
 func (s *SpillLog) Read(ctx context.Context, lane consumer.SpillLane, from int64, limit int) ([]*consumer.Message, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	topic, err := s.laneTopic(lane)
-	if err != nil {
+	if err := s.checkLane(lane); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	if topic := s.legacyTopic(lane); topic != "" {
+		return s.readLegacy(ctx, topic, lane, from, limit)
+	}
+	return s.readShared(ctx, lane, from, limit)
+}
+
+// readLegacy is Read of a lane draining its old per-tenant topic. Records
+// that are not this group's spill records are passed over (when they lie
+// at the cursor, the cursor is moved past them); a lane whose next record
+// of this group lies behind more of them than one Read passes in
+// skipBudget gets an error wrapping errSkipping, and the next Read goes on
+// from there.
+func (s *SpillLog) readLegacy(ctx context.Context, topic string, lane consumer.SpillLane, from int64, limit int) ([]*consumer.Message, error) {
+	var err error
 	p := int(lane.Partition.ID)
 	asked := from
 	if from >= 0 {

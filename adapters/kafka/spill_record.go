@@ -36,8 +36,8 @@ const (
 	// groups reading one source share its spill topics; each reads back
 	// only its own records.
 	SpillHeaderGroup = "ringfence-spill-group"
-	// SpillHeaderTenant is the full tenant key, written only when the
-	// topic's token is hashed (the token then does not say it).
+	// SpillHeaderTenant is the full tenant key (in an old per-tenant spill
+	// topic, written only when the topic's token is hashed).
 	SpillHeaderTenant = "ringfence-spill-tenant"
 	// SpillHeaderID is the dedupe id, "<topic>/<partition>/<offset>" of the
 	// original: copies of one message (a re-appended batch) share it.
@@ -55,9 +55,10 @@ type spillRec struct {
 	body       int // recordBody of the record
 }
 
-// encodeSpill encodes m for lane's spill topic. tenant is set only for a
-// hashed token.
-func encodeSpill(m *consumer.Message, group, tenant string) spillRec {
+// encodeSpill encodes m for a spill topic, with tenant in SpillHeaderTenant
+// when named (always in the shared topic; in an old per-tenant topic only
+// for a hashed token).
+func encodeSpill(m *consumer.Message, group, tenant string, named bool) spillRec {
 	topic := m.Topic
 	if topic == "" {
 		topic = m.Partition.Topic
@@ -80,7 +81,7 @@ func encodeSpill(m *consumer.Message, group, tenant string) spillRec {
 		hs = append(hs, kafkago.Header{Key: SpillHeaderStream, Value: []byte(m.Stream)})
 	}
 	hs = append(hs, kafkago.Header{Key: SpillHeaderGroup, Value: []byte(group)})
-	if tenant != "" {
+	if named {
 		hs = append(hs, kafkago.Header{Key: SpillHeaderTenant, Value: []byte(tenant)})
 	}
 	hs = append(hs,
@@ -95,6 +96,7 @@ type spilled struct {
 	msg    *consumer.Message
 	group  string
 	tenant string // SpillHeaderTenant; "" when absent
+	named  bool   // SpillHeaderTenant is present
 	id     string
 }
 
@@ -144,7 +146,7 @@ func decodeSpill(f *fetched, source string) (s spilled, ok bool) {
 		case SpillHeaderGroup:
 			s.group = v
 		case SpillHeaderTenant:
-			s.tenant = v
+			s.tenant, s.named = v, true
 		case SpillHeaderID:
 			s.id = v
 		}

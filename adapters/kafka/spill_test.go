@@ -10,12 +10,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/dlq"
@@ -100,19 +102,17 @@ func TestNewSpillLogValidates(t *testing.T) {
 	if got := l.CursorGroup(); got != "billing"+DefaultSpillGroupSuffix {
 		t.Fatalf("cursor group %q", got)
 	}
-	long := string(bytes.Repeat([]byte{0xff}, 1000))
-	if n := len(SpillTopic(l.Source(), long)); n > 249 {
-		t.Fatalf("spill topic of the longest source and a long key is %d characters", n)
-	}
-	if err := validTopic(SpillTopic(l.Source(), long)); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{SpillTopic(l.Source()), SpillCursorTopic(l.Source())} {
+		if err := validTopic(name); err != nil {
+			t.Fatalf("the longest source's topic %s: %v", name, err)
+		}
 	}
 }
 
-// Tenant keys crafted to look like each other's tokens, and long keys
-// (hashed tokens) that share a readable prefix or spell another's hashed
-// token, each get a topic of their own; Pending maps every topic back to
-// its full key, and no lane reads another's entries.
+// Tenant keys crafted to look like each other's tokens, and long keys that
+// share a prefix, share the spill topic without ever reading each other's
+// entries; Pending and Backlog name every full key from a fresh instance,
+// and every record carries its full key.
 func TestSpillHostileTenantKeys(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
@@ -127,14 +127,7 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 		hashedA, prefix + "-b", // same readable prefix, different hashes
 		dlq.TenantToken(hashedA), // a key spelling hashedA's token
 		"_none", "",              // "" is the no-tenant token "_none"
-	}
-	topics := map[string]string{}
-	for _, tn := range tenants {
-		name := SpillTopic(h.source, tn)
-		if other, dup := topics[name]; dup {
-			t.Fatalf("tenants %q and %q share the spill topic %s", other, tn, name)
-		}
-		topics[name] = tn
+		"g/0/x", "a/b", // the cursor topic's key separator
 	}
 	p := h.Partition()
 	for i, tn := range tenants {
@@ -159,16 +152,14 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Pending = %q\nwant    %q", got, want)
 	}
-	// Backlog names the same tenants, one record each, from a fresh
-	// instance too.
 	backlog, err := h.open(t).Backlog(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got = got[:0]
 	for _, b := range backlog {
-		if b.Total != 1 || b.Partitions[0] != 1 || b.Partitions[1] != 0 || b.Topic != SpillTopic(h.source, b.Tenant) {
-			t.Fatalf("backlog %+v, want one record in partition 0 of the tenant's topic", b)
+		if b.Total != 1 || b.Partitions[0] != 1 || b.Partitions[1] != 0 || b.Topic != SpillTopic(h.source) {
+			t.Fatalf("backlog %+v, want one record in partition 0 of the spill topic", b)
 		}
 		got = append(got, b.Tenant)
 	}
@@ -176,22 +167,38 @@ func TestSpillHostileTenantKeys(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Backlog tenants = %q\nwant %q", got, want)
 	}
-	for i, tn := range tenants {
-		ms, err := log.Read(ctx, consumer.SpillLane{Tenant: tn, Partition: p}, -1, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ms) != 1 || string(ms[0].Value) != "v"+strconv.Itoa(i) {
-			t.Fatalf("lane %q reads %d entries (%q...), want only its own", tn, len(ms), firstValue(ms))
+	for _, l := range []*SpillLog{log, h.open(t)} {
+		for i, tn := range tenants {
+			lane := consumer.SpillLane{Tenant: tn, Partition: p}
+			ms, err := l.Read(ctx, lane, -1, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tn == "a.b" && l != log {
+				if len(ms) != 0 {
+					t.Fatalf("a.b reads %d entries past its cursor", len(ms))
+				}
+				continue
+			}
+			if len(ms) != 1 || string(ms[0].Value) != "v"+strconv.Itoa(i) {
+				t.Fatalf("lane %q reads %d entries (%q...), want only its own", tn, len(ms), firstValue(ms))
+			}
+			// A commit of one lane settles only its own entry.
+			if tn == "a.b" && l == log {
+				if err := l.Commit(ctx, lane, ms[0].SpillPos+1); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
-	// The hashed topics carry the full key in every record.
-	rec := recordAt(t, c.Addrs(), SpillTopic(h.source, hashedA), 0)
-	if v, ok := headerOf(rec.headers, SpillHeaderTenant); !ok || string(v) != hashedA {
-		t.Fatalf("hashed topic's record carries tenant %q (%v), want the full key", v, ok)
+	if ls, err := h.open(t).Pending(ctx, p); err != nil || len(ls) != len(tenants)-1 || slices.Contains(ls, consumer.SpillLane{Tenant: "a.b", Partition: p}) {
+		t.Fatalf("Pending after a.b's commit = %v, %v; want every lane but a.b", ls, err)
 	}
-	if _, ok := headerOf(recordAt(t, c.Addrs(), SpillTopic(h.source, "a.b"), 0).headers, SpillHeaderTenant); ok {
-		t.Fatal("a plain token's record carries the tenant header (the topic name says it)")
+	for i := range tenants {
+		rec := recordAt(t, c.Addrs(), SpillTopic(h.source), int64(i))
+		if v, ok := headerOf(rec.headers, SpillHeaderTenant); !ok || string(v) != tenants[i] {
+			t.Fatalf("record %d carries tenant %q (%v), want %q", i, v, ok, tenants[i])
+		}
 	}
 }
 
@@ -283,10 +290,9 @@ func readAllSpill(t testing.TB, log *SpillLog, lane consumer.SpillLane) []*consu
 	return nil
 }
 
-// Two consumer groups of one source share its spill topics; each reads
-// back only its own records, and a group whose lane holds only the other's
-// records is named by Pending once, after which its cursor has moved past
-// them.
+// Two consumer groups of one source share its spill topic; each reads back
+// only its own records, and a group whose lane's records are all settled
+// is not named by Pending whatever the other group left.
 func TestSpillKeepsConsumerGroupsApart(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
@@ -330,20 +336,21 @@ func TestSpillKeepsConsumerGroupsApart(t *testing.T) {
 	if err := a.Commit(ctx, lane, all[0].SpillPos+1); err != nil {
 		t.Fatal(err)
 	}
-	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 1 {
-		t.Fatalf("Pending with another group's record past the cursor = %v, %v; want the lane", ls, err)
+	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 0 {
+		t.Fatalf("Pending with another group's records past the cursor = %v, %v; want none", ls, err)
 	}
 	if rest := readAllSpill(t, a, lane); len(rest) != 0 {
 		t.Fatalf("group a reads %q past its cursor", values(rest))
 	}
-	if ls, err := a.Pending(ctx, p); err != nil || len(ls) != 0 {
-		t.Fatalf("Pending after the read moved the cursor = %v, %v; want none", ls, err)
+	if ls, err := b.Pending(ctx, p); err != nil || len(ls) != 1 {
+		t.Fatalf("group b's Pending = %v, %v; want the lane", ls, err)
 	}
 }
 
-// A spill topic is created like its source (partitions, a max.message.bytes
-// with room for the headers, never compacted, the source's retention), and
-// an existing one that has fewer partitions than the source grows.
+// The spill topic is created like its source (partitions, a max.message.bytes
+// with room for the headers, never compacted, the source's retention), the
+// cursor topic compacted, and an existing spill topic that has fewer
+// partitions than the source grows.
 func TestSpillTopicIsMadeLikeItsSource(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
@@ -365,25 +372,37 @@ func TestSpillTopicIsMadeLikeItsSource(t *testing.T) {
 	if err := log.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: p2}, []*consumer.Message{{Topic: source, Partition: p2, Offset: 7}}); err != nil {
 		t.Fatal(err)
 	}
-	topic := SpillTopic(source, "acme")
+	topic := SpillTopic(source)
 	for name, want := range map[string]string{"retention.ms": "3600000", "cleanup.policy": "delete", "max.message.bytes": strconv.Itoa(spillLimit(200000))} {
 		if got, _ := topicConfig(ctx, cl, topic, name); got != want {
 			t.Fatalf("%s of %s = %q, want %q", name, topic, got, want)
 		}
 	}
+	if err := log.Commit(ctx, consumer.SpillLane{Tenant: "acme", Partition: p2}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := topicConfig(ctx, cl, SpillCursorTopic(source), "cleanup.policy"); got != "compact" {
+		t.Fatalf("cleanup.policy of the cursor topic = %q, want compact", got)
+	}
 	live, err := liveTopics(ctx, kafkago.DefaultDialer, c.Addrs())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := live[topic].partitions; n != 3 {
-		t.Fatalf("spill topic has %d partitions, want the source's 3", n)
+	if n := live[topic].partitions; n != 3 || live[SpillCursorTopic(source)].partitions != 3 {
+		t.Fatalf("spill and cursor topics have %d and %d partitions, want the source's 3", n, live[SpillCursorTopic(source)].partitions)
 	}
 
-	// An older spill topic with one partition grows to the source's count.
-	other := SpillTopic(source, "globex")
+	// A spill topic with one partition grows to the source's count.
+	source2 := uniq("shaped")
+	if err := createTopic(ctx, cl, source2, 3, -1); err != nil {
+		t.Fatal(err)
+	}
+	other := SpillTopic(source2)
 	if err := createTopic(ctx, cl, other, 1, -1); err != nil {
 		t.Fatal(err)
 	}
+	source = source2
+	p2 = consumer.Partition{Topic: source, ID: 2}
 	log2, err := NewSpillLog(c.Addrs(), source, "g", SpillRetention(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +434,7 @@ func FuzzSpillRecord(f *testing.F) {
 		if nanos != 0 {
 			m.Time = time.Unix(0, nanos)
 		}
-		r := encodeSpill(m, "g", hashedTenant(tenant))
+		r := encodeSpill(m, "g", hashedTenant(tenant), hashedTenant(tenant) != "")
 		f := &fetched{offset: 9, key: r.key, value: r.value, headers: fromKafkaHeaders(r.headers)}
 		sp, ok := decodeSpill(f, "orders")
 		if !ok {
@@ -441,9 +460,9 @@ func FuzzSpillRecord(f *testing.F) {
 	})
 }
 
-// Pending over more spill topics than one ListOffsets call asks about
-// names exactly the lanes with records past their cursor.
-func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
+// Pending over many lanes of one partition, half of them committed, names
+// exactly the lanes with records past their cursor.
+func TestSpillPendingFindsLanesAmongMany(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)
@@ -458,7 +477,11 @@ func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i%2 == 0 {
-			if err := log.Commit(ctx, lane, 1); err != nil {
+			ms, err := log.Read(ctx, lane, -1, 10)
+			if err != nil || len(ms) != 1 {
+				t.Fatalf("read %d entries of %s, %v", len(ms), lane.Tenant, err)
+			}
+			if err := log.Commit(ctx, lane, ms[0].SpillPos+1); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -482,11 +505,12 @@ func TestSpillPendingFindsLanesAcrossManyTopics(t *testing.T) {
 	}
 }
 
-// A lane whose next record lies behind many of another group's records
-// is read in steps: each Read passes over what it can in its budget (here
-// one fetch, of one record batch), says so with errSkipping, and the next
-// Read goes on from there, from the cursor and from a position alike.
-func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
+// In an old per-tenant spill topic, a lane whose next record lies behind
+// many of another group's records is read in steps: each Read passes over
+// what it can in its budget (here one fetch, of one record batch), says so
+// with errSkipping, and the next Read goes on from there, from the cursor
+// and from a position alike.
+func TestSpillLegacyReadPassesOtherGroupsInSteps(t *testing.T) {
 	t.Parallel()
 	c := startStrictCluster(t)
 	ctx := testCtx(t, 60*time.Second)
@@ -497,6 +521,8 @@ func TestSpillReadPassesOtherGroupsInSteps(t *testing.T) {
 	b.group = "other"
 	p := h.Partition()
 	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	a.legacy = map[consumer.SpillLane]bool{lane: true}
+	b.legacy = map[consumer.SpillLane]bool{lane: true}
 	for i := range 3 {
 		if err := b.Append(ctx, lane, []*consumer.Message{{Topic: h.source, Partition: p, Offset: int64(i), Value: []byte("b")}}); err != nil {
 			t.Fatal(err)
@@ -562,5 +588,289 @@ func TestSpillTopicMadeByAnotherProcess(t *testing.T) {
 	}
 	if ms, err := mine.Read(ctx, other, -1, 10); err != nil || len(ms) != 1 {
 		t.Fatalf("Read of a topic unknown to the cache = %d entries, %v", len(ms), err)
+	}
+}
+
+// A lane with entries in an old per-tenant spill topic is named by Pending
+// and drained from there first, in order; once drained, the next
+// assignment reads its entries in the shared topic.
+func TestSpillDrainsOldPerTenantTopics(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	p := h.Partition()
+	lane := consumer.SpillLane{Tenant: "acme", Partition: p}
+	msg := func(off int64, v string) *consumer.Message {
+		return &consumer.Message{Topic: h.source, Partition: p, Offset: off, Value: []byte(v)}
+	}
+	values := func(ms []*consumer.Message) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, string(m.Value))
+		}
+		return out
+	}
+	old := h.open(t)
+	old.legacy = map[consumer.SpillLane]bool{lane: true} // as an earlier version wrote
+	if err := old.Append(ctx, lane, []*consumer.Message{msg(1, "old1"), msg(2, "old2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.open(t).Append(ctx, lane, []*consumer.Message{msg(3, "new3")}); err != nil {
+		t.Fatal(err)
+	}
+	live, err := liveTopics(ctx, kafkago.DefaultDialer, c.Addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := live[legacySpillTopic(h.source, "acme")]; !ok {
+		t.Fatal("no old per-tenant topic was made")
+	}
+
+	n := h.open(t)
+	ls, err := n.Pending(ctx, p)
+	if err != nil || len(ls) != 1 || ls[0] != lane || n.Stats().Legacy != 1 {
+		t.Fatalf("Pending = %v, %v (legacy lanes %d); want the lane once, draining its old topic", ls, err, n.Stats().Legacy)
+	}
+	got := readAllSpill(t, n, lane)
+	if !slices.Equal(values(got), []string{"old1", "old2"}) {
+		t.Fatalf("the old topic reads %q, want old1 old2", values(got))
+	}
+	if err := n.Commit(ctx, lane, got[len(got)-1].SpillPos+1); err != nil {
+		t.Fatal(err)
+	}
+	backlog, err := h.open(t).Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(backlog) != 2 || backlog[0].Topic != SpillTopic(h.source) || backlog[0].Total != 1 ||
+		backlog[1].Topic != legacySpillTopic(h.source, "acme") || backlog[1].Total != 0 || backlog[1].Tenant != "acme" {
+		t.Fatalf("Backlog = %+v; want acme's entry in the shared topic, and its drained old topic", backlog)
+	}
+
+	next := h.open(t)
+	ls, err = next.Pending(ctx, p)
+	if err != nil || len(ls) != 1 || ls[0] != lane || next.Stats().Legacy != 0 {
+		t.Fatalf("Pending after the drain = %v, %v (legacy lanes %d); want the lane, in the shared topic", ls, err, next.Stats().Legacy)
+	}
+	if got := values(readAllSpill(t, next, lane)); !slices.Equal(got, []string{"new3"}) {
+		t.Fatalf("the shared topic reads %q, want new3", got)
+	}
+}
+
+// A topic by the spill topic's name that is not one is refused: compacted,
+// or holding records that are not spill records.
+func TestSpillRefusesForeignTopic(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	cl := &kafkago.Client{Addr: kafkago.TCP(c.Addrs()...)}
+	for _, tt := range []struct {
+		name    string
+		configs []kafkago.ConfigEntry
+		record  bool
+	}{
+		{"compacted", []kafkago.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}}, false},
+		{"foreign records", nil, true},
+	} {
+		source := uniq("foreign")
+		if err := createTopic(ctx, cl, source, 1, -1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := createTopicWith(ctx, cl, SpillTopic(source), 1, -1, tt.configs...); err != nil {
+			t.Fatal(err)
+		}
+		if tt.record {
+			if err := produceRecords(ctx, cl, SpillTopic(source), 0, kafkago.Message{Value: []byte("someone else's")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		log, err := NewSpillLog(c.Addrs(), source, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := consumer.Partition{Topic: source}
+		err = log.Append(ctx, consumer.SpillLane{Tenant: "acme", Partition: p}, []*consumer.Message{{Topic: source, Partition: p}})
+		if !errors.Is(err, ErrNotSpill) {
+			t.Fatalf("%s: Append = %v, want ErrNotSpill", tt.name, err)
+		}
+		_ = log.Close()
+	}
+}
+
+// The cursor record and the lane headers of the shared topic round-trip
+// any tenant and never panic on foreign input.
+func FuzzSpillLaneRecords(f *testing.F) {
+	f.Add("acme", "g", int32(0), int64(7), []byte("12"), []byte("g/0/acme"))
+	f.Add("", "a/b", int32(3), int64(0), []byte(nil), []byte("a_2fb/3/"))
+	f.Add("x/1/y", "g", int32(1), int64(1<<62), []byte("-1"), []byte{0xff})
+	f.Fuzz(func(t *testing.T, tenant, group string, part int32, next int64, value, key []byte) {
+		if part < 0 || next < 0 {
+			return
+		}
+		p := int(part)
+		prefix := dlq.TenantToken(group) + "/" + strconv.Itoa(p) + "/"
+		tn, n, ok := parseCursor(prefix, cursorKey(group, p, tenant), []byte(strconv.FormatInt(next, 10)))
+		if !ok || tn != tenant || n != next {
+			t.Fatalf("cursor of %q at %d read back as %q, %d, %v", tenant, next, tn, n, ok)
+		}
+		if tn, n, ok := parseCursor(prefix, cursorKey(group, p, tenant), nil); !ok || tn != tenant || n != -1 {
+			t.Fatalf("tombstone of %q read back as %q, %d, %v", tenant, tn, n, ok)
+		}
+		if other := dlq.TenantToken(group) + "/" + strconv.Itoa(p+1) + "/"; other != prefix {
+			if _, _, ok := parseCursor(other, cursorKey(group, p, tenant), nil); ok {
+				t.Fatal("a cursor of partition p read as one of p+1")
+			}
+		}
+		_, _, _ = parseCursor(prefix, key, value)
+
+		s := &SpillLog{source: "orders", group: group}
+		m := &consumer.Message{Topic: "orders", Partition: consumer.Partition{Topic: "orders", ID: part}, Value: value,
+			Headers: []consumer.Header{{Key: SpillHeaderTenant, Value: key}, {Key: SpillHeaderGroup, Value: []byte("evil")}}}
+		r := encodeSpill(m, group, tenant, true)
+		hs := make([]wire.Header, len(r.headers))
+		for i, h := range r.headers {
+			hs[i] = wire.Header{Key: []byte(h.Key), Value: h.Value}
+		}
+		if got, ok := s.laneOf(hs); !ok || got != tenant {
+			t.Fatalf("lane of a record of %q: %q, %v", tenant, got, ok)
+		}
+		for i := range hs {
+			_, _ = s.laneOf(hs[i:])
+			_, _ = s.laneOf(append(slices.Clone(hs[:i]), wire.Header{Key: key, Value: value}))
+		}
+	})
+}
+
+// Appends of many lanes of one partition at once share produce requests;
+// each lane reads back its own records, in order.
+func TestSpillConcurrentAppendsKeepEachLane(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	log := h.open(t)
+	p := h.Partition()
+	const lanes, batches, per = 48, 4, 3
+	if _, err := log.Pending(ctx, p); err != nil { // as the engine does on assignment
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, lanes)
+	for i := range lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lane := consumer.SpillLane{Tenant: fmt.Sprintf("t%02d", i), Partition: p}
+			for b := range batches {
+				var ms []*consumer.Message
+				for j := range per {
+					n := b*per + j
+					ms = append(ms, &consumer.Message{Topic: h.source, Partition: p, Offset: int64(n), Value: []byte(fmt.Sprintf("%s-%d", lane.Tenant, n))})
+				}
+				if err := log.Append(ctx, lane, ms); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := log.Stats()
+	t.Logf("%d appends of %d lanes in %d produce requests (%d appends coalesced)", lanes*batches, lanes, st.Produces, st.Coalesced)
+	if st.Appended != lanes*batches*per || st.Indexed != lanes*batches*per {
+		t.Fatalf("stats %+v: want %d records appended and indexed", st, lanes*batches*per)
+	}
+	for _, l := range []*SpillLog{log, h.open(t)} {
+		for i := range lanes {
+			lane := consumer.SpillLane{Tenant: fmt.Sprintf("t%02d", i), Partition: p}
+			got := readAllSpill(t, l, lane)
+			if len(got) != batches*per {
+				t.Fatalf("lane %s reads %d records, want %d", lane.Tenant, len(got), batches*per)
+			}
+			for n, m := range got {
+				if want := fmt.Sprintf("%s-%d", lane.Tenant, n); string(m.Value) != want || m.Offset != int64(n) {
+					t.Fatalf("lane %s record %d is %q (offset %d), want %q", lane.Tenant, n, m.Value, m.Offset, want)
+				}
+			}
+		}
+	}
+}
+
+// Lanes interleaved in one spill partition: committing one never loses
+// another's entries across a restart, and the floor stays at the oldest
+// unsettled record of any lane.
+func TestSpillCommitOfOneLaneKeepsTheOthers(t *testing.T) {
+	t.Parallel()
+	c := startStrictCluster(t)
+	ctx := testCtx(t, 60*time.Second)
+	h := newSpillHarness(t, c)
+	log := h.open(t)
+	p := h.Partition()
+	a, b := consumer.SpillLane{Tenant: "a", Partition: p}, consumer.SpillLane{Tenant: "b", Partition: p}
+	for i := range 4 {
+		for _, lane := range []consumer.SpillLane{a, b} {
+			m := &consumer.Message{Topic: h.source, Partition: p, Offset: int64(i), Value: []byte(fmt.Sprintf("%s%d", lane.Tenant, i))}
+			if err := log.Append(ctx, lane, []*consumer.Message{m}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	values := func(ms []*consumer.Message) string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, string(m.Value))
+		}
+		return strings.Join(out, " ")
+	}
+	floor := func() int64 {
+		t.Helper()
+		cur, err := log.cursors(ctx, map[string][]int{SpillTopic(h.source): {0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, ok := cur[topicPart{SpillTopic(h.source), 0}]
+		if !ok {
+			return -1
+		}
+		return f
+	}
+	as := readAllSpill(t, log, a)
+	if err := log.Commit(ctx, a, as[len(as)-1].SpillPos+1); err != nil {
+		t.Fatal(err)
+	}
+	if f := floor(); f > 1 {
+		t.Fatalf("floor %d after a's commit, want at most b's first record (1)", f)
+	}
+	fresh := h.open(t)
+	if ls, err := fresh.Pending(ctx, p); err != nil || len(ls) != 1 || ls[0] != b {
+		t.Fatalf("Pending after a's commit = %v, %v; want b", ls, err)
+	}
+	if got := values(readAllSpill(t, fresh, a)); got != "" {
+		t.Fatalf("a reads %q after its commit", got)
+	}
+	bs := readAllSpill(t, fresh, b)
+	if got := values(bs); got != "b0 b1 b2 b3" {
+		t.Fatalf("b reads %q, want b0 b1 b2 b3", got)
+	}
+	if err := fresh.Commit(ctx, b, bs[1].SpillPos+1); err != nil {
+		t.Fatal(err)
+	}
+	if f := floor(); f != bs[2].SpillPos {
+		t.Fatalf("floor %d after b's commit of two, want b's third record (%d)", f, bs[2].SpillPos)
+	}
+	again := h.open(t)
+	if ls, err := again.Pending(ctx, p); err != nil || len(ls) != 1 || ls[0] != b {
+		t.Fatalf("Pending after b's partial commit = %v, %v; want b", ls, err)
+	}
+	if got := values(readAllSpill(t, again, b)); got != "b2 b3" {
+		t.Fatalf("b reads %q after its partial commit, want b2 b3", got)
+	}
+	if got := values(readAllSpill(t, again, a)); got != "" {
+		t.Fatalf("a reads %q", got)
 	}
 }

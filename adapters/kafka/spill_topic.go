@@ -1,7 +1,8 @@
 package kafka
 
-// Creating spill topics: shaped like the source, sized for its largest
-// message plus the spill headers, never compacted.
+// Creating the spill topic (shaped like the source, sized for its largest
+// message plus the spill headers, never compacted) and the cursor topic
+// (compacted).
 
 import (
 	"context"
@@ -12,6 +13,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/ringfence/ringfence/adapters/kafka/internal/wire"
 	"github.com/ringfence/ringfence/dlq"
 )
 
@@ -107,6 +109,11 @@ func (s *SpillLog) ensure(ctx context.Context, topic string) (spillTopic, error)
 		return t, fmt.Errorf("kafka: spill topic %s exists and does not: deleted meanwhile? %w", topic, kafkago.UnknownTopicOrPartition)
 	}
 	refreshCache(ctx, s.client, topic)
+	if topic == s.shared {
+		if err := s.checkShared(ctx); err != nil {
+			return t, err
+		}
+	}
 	if t.limit, err = topicLimit(ctx, s.client, topic); err != nil {
 		return t, err
 	}
@@ -118,6 +125,70 @@ func (s *SpillLog) ensure(ctx context.Context, topic string) (spillTopic, error)
 		t.partitions = src.partitions
 	}
 	return t, nil
+}
+
+// checkShared refuses an existing spill topic that is not one: compacted
+// (a compacted topic would keep one record per key), or whose last record
+// of partition 0 is not a spill record.
+func (s *SpillLog) checkShared(ctx context.Context) error {
+	if policy, ok := topicConfig(ctx, s.client, s.shared, "cleanup.policy"); ok && strings.Contains(policy, "compact") {
+		return fmt.Errorf("kafka: %s has cleanup.policy=%s: %w; refusing to spill to it", s.shared, policy, ErrNotSpill)
+	}
+	first, last, err := s.bounds(ctx, s.shared, 0)
+	if err != nil || last <= first {
+		return err
+	}
+	foreign := false
+	o := wire.FetchOptions{MaxBytes: s.cfg.fetchBytes, MaxWait: fetchSlack}
+	_, _, err = s.records.Fetch(ctx, s.shared, 0, last-1, o, func(r *wire.Record, hs []wire.Header) error {
+		if _, ok := decodeSpill(fetchedOf(r, hs), s.source); !ok {
+			foreign = true
+		}
+		return wire.ErrStop
+	})
+	if err != nil {
+		return fmt.Errorf("kafka: check spill topic %s: %w", s.shared, err)
+	}
+	if foreign {
+		return fmt.Errorf("kafka: %s holds a record that is not a spill record (partition 0, offset %d): %w; refusing to spill to it", s.shared, last-1, ErrNotSpill)
+	}
+	return nil
+}
+
+// cursorTopic makes sure the cursor topic exists (single-flight): compacted,
+// with the source's partition count and replication factor.
+func (s *SpillLog) cursorTopic(ctx context.Context) (spillTopic, error) {
+	return s.topics.Do(ctx, s.cursorLog, func(ctx context.Context) (spillTopic, error) {
+		src, err := s.sourceInfo(ctx)
+		if err != nil {
+			return spillTopic{}, err
+		}
+		repl := src.replication
+		if s.cfg.replication > 0 {
+			repl = s.cfg.replication
+		}
+		created, err := createTopicWith(ctx, s.client, s.cursorLog, src.partitions, repl,
+			kafkago.ConfigEntry{ConfigName: "cleanup.policy", ConfigValue: "compact"})
+		if err != nil {
+			return spillTopic{}, err
+		}
+		t := spillTopic{partitions: src.partitions}
+		if created {
+			s.stats.created.Add(1)
+			return t, nil
+		}
+		live, err := liveTopics(ctx, s.cfg.dialer, s.brokers)
+		if err != nil {
+			return t, err
+		}
+		refreshCache(ctx, s.client, s.cursorLog)
+		if n := live[s.cursorLog].partitions; n < src.partitions {
+			if err := growTopic(ctx, s.client, s.cursorLog, src.partitions); err != nil {
+				return t, err
+			}
+		}
+		return t, nil
+	})
 }
 
 // growTopic raises topic's partition count to n.

@@ -14,10 +14,11 @@ import (
 	"time"
 
 	"github.com/ringfence/ringfence/console"
+	"github.com/ringfence/ringfence/fleet"
 )
 
 const consoleUsage = `Usage:
-  ringfence console (--kafka HOST:PORT --topic SOURCE | --nats URL --stream DLQSTREAM) [flags]
+  ringfence console (--kafka HOST:PORT --topic SOURCE | --nats URL --stream DLQSTREAM) [--group GROUP] [flags]
 
 Serves the ops console's DLQ browser (and its JSON API) for the dead
 letters of one Kafka source topic or one JetStream DLQ stream, until
@@ -27,6 +28,10 @@ Reading needs nothing. Replay and purge need the console's token: the
 command prints a URL carrying it (open it once: it sets a session cookie),
 or give your own with --token or RINGFENCE_CONSOLE_TOKEN; scripts send
 Authorization: Bearer TOKEN. --read-only turns replay and purge off.
+
+--group adds the fleet page: the group's processes, partition owners and
+tenants not healthy, with hold, release, quarantine and breaker buttons
+(see 'ringfence status' and 'ringfence tenant').
 `
 
 // consoleFlags are the flags of `ringfence console`.
@@ -37,6 +42,7 @@ type consoleFlags struct {
 	readOnly   bool
 	maxReplay  int
 	replayRate float64
+	group      string
 }
 
 func newConsoleFlags(stderr io.Writer) *consoleFlags {
@@ -54,6 +60,7 @@ func newConsoleFlags(stderr io.Writer) *consoleFlags {
 	fs.StringVar(&f.token, "token", "", "the token that authorizes replay and purge (default: $RINGFENCE_CONSOLE_TOKEN, else a random one, printed)")
 	fs.BoolVar(&f.readOnly, "read-only", false, "hide and refuse replay and purge")
 	fs.IntVar(&f.maxReplay, "max-replay", 100, "most dead letters one replay moves")
+	fs.StringVar(&f.group, "group", "", "also show the fleet of consumer `GROUP` (its agents' status and control tables)")
 	fs.Float64Var(&f.replayRate, "replay-rate", 10, "dead letters per second replays may move on average")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "%s\nFlags:\n", consoleUsage)
@@ -111,9 +118,21 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 1
 	}
 	defer closeFn()
+	var fl fleet.Store
+	if f.group != "" {
+		octx, cancel := context.WithTimeout(ctx, f.timeout)
+		st, closeFleet, err := openFleet(octx, &fleetFlags{kafka: f.kafka, nats: f.nats, group: f.group}, false)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(stderr, "ringfence console: %s\n", oneLine(err))
+			return 1
+		}
+		defer closeFleet()
+		fl = st
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	con, err := console.New(console.Options{
-		DLQ: insp, Token: f.token, ReadOnly: f.readOnly, Timeout: f.timeout,
+		DLQ: insp, Fleet: fl, Token: f.token, ReadOnly: f.readOnly, Timeout: f.timeout,
 		MaxReplay: f.maxReplay, ReplayRate: f.replayRate, Logger: log,
 		Title: "ringfence console · " + f.source(),
 	})

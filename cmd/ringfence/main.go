@@ -4,6 +4,8 @@
 //	ringfence dlq ls|peek|replay|purge [flags] list, inspect, replay and purge a tenant's dead letters
 //	ringfence console [flags]                  the ops console (DLQ browser) in a web browser
 //	ringfence spill ls [flags]                 list the tenants whose messages wait in a spill log
+//	ringfence status [flags]                   the group's processes, partition owners and tenants not healthy
+//	ringfence tenant VERB TENANT --reason TEXT hold, release, quarantine, open, close... a tenant, durably
 //
 // Exit codes: 0 success, 1 runtime failure, 2 usage error.
 package main
@@ -22,6 +24,9 @@ Usage:
   ringfence dlq <command>     list, peek, replay and purge a tenant's dead letters
   ringfence console [flags]   browse, replay and purge dead letters in a web browser
   ringfence spill ls [flags]  list the tenants whose messages wait in a spill log
+  ringfence status [flags]    the group's processes, partition owners and tenants not healthy
+  ringfence tenant <verb>     hold|release|quarantine|unquarantine|open|close|auto|weight N|
+                              concurrency N a tenant across the group, durably (--reason TEXT)
 
 Run 'ringfence <command> --help' for a command's flags.
 `
@@ -42,6 +47,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runConsoleMain(args[1:], stdout, stderr)
 	case "spill":
 		return runSpill(args[1:], stdout, stderr)
+	case "status":
+		return runStatus(args[1:], stdout, stderr)
+	case "tenant":
+		return runTenant(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -53,7 +53,7 @@ func runSpill(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ringfence spill ls", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kafkaAddr := fs.String("kafka", "", "Kafka bootstrap broker `HOST:PORT`")
-	topic := fs.String("topic", "", "Kafka source `TOPIC` (spill topics are <topic>.spill.<token>)")
+	topic := fs.String("topic", "", "Kafka source `TOPIC` (its spill topic is <topic>.spill)")
 	group := fs.String("group", "", "the consumer `GROUP` whose spill logs to list (Kafka)")
 	natsURL := fs.String("nats", "", "NATS server `URL`")
 	stream := fs.String("stream", "", "the source JetStream `STREAM`")

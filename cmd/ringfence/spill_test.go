@@ -77,7 +77,15 @@ func TestSpillLs(t *testing.T) {
 		if err := sl.Commit(ctx, done, ms[1].SpillPos+1); err != nil {
 			t.Fatal(err)
 		}
-		check(t, []string{"--kafka", c.Addrs()[0], "--topic", "orders", "--group", "billing"}, map[string]int64{"acme": 5, hostile: 1})
+		base := []string{"--kafka", c.Addrs()[0], "--topic", "orders", "--group", "billing"}
+		check(t, base, map[string]int64{"acme": 5, hostile: 1})
+		// Every tenant waits in the one spill topic of the source.
+		_, out, _ := cli(t, append([]string{"spill", "ls", "--json"}, base...)...)
+		for _, l := range jsonLines[spillLine](t, out, "spill") {
+			if l.Where != rfkafka.SpillTopic("orders") || rawTenant(l.Tenant) == "acme" && (l.Partitions["0"] != 3 || l.Partitions["1"] != 2) {
+				t.Fatalf("spill ls line %+v; want %s, acme with 3 in partition 0 and 2 in 1", l, rfkafka.SpillTopic("orders"))
+			}
+		}
 	})
 	t.Run("nats", func(t *testing.T) {
 		srv := natstest.Start(t)
