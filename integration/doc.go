@@ -45,8 +45,8 @@
 //   - rebalance (Kafka): a second consumer process joins the group mid-run
 //     and later leaves it.
 //   - scale-out: three consumer processes in one group (Kafka: 12
-//     partitions keyed by tenant, run once with NewGroupSource and once
-//     with NewSource; NATS: a subject per tenant, partitioned 12 ways for a
+//     partitions keyed by tenant, with NewGroupSource, and with NewSource
+//     too when RINGFENCE_SCALEOUT_ALL=1; NATS: a subject per tenant, partitioned 12 ways for a
 //     static partitioned consumer group of three members) over steady
 //     traffic of 24 tenants; one tenant's dependency is down for 60s (it
 //     parks and spills); during that outage each process is killed with

@@ -35,11 +35,17 @@ const (
 )
 
 // scaleOutRuns are the runs of the scale-out scenario: a broker and the
-// source its consumers run (see sourceKinds).
-var scaleOutRuns = []struct{ broker, source string }{
-	{"kafka", "kgo"},
-	{"kafka", "group"},
-	{"nats", "pcgroup"},
+// source its consumers run (see sourceKinds). The run on kafka-go's eager
+// Source (kafka "group") is opt-in with RINGFENCE_SCALEOUT_ALL=1: the
+// integration package runs under go test's default 10-minute timeout, and
+// TestRebalanceCost in adapters/kafka already compares the two sources.
+var scaleOutRuns = []struct {
+	broker, source string
+	optIn          bool
+}{
+	{"kafka", "kgo", false},
+	{"kafka", "group", true},
+	{"nats", "pcgroup", false},
 }
 
 // TestScaleOut runs three consumer processes in one group over tenant-keyed
@@ -53,6 +59,9 @@ var scaleOutRuns = []struct{ broker, source string }{
 func TestScaleOut(t *testing.T) {
 	for _, run := range scaleOutRuns {
 		t.Run(run.broker+"-"+run.source, func(t *testing.T) {
+			if run.optIn && os.Getenv("RINGFENCE_SCALEOUT_ALL") == "" {
+				t.Skip("set RINGFENCE_SCALEOUT_ALL=1 to run it")
+			}
 			scaleOut(t, run.broker, run.source)
 		})
 	}
