@@ -399,28 +399,33 @@ func (s *SpillLog) fullTenant(ctx context.Context, subj string) (string, error) 
 	return "", fmt.Errorf("nats: spill pending %s: first record (sequence %d) names no tenant", subj, recs[0].seq)
 }
 
-// SpillBacklog is one tenant's spill subject and what it holds.
+// SpillBacklog is one tenant's spill subject and what it holds: one per
+// partition the tenant spilled from.
 type SpillBacklog struct {
 	Tenant  string
 	Subject string
+	// Partition is the source partition the records came from: the
+	// Source's own (ID 0, or the durable's), or a consumer group's
+	// partition (see WithConsumerGroup).
+	Partition consumer.Partition
 	// Records counts the records left: not yet re-fed and committed. They
 	// may include copies (a re-appended batch), so it is an upper bound.
 	Records uint64
 }
 
-// Backlog lists the tenants with records in the spill stream (of the
-// Source's own partition), sorted by subject, for operators (`ringfence
-// spill ls`).
+// Backlog lists the tenants with records in the spill stream, of every
+// partition (a consumer group member's lanes included), sorted by subject,
+// for operators (`ringfence spill ls`).
 func (s *SpillLog) Backlog(ctx context.Context) ([]SpillBacklog, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opt.timeout)
 	defer cancel()
-	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(s.prefix+".*"))
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(s.prefix+".>"))
 	if err != nil {
 		return nil, fmt.Errorf("nats: spill backlog %s: %w", s.prefix, err)
 	}
 	var out []SpillBacklog
 	for subj, n := range info.State.Subjects {
-		tok, ok := dlq.SplitNATSSubject(s.prefix, subj)
+		tok, part, ok := s.splitLaneSubject(subj)
 		if !ok || n == 0 {
 			continue
 		}
@@ -433,8 +438,37 @@ func (s *SpillLog) Backlog(ctx context.Context) ([]SpillBacklog, error) {
 				return nil, err
 			}
 		}
-		out = append(out, SpillBacklog{Tenant: tenant, Subject: subj, Records: n})
+		out = append(out, SpillBacklog{Tenant: tenant, Subject: subj, Partition: part, Records: n})
 	}
 	slices.SortFunc(out, func(a, b SpillBacklog) int { return strings.Compare(a.Subject, b.Subject) })
 	return out, nil
+}
+
+// splitLaneSubject parses a lane's subject (see subject): "<prefix>.<tenant
+// token>" for the home partition, "<prefix>.<partition topic token>.<id>.<tenant
+// token>" for another. It returns the tenant token and the partition.
+func (s *SpillLog) splitLaneSubject(subj string) (tok string, p consumer.Partition, ok bool) {
+	if tok, ok := dlq.SplitNATSSubject(s.prefix, subj); ok {
+		return tok, s.home, true
+	}
+	rest, found := strings.CutPrefix(subj, s.prefix+".")
+	if !found {
+		return "", p, false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 {
+		return "", p, false
+	}
+	topic, exact, err := dlq.ParseTenantToken(parts[0])
+	if err != nil {
+		return "", p, false
+	}
+	if !exact {
+		topic = parts[0] // a hashed token: the name itself is not in it
+	}
+	id, err := strconv.ParseInt(parts[1], 10, 32)
+	if err != nil || id < 0 {
+		return "", p, false
+	}
+	return parts[2], consumer.Partition{Topic: topic, ID: int32(id)}, true
 }

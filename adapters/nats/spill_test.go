@@ -326,3 +326,48 @@ func TestSpillRefusesForeignStream(t *testing.T) {
 		}
 	}
 }
+
+// Backlog lists the lanes of every partition, the home one and a consumer
+// group's, each with its partition and record count.
+func TestSpillBacklogListsEveryPartition(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	h := &spillHarness{f: newFixture(t, srv, 5*time.Second, 100)}
+	s := h.f.spillLog(t)
+	home, other := h.Partition(), h.Other()
+	ctx := testCtx(t)
+	for i, lane := range []consumer.SpillLane{
+		{Tenant: "acme", Partition: home},
+		{Tenant: "acme", Partition: other},
+		{Tenant: "a.b*>", Partition: other},
+	} {
+		msgs := make([]*consumer.Message, i+1)
+		for j := range msgs {
+			msgs[j] = spillMsgOf(lane.Partition, int64(j), []byte("v"))
+		}
+		if err := s.Append(ctx, lane, msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bs, err := s.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, b := range bs {
+		got[fmt.Sprintf("%s@%s/%d", b.Tenant, b.Partition.Topic, b.Partition.ID)] = b.Records
+	}
+	want := map[string]uint64{
+		fmt.Sprintf("acme@%s/%d", home.Topic, home.ID):    1,
+		fmt.Sprintf("acme@%s/%d", other.Topic, other.ID):  2,
+		fmt.Sprintf("a.b*>@%s/%d", other.Topic, other.ID): 3,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("backlog %v, want %v", got, want)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Fatalf("backlog %v, want %v", got, want)
+		}
+	}
+}
