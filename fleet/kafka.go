@@ -331,14 +331,7 @@ func (s *kafkaStore) Watch(ctx context.Context, kind Kind) (<-chan Update, error
 	go func() {
 		defer close(out)
 		defer cl.Close()
-		send := func(u Update) bool {
-			select {
-			case out <- u:
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
+		send := func(u Update) bool { return sendUpdate(ctx, out, u) }
 		pos := start
 		caughtUp := func() bool {
 			for _, p := range parts {

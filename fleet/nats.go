@@ -129,14 +129,7 @@ func (s *natsStore) Watch(ctx context.Context, kind Kind) (<-chan Update, error)
 	go func() {
 		defer close(out)
 		defer w.Stop()
-		send := func(u Update) bool {
-			select {
-			case out <- u:
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
+		send := func(u Update) bool { return sendUpdate(ctx, out, u) }
 		for {
 			select {
 			case <-ctx.Done():

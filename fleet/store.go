@@ -174,3 +174,13 @@ func logger(l *slog.Logger) *slog.Logger {
 	}
 	return l
 }
+
+// sendUpdate hands u to a watcher's channel, or gives up when ctx ends.
+func sendUpdate(ctx context.Context, out chan<- Update, u Update) bool {
+	select {
+	case out <- u:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -517,12 +517,7 @@ func (s *GroupSource) Commit(ctx context.Context, p consumer.Partition, next int
 	if ps == nil {
 		return nil // revoked: the new owner reads it again
 	}
-	for {
-		cur := ps.want.Load()
-		if next <= cur || ps.want.CompareAndSwap(cur, next) {
-			break
-		}
-	}
+	raiseTo(&ps.want, next)
 	if s.ended.Load() {
 		return s.lateCommit(ctx, ps)
 	}

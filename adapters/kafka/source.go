@@ -372,16 +372,22 @@ func (s *Source) Commit(ctx context.Context, p consumer.Partition, next int64) e
 	if ps == nil {
 		return nil // revoked: the new owner reads it again
 	}
-	for {
-		cur := ps.want.Load()
-		if next <= cur || ps.want.CompareAndSwap(cur, next) {
-			break
-		}
-	}
+	raiseTo(&ps.want, next)
 	if s.ended.Load() {
 		return s.lateCommit(ctx, ps)
 	}
 	return nil
+}
+
+// raiseTo sets a to v unless it holds v or more already: a watermark only
+// moves up, whatever the order of concurrent stores.
+func raiseTo(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
 }
 
 // lateCommit commits ps's watermark outside any generation, once the group
