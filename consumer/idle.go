@@ -193,6 +193,11 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 	sw := &sh.sweep
 	for idle > 0 && busy > 0 && sw.q.len() > keep {
 		l := sw.q.pop()
+		if l.dead {
+			// Retired when it went idle (see retire): only its memory is left.
+			sh.freeLane(l)
+			continue
+		}
 		free := l.idle()
 		if free {
 			idle--
@@ -220,6 +225,24 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 		sw.due.Store(over)
 	}
 	return looked, passed
+}
+
+// retire drops l, a lane that just went idle after its only message, from
+// a partition holding more than laneBound lanes: a stream of keys each seen
+// once then costs a lane made and dropped per message, and the partition
+// holds only the lanes with messages beyond its bound, where waiting for
+// the sweep to come round to each would keep thousands of such lanes (and
+// their tenants, and their tenants' scope pins: enough to fill the scope to
+// its hard bound, where every new key sweeps it whole). The lane stays in
+// the sweep's queue, dead, until the sweep passes it and reuses its memory.
+// Called with sh.mu held, with l idle; it returns the tenant forgotten, if
+// any, whose pin the caller releases with no lock held (unpin).
+func (c *Consumer) retire(sh *shard, l *lane) *tenant {
+	delete(sh.lanes, l.key)
+	q := l.q.buf // empty: the lane holds nothing
+	t := c.dropLane(l)
+	l.q.buf = q[:0]
+	return t
 }
 
 // takeForgotten returns the tenants forgotten by sh's sweeps, whose pins
