@@ -249,7 +249,7 @@ func (c *Consumer) checkInvariants() error {
 		if int32(x.spilling) != t.spillLanes.Load() {
 			bad("tenant %q: %d spilling lanes counted, %d found", t.key, t.spillLanes.Load(), x.spilling)
 		}
-		if x.lanes != t.lanes {
+		if int32(x.lanes) != t.lanes {
 			bad("tenant %q: lane count %d, %d found", t.key, t.lanes, x.lanes)
 		}
 		delete(per, t)
