@@ -153,6 +153,12 @@ func (sh *shard) addLane(t *tenant) *lane {
 	}
 	l := sh.newLane()
 	l.t, l.key = t, t.key
+	// Its tenant's calls are as quick as the partition's last: with many
+	// tenants, most lanes run one job, and one taken as slow wakes another
+	// worker for the lanes ready behind it (see runQuick), so that a
+	// stream of new tenants would keep every worker awake, competing for
+	// the cores with the source's goroutine that delivers them.
+	l.quickNow = sh.quickPrior
 	sh.lanes[l.key] = l
 	sh.sweep.q.push(l)
 	if sh.sweep.q.len() > bound && !sh.sweep.due.Load() {

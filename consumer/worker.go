@@ -378,8 +378,8 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		}
 		w.quickOn = false
 	}
-	if q := quickNow(t); l.quickNow != q || l.ahead != q { // stores only on a change: see removeSettled
-		l.quickNow, l.ahead = q, q
+	if q := quickNow(t); l.quickNow != q || l.ahead != q || sh.quickPrior != q { // stores only on a change: see removeSettled
+		l.quickNow, l.ahead, sh.quickPrior = q, q, q
 	}
 	if r.handled > 0 {
 		t.handled.Add(r.handled)
