@@ -64,3 +64,19 @@ func TestTenantLayout(t *testing.T) {
 	line("nblocked", unsafe.Offsetof(x.nblocked), unsafe.Sizeof(x.nblocked), 1)
 	line("openSince", unsafe.Offsetof(x.openSince), unsafe.Sizeof(x.openSince), 1)
 }
+
+// TestConsumerLayout checks that what every delivery reads of the engine
+// (parts, for the partition's shard, and maxIdle, for its lane bound)
+// shares no line with the tenant table's lock, taken for every message of
+// a tenant whose lane must be made.
+func TestConsumerLayout(t *testing.T) {
+	var c Consumer
+	tl := unsafe.Offsetof(c.tmu) / 64
+	for name, off := range map[string]uintptr{"parts": unsafe.Offsetof(c.parts), "maxIdle": unsafe.Offsetof(c.maxIdle)} {
+		for _, base := range []uintptr{0, 8} {
+			if (base+off)/64 == (base+unsafe.Offsetof(c.tmu))/64 {
+				t.Errorf("base %d: %s (byte %d) shares tmu's line %d", base, name, off, tl)
+			}
+		}
+	}
+}
