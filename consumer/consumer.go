@@ -65,9 +65,11 @@ type Consumer struct {
 	// message, on both cores, and a line it shared with parts or maxIdle,
 	// which every delivery reads, would be a miss for each read
 	// (TestConsumerLayout).
-	_         [64]byte
-	tmu       sync.Mutex
-	tenants   map[string]*tenant
+	_       [64]byte
+	tmu     sync.Mutex
+	tenants map[string]*tenant
+	// ntenants is len(tenants), readable without tmu (see overTracked).
+	ntenants  atomic.Int64
 	noTenant  *tenant
 	idle      idleList
 	forgotten uint64

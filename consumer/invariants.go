@@ -212,6 +212,9 @@ func (c *Consumer) checkInvariants() error {
 	if int64(parked) != c.parkedTotal.Load() {
 		bad("parked total %d, lanes hold %d parked messages", c.parkedTotal.Load(), parked)
 	}
+	if n := c.ntenants.Load(); n != int64(len(c.tenants)) {
+		bad("tenant count %d, the table holds %d", n, len(c.tenants))
+	}
 	all := make([]*tenant, 0, len(c.tenants)+1)
 	all = append(all, c.noTenant)
 	pinned, idle := 0, 0

@@ -218,6 +218,7 @@ func (c *Consumer) tenantFor(key string, none bool) *tenant {
 			t.ctl.Store(ct)
 		}
 		c.tenants[t.key] = t
+		c.ntenants.Add(1)
 	case t.onIdle:
 		c.idle.remove(t)
 	}
