@@ -239,6 +239,11 @@ func TestRevokedJobKeepsItsTenant(t *testing.T) {
 	}
 
 	release <- struct{}{}
+	// Idle once its call ended; then newer idle tenants push it out.
+	consumertest.Eventually(t, "hung idle, the only tenant tracked", func() bool {
+		tr := e.c.Stats().Tracked
+		return tracked(e.c, "hung") && tr.Tenants == 1 && tr.Idle == 1
+	})
 	produceMany(h, "more", 10)
 	consumertest.Eventually(t, "hung forgotten once its call ended", func() bool { return !tracked(e.c, "hung") })
 	checkInvariants(t, e.c)
