@@ -137,15 +137,16 @@ type Config struct {
 	// partition likewise keeps at most MaxIdleTenants lanes (a tenant's
 	// queue on it), fewer with many partitions or tenants (its share of
 	// about 4*MaxIdleTenants over all partitions, at least 64, at most
-	// 16384; Stats.Tracked.MaxLanes): past that, lanes that hold nothing
-	// and had no message
-	// since the sweep last looked are dropped, a few as each new lane is
-	// made and a bounded number at each housekeeping tick, never by a walk
-	// of all of them. A tenant with messages in the engine is never
+	// 16384; Stats.Tracked.MaxLanes): past that, a lane made for one
+	// message is dropped as soon as that message is handled, and lanes
+	// that hold nothing and had no message since the sweep last looked
+	// are dropped, a few as each new lane is made and a bounded number at
+	// each housekeeping tick, never by a walk of all of them. A tenant
+	// with messages in the engine is never
 	// forgotten, nor its lanes dropped. So whatever the stream of
 	// keys, the engine tracks at most MaxIdleTenants idle tenants and about
 	// MaxLanes lanes a partition, beyond those holding messages. An
-	// idle tenant costs about 1.7 KiB of heap, 1.3 KiB of it its guard in
+	// idle tenant costs about 1.9 KiB of heap, 1.3 KiB of it its guard in
 	// the Scope (which its pin keeps there), and a lane about 350 bytes
 	// more (TestIdleTenantBytes measures both). Stats.Tracked shows the
 	// counts. Zero means the Scope's MaxKeys (1024 by default).

@@ -57,15 +57,21 @@ type Consumer struct {
 	parts   atomic.Pointer[partTable] // copy on write under pmu (setParts)
 	partGen uint64                    // pmu
 
+	maxIdle int // Config.MaxIdleTenants, also each partition's bound on lanes (see laneBound)
+
 	// The tenant table, guarded by tmu: the tenants the engine tracks,
-	// those of them that are idle (see idleList), how many idle ones it
-	// keeps (Config.MaxIdleTenants, also each partition's bound on lanes,
-	// see sweepLanes) and how many it forgot.
-	tmu       sync.Mutex
-	tenants   map[string]*tenant
+	// those of them that are idle (see idleList) and how many it forgot.
+	// On lines of its own: with many tenants, tmu is taken for every
+	// message, on both cores, and a line it shared with parts or maxIdle,
+	// which every delivery reads, would be a miss for each read
+	// (TestConsumerLayout).
+	_       [64]byte
+	tmu     sync.Mutex
+	tenants map[string]*tenant
+	// ntenants is len(tenants), readable without tmu (see overTracked).
+	ntenants  atomic.Int64
 	noTenant  *tenant
 	idle      idleList
-	maxIdle   int // set by New, read without tmu
 	forgotten uint64
 	// goneDwell holds the dwell counts of forgotten tenants, so that
 	// Stats' Totals.Dwell covers every settle since New.

@@ -117,8 +117,9 @@
 // lane it has seen. A tenant with nothing in the engine is idle: past
 // Config.MaxIdleTenants idle tenants the one idle longest is forgotten,
 // and a partition past as many lanes (fewer with many partitions: its
-// share, Stats.Tracked.MaxLanes) drops those that hold nothing, a few for
-// each lane it makes, whose memory its next lanes reuse; so the engine's
+// share, Stats.Tracked.MaxLanes) drops those that hold nothing (one made
+// for a single message as soon as it is handled, others a few for each
+// lane it makes), whose memory its next lanes reuse; so the engine's
 // memory does not grow with the number of distinct tenants it has seen
 // (TestEngineHeap), nor a message's cost much (BenchmarkEngine). A tenant
 // that comes back starts afresh; its guard lives in the scope. idle.go.

@@ -84,6 +84,38 @@ func TestForgottenTenantStartsFresh(t *testing.T) {
 	checkInvariants(t, e.c)
 }
 
+// TestKeysSeenOnceKeepFewTenants: a stream of tenants each seen once, over
+// several partitions, leaves the engine tracking at most about twice
+// MaxIdleTenants tenants (the idle ones, and as many holding only lanes
+// kept idle), not each partition's lane bound's worth on top: a lane made
+// for one message is dropped as soon as it is handled once the engine is
+// over that, so the tenants the engine keeps (and pins in its scope) do
+// not grow with its partitions.
+func TestKeysSeenOnceKeepFewTenants(t *testing.T) {
+	t.Parallel()
+	const maxIdle = 16
+	h := consumertest.NewMemHarness(4)
+	rec := consumertest.NewRecorder()
+	e := run(t, h, fastPolicy(), consumer.Config{MaxIdleTenants: maxIdle, Handler: recordAll(rec)})
+	produceMany(h, "once", 2000)
+	consumertest.Eventually(t, "every tenant handled", func() bool { return rec.Distinct() == 2000 })
+	var s consumer.Stats
+	consumertest.Eventually(t, "nothing in the engine", func() bool {
+		s = e.c.Stats()
+		return s.InFlight == 0 && s.Queued == 0
+	})
+	if s.Tracked.MaxLanes*h.Partitions() <= 2*maxIdle {
+		t.Fatalf("lane bound %d a partition: the partitions' lanes would not exceed the bound this test checks", s.Tracked.MaxLanes)
+	}
+	if s.Tracked.Tenants > 2*maxIdle+1 {
+		t.Fatalf("%d tenants tracked (%d idle, %d lanes), want at most %d", s.Tracked.Tenants, s.Tracked.Idle, s.Tracked.Lanes, 2*maxIdle+1)
+	}
+	if got := e.c.Scope().Stats().Pinned; got > 2*maxIdle+1 {
+		t.Fatalf("%d keys pinned in the scope, want at most %d", got, 2*maxIdle+1)
+	}
+	checkInvariants(t, e.c)
+}
+
 // TestTenantWithMessagesIsNeverForgotten: with MaxIdleTenants 1, a stream
 // of one-message tenants forgets nearly all of them, but never one that
 // holds messages: parked behind its open breaker, spilling (parked past
@@ -207,6 +239,11 @@ func TestRevokedJobKeepsItsTenant(t *testing.T) {
 	}
 
 	release <- struct{}{}
+	// Idle once its call ended; then newer idle tenants push it out.
+	consumertest.Eventually(t, "hung idle, the only tenant tracked", func() bool {
+		tr := e.c.Stats().Tracked
+		return tracked(e.c, "hung") && tr.Tenants == 1 && tr.Idle == 1
+	})
 	produceMany(h, "more", 10)
 	consumertest.Eventually(t, "hung forgotten once its call ended", func() bool { return !tracked(e.c, "hung") })
 	checkInvariants(t, e.c)

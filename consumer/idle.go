@@ -65,6 +65,7 @@ func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
 	f := c.idle.head
 	c.idle.remove(f)
 	delete(c.tenants, f.key)
+	c.ntenants.Add(-1)
 	f.gone = true
 	c.forgotten++
 	f.dwell.addTo(&c.goneDwell, &c.goneDwellSum)
@@ -153,6 +154,12 @@ func (sh *shard) addLane(t *tenant) *lane {
 	}
 	l := sh.newLane()
 	l.t, l.key = t, t.key
+	// Its tenant's calls are as quick as the partition's last: with many
+	// tenants, most lanes run one job, and one taken as slow wakes another
+	// worker for the lanes ready behind it (see runQuick), so that a
+	// stream of new tenants would keep every worker awake, competing for
+	// the cores with the source's goroutine that delivers them.
+	l.quickNow = sh.quickPrior
 	sh.lanes[l.key] = l
 	sh.sweep.q.push(l)
 	if sh.sweep.q.len() > bound && !sh.sweep.due.Load() {
@@ -193,6 +200,11 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 	sw := &sh.sweep
 	for idle > 0 && busy > 0 && sw.q.len() > keep {
 		l := sw.q.pop()
+		if l.dead {
+			// Retired when it went idle (see retire): only its memory is left.
+			sh.freeLane(l)
+			continue
+		}
 		free := l.idle()
 		if free {
 			idle--
@@ -221,6 +233,35 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 	}
 	return looked, passed
 }
+
+// retire drops l, a lane that just went idle after its only message, from
+// a partition holding more than laneBound lanes, or while the engine tracks
+// more than twice MaxIdleTenants tenants (see overTracked): a stream of
+// keys each seen once then costs a lane made and dropped per message, and
+// the engine holds only the lanes with messages beyond its bounds. Waiting
+// for the sweep to come round to each would keep thousands of such lanes
+// (each partition up to its bound), and with them their tenants and their
+// tenants' scope pins: enough to fill the scope to its hard bound, where
+// every new key sweeps it whole. The lane stays in the sweep's queue, dead,
+// until the sweep passes it and reuses its memory.
+// Called with sh.mu held, with l idle; it returns the tenant forgotten, if
+// any, whose pin the caller releases with no lock held (unpin).
+func (c *Consumer) retire(sh *shard, l *lane) *tenant {
+	delete(sh.lanes, l.key)
+	q := l.q.buf // empty: the lane holds nothing
+	t := c.dropLane(l)
+	l.q.buf = q[:0]
+	return t
+}
+
+// overTracked reports whether the engine tracks more than twice
+// MaxIdleTenants tenants: the idle ones are bounded by MaxIdleTenants, and
+// as many again may hold only lanes idle but kept; more are tenants of
+// lanes made for one message, which retire then drops as soon as it is
+// handled. So the tenants the engine pins in its scope stay within the
+// scope's HardCeiling (four times MaxKeys by default) plus the tenants
+// with messages in flight. Read without tmu.
+func (c *Consumer) overTracked() bool { return c.ntenants.Load() > 2*int64(c.maxIdle) }
 
 // takeForgotten returns the tenants forgotten by sh's sweeps, whose pins
 // the caller releases (unpinAll) once it has unlocked sh.mu. Called with

@@ -64,13 +64,17 @@ func (c *Consumer) checkInvariants() error {
 		swept := map[*lane]bool{}
 		for i := range sh.sweep.q.len() {
 			l := sh.sweep.q.at(i)
+			if l.dead && !swept[l] && sh.lanes[l.key] != l {
+				swept[l] = true // retired, waiting for the sweep to reuse it
+				continue
+			}
 			if swept[l] || sh.lanes[l.key] != l {
 				bad("%v/%q: the sweep's queue holds the lane twice or one the partition does not (dead=%v)", sh.p, l.key, l.dead)
 			}
 			swept[l] = true
 		}
-		if len(swept) != len(sh.lanes) {
-			bad("%v: the sweep's queue holds %d lanes, the partition %d", sh.p, len(swept), len(sh.lanes))
+		if live := countLive(swept); live != len(sh.lanes) {
+			bad("%v: the sweep's queue holds %d lanes, the partition %d", sh.p, live, len(sh.lanes))
 		}
 		if sh.none != nil {
 			if !sh.none.t.none || sh.none.t != c.noTenant {
@@ -208,6 +212,9 @@ func (c *Consumer) checkInvariants() error {
 	if int64(parked) != c.parkedTotal.Load() {
 		bad("parked total %d, lanes hold %d parked messages", c.parkedTotal.Load(), parked)
 	}
+	if n := c.ntenants.Load(); n != int64(len(c.tenants)) {
+		bad("tenant count %d, the table holds %d", n, len(c.tenants))
+	}
 	all := make([]*tenant, 0, len(c.tenants)+1)
 	all = append(all, c.noTenant)
 	pinned, idle := 0, 0
@@ -245,7 +252,7 @@ func (c *Consumer) checkInvariants() error {
 		if int32(x.spilling) != t.spillLanes.Load() {
 			bad("tenant %q: %d spilling lanes counted, %d found", t.key, t.spillLanes.Load(), x.spilling)
 		}
-		if x.lanes != t.lanes {
+		if int32(x.lanes) != t.lanes {
 			bad("tenant %q: lane count %d, %d found", t.key, t.lanes, x.lanes)
 		}
 		delete(per, t)
@@ -273,4 +280,15 @@ func (c *Consumer) checkInvariants() error {
 		bad("scope holds %d pinned keys, the engine pinned %d tenants whose guards it holds", got, pinned)
 	}
 	return errors.Join(errs...)
+}
+
+// countLive counts the lanes of set that were not dropped.
+func countLive(set map[*lane]bool) int {
+	n := 0
+	for l := range set {
+		if !l.dead {
+			n++
+		}
+	}
+	return n
 }

@@ -45,13 +45,17 @@ type shard struct {
 	// delivered to it one message at a time, see Consumer.Deliver); takes
 	// counts lanes taken, for housekeeping to tell a shard whose workers
 	// all hang (see sched.rescue).
-	inRing    bool // in the scheduler's ring
-	quick     int
-	quickMax  int
-	quickGen  uint64 // bumped when rescue forgets the count
-	takes     uint64
-	lastTakes uint64 // takes at the last rescue check; housekeeping's own
-	rescues   uint64 // times rescue found it stuck (PartitionStats.Rescues)
+	inRing bool // in the scheduler's ring
+	// quickPrior is whether the last lane that finished a job had a
+	// quick tenant (lane.quickNow): a new lane starts with it, its tenant's
+	// calls unknown to it until its first job ends (see addLane).
+	quickPrior bool
+	quick      int
+	quickMax   int
+	quickGen   uint64 // bumped when rescue forgets the count
+	takes      uint64
+	lastTakes  uint64 // takes at the last rescue check; housekeeping's own
+	rescues    uint64 // times rescue found it stuck (PartitionStats.Rescues)
 
 	// What a worker's run reads without the lock, at every message (see
 	// runOn), on a line of its own: next to the counts that DeliverBatch

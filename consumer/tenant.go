@@ -53,58 +53,75 @@ func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 // no-tenant bucket is a tenant value too, kept apart by its none flag (it
 // is never in the tenants map, whatever key a message carries).
 type tenant struct {
-	key  string // owned copy: in keyBuf if it fits (see ownKey)
-	none bool   // the reserved bucket of messages without a usable key
-	// keyBuf holds a short key, so that a new tenant is one allocation,
-	// not two (BenchmarkEngine at many tenants guards this). Never written
-	// once key points into it: the key is handed out in events and stats.
-	keyBuf [tenantKeyBuf]byte
-
-	// guard is set once, outside every engine lock (scope.Pin may run the
-	// scope's Shape hook), by the first goroutine that needs it.
-	once   sync.Once
-	guardP atomic.Pointer[policy.Guard]
-
+	// The first line holds what a message of a tenant whose lane must be
+	// found or made reads (the tenant table's key comparison, lanes,
+	// onIdle) and what taking its lane reads (guardP, inflight): with many
+	// tenants each of them is a cache miss, and fields spread over more
+	// lines are more misses (TestTenantLayout checks the layout,
+	// BenchmarkEngine at 100,000 tenants guards the gain).
+	key string // owned copy: in keyBuf if it fits (see ownKey)
 	// lanes counts the tenant's lanes; onIdle marks it listed in
 	// Consumer.idle (no lane, nothing in flight), through idlePrev and
 	// idleNext. Guarded by Consumer.tmu.
-	lanes              int
-	onIdle             bool
-	idlePrev, idleNext *tenant
+	lanes  int32
+	onIdle bool
 	// gone: forgotten (out of the tenants map). A job of a lane dropped
 	// while it ran may end after that (zombieDone): such a tenant is never
 	// listed again. Guarded by Consumer.tmu.
 	gone bool
-
+	none bool // the reserved bucket of messages without a usable key
+	// keyBuf holds a short key, so that a new tenant is one allocation,
+	// not two (BenchmarkEngine at many tenants guards this). Never written
+	// once key points into it: the key is handed out in events and stats.
+	keyBuf [tenantKeyBuf]byte
+	// guardP is set once, outside every engine lock (scope.Pin may run
+	// the scope's Shape hook), by the first goroutine that needs it (once).
+	guardP   atomic.Pointer[policy.Guard]
 	inflight atomic.Int32 // messages of this tenant being handled (bulkhead)
-	// ctl is its operators' control (nil: none), an entry of the table
-	// SetControls publishes: read once per lane scheduling, on the line
-	// take reads for the bulkhead anyway. Stored under Consumer.tmu.
-	ctl atomic.Pointer[Control]
 	// zombies counts in-flight slots held by jobs of lanes dropped while
 	// they ran (a revoked partition): released when those jobs finish.
-	zombies  atomic.Int32
-	bmu      sync.Mutex   // guards blocked
-	blocked  []*lane      // lanes waiting for the bulkhead, FIFO
-	nblocked atomic.Int32 // len(blocked), readable without bmu
+	zombies atomic.Int32
 
-	handled, failed, dead, retried atomic.Uint64
-	spilled, refed, unwritable     atomic.Uint64
-	spillDone                      atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
-	parked                         atomic.Int64  // messages parked now
-	spillLanes                     atomic.Int32  // lanes in spill mode now
+	// The second line holds what the rest of a lane's turn reads or
+	// writes: its control, its counts of handled messages and blocked
+	// lanes, its breaker's open time.
+	//
+	// ctl is its operators' control (nil: none), an entry of the table
+	// SetControls publishes: read once per lane scheduling. Stored under
+	// Consumer.tmu.
+	ctl      atomic.Pointer[Control]
+	handled  atomic.Uint64
+	nblocked atomic.Int32 // len(blocked), readable without bmu
 	// openSince is the engine clock when the engine first found its
 	// breaker not closed since it last closed (a park), or zero (see
 	// noteOpen).
-	openSince atomic.Int64
-	dwell     dwellHist // its settles by time since produce
+	openSince          atomic.Int64
+	idlePrev, idleNext *tenant
+	once               sync.Once
+
+	bmu     sync.Mutex // guards blocked
+	blocked []*lane    // lanes waiting for the bulkhead, FIFO
+
+	failed, dead, retried      atomic.Uint64
+	spilled, refed, unwritable atomic.Uint64
+	spillDone                  atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
+	parked                     atomic.Int64  // messages parked now
+	spillLanes                 atomic.Int32  // lanes in spill mode now
+	dwell                      dwellHist     // its settles by time since produce
 	// dlqDownAt is the engine clock (at least 1) when the tenant's DLQ
 	// began to refuse its dead letters: a write failed, not for good (see
 	// dlq.ErrUnwritable), and none has succeeded since. 0 while the DLQ
 	// takes them. dlqFails counts its failed dead-letter writes.
 	dlqDownAt atomic.Int64
 	dlqFails  atomic.Uint64
+	// Pads the tenant to a whole number of lines: its size class is then
+	// a multiple of 64 bytes and every tenant starts a line, so the first
+	// line above is one line (TestTenantLayout).
+	_ [tenantPad]byte
 }
+
+// tenantPad pads a tenant to 448 bytes (see TestTenantLayout).
+const tenantPad = 56
 
 // guard returns the tenant's guard, pinning it in the scope on first use.
 // Called with no engine lock held.
@@ -201,6 +218,7 @@ func (c *Consumer) tenantFor(key string, none bool) *tenant {
 			t.ctl.Store(ct)
 		}
 		c.tenants[t.key] = t
+		c.ntenants.Add(1)
 	case t.onIdle:
 		c.idle.remove(t)
 	}

@@ -62,6 +62,7 @@ type worker struct {
 	spills  []*lane   // lanes whose spill job must be queued
 	chain   int       // lanes still ready when this worker took one
 	zombie  *tenant   // tenant of a dropped lane whose job ended: it may be idle now
+	gone    *tenant   // tenant forgotten as the lane of its last job retired (see retire): its pin to release
 	// searching: woken from the scheduler's wait and not yet holding a
 	// lane (see sched). Only this worker reads or writes it.
 	searching bool
@@ -377,8 +378,8 @@ func (c *Consumer) finish(sh *shard, w *worker) bool {
 		}
 		w.quickOn = false
 	}
-	if q := quickNow(t); l.quickNow != q || l.ahead != q { // stores only on a change: see removeSettled
-		l.quickNow, l.ahead = q, q
+	if q := quickNow(t); l.quickNow != q || l.ahead != q || sh.quickPrior != q { // stores only on a change: see removeSettled
+		l.quickNow, l.ahead, sh.quickPrior = q, q, q
 	}
 	if r.handled > 0 {
 		t.handled.Add(r.handled)
@@ -486,6 +487,9 @@ func (c *Consumer) moveOn(sh *shard, w *worker) bool {
 		l.state = laneIdle
 	}
 	c.releaseSlot(w, t)
+	if !t.none && l.state == laneIdle && l.hits <= 1 && (len(sh.lanes) > c.laneBound() || c.overTracked()) && l.idle() {
+		w.gone = c.retire(sh, l)
+	}
 	if c.draining.Load() || w.turn >= shardTurn {
 		return false
 	}
@@ -645,6 +649,10 @@ func (w *worker) flush() {
 	if w.zombie != nil {
 		c.zombieDone(w.zombie)
 		w.zombie = nil
+	}
+	if w.gone != nil {
+		c.unpin(w.gone)
+		w.gone = nil
 	}
 }
 

@@ -13,6 +13,11 @@ import (
 const (
 	engine1000  = "Engine/tenants=1000/partitions=4/concurrency=64"
 	engine1     = "Engine/tenants=1/partitions=1/concurrency=1"
+	engine10k   = "Engine/tenants=10000/partitions=4/concurrency=64"
+	engine100k  = "Engine/tenants=100000/partitions=4/concurrency=64"
+	engineZipf  = "Engine/tenants=1000000/zipf=1.1/partitions=4/concurrency=64"
+	engine512   = "Engine/tenants=1000/partitions=512/concurrency=64"
+	engineOnce  = "Engine/tenants=distinct/partitions=4/concurrency=64"
 	kEngine     = "Consume/ringfence-engine"
 	kSource     = "Consume/ringfence-source"
 	kFloor      = "Consume/handoff-floor"
@@ -111,6 +116,11 @@ func table(w io.Writer, s *samples) error {
 			engineCell(s, engine1),
 			"", "",
 		},
+		scaleRow(s, engine10k, "the 1000-tenant row with 10,000 tenants (each seen once before the timer)"),
+		scaleRow(s, engine100k, "with 100,000 tenants (each seen once before the timer)"),
+		scaleRow(s, engineZipf, "with tenants drawn from Zipf(1.1) over 1,000,000 keys, most seen once"),
+		scaleRow(s, engine512, "with 1000 tenants over 512 partitions"),
+		scaleRow(s, engineOnce, "with every message a tenant never seen before, default Config (1024 guards and idle tenants kept)"),
 		handlerRow(s, handlerWait, fmt.Sprintf("handler that waits 50 µs for a dependency, 1000 tenants, 64 workers, %d processes, median of the paired ratios", s.procs(handlerWait+"engine", "msgs/s")), "a bare pool of 64 goroutines over the same source"),
 		handlerRow(s, handlerCPU, "handler that computes for 50 µs (2 cores: at most 40k msg/s)", "bare pool"),
 		kafkaRow(s),
@@ -140,6 +150,18 @@ func engineCell(s *samples, name string) string {
 	xlo, xhi := s.span(name, "xcore-ns")
 	return fmt.Sprintf("%.1f ns (%.1f-%.1f), %s allocs; %.0f ns of CPU; `xcore-ns` %.0f-%.0f",
 		s.med(name, "ns/op"), lo, hi, strconv.FormatFloat(s.med(name, "allocs/op"), 'f', 0, 64), s.med(name, "cpu-ns/op"), xlo, xhi)
+}
+
+// scaleRow is an engine row of many tenants or partitions beside the
+// 1000-tenant row, with the collector off and on.
+func scaleRow(s *samples, name, what string) [4]string {
+	on := name + "/gc=on"
+	return [4]string{
+		fmt.Sprintf("engine overhead per message, %s, median of %d", what, s.count(name, "ns/op")),
+		fmt.Sprintf("%s; collector on %.1f ns, %s allocs", engineCell(s, name), s.med(on, "ns/op"), strconv.FormatFloat(s.med(on, "allocs/op"), 'f', 0, 64)),
+		fmt.Sprintf("the 1000-tenant row %.1f ns; collector on %.1f ns", s.med(engine1000, "ns/op"), s.med(engine1000+"/gc=on", "ns/op")),
+		fmt.Sprintf("%.2fx its time; collector on %.2fx", s.med(name, "ns/op")/s.med(engine1000, "ns/op"), s.med(on, "ns/op")/s.med(engine1000+"/gc=on", "ns/op")),
+	}
 }
 
 func handlerRow(s *samples, prefix, what, alt string) [4]string {

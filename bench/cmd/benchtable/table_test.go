@@ -36,8 +36,9 @@ func output(scale float64) string {
 	}
 	line(churnScope, 100, "ns/op", 46, "B/op", 50, "p50-ns", 500, "p99.9-ns", 10, "p99.9/p50")
 	line(churnOtter, 100*scale, "ns/op", 797, "B/op", 50, "p50-ns", 500*scale, "p99.9-ns", 10, "p99.9/p50")
-	for _, e := range []string{engine1000, engine1} {
+	for _, e := range []string{engine1000, engine1, engine10k, engine100k, engineZipf, engine512, engineOnce} {
 		line(e, 150, "ns/op", 0, "allocs/op", 300, "cpu-ns/op", 400, "xcore-ns")
+		line(e+"/gc=on", 150, "ns/op", 0, "allocs/op", 300, "cpu-ns/op", 400, "xcore-ns")
 	}
 	for _, h := range []string{handlerWait, handlerCPU} {
 		line(h+"bare-pool", 1000, "msgs/s")
@@ -77,8 +78,8 @@ func TestTableRatios(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(rows) != 2+17 {
-		t.Fatalf("%d lines, want a header, a rule and 17 rows:\n%s", len(rows), b.String())
+	if len(rows) != 2+22 {
+		t.Fatalf("%d lines, want a header, a rule and 22 rows:\n%s", len(rows), b.String())
 	}
 	for _, want := range []string{
 		"| guard success path, parallel | 10.0 ns, 0 allocs | gobreaker 30.0 ns | 3.0x |",
