@@ -48,20 +48,22 @@ import (
 // its partitions) and handed to the engine with DeliverBatch, per
 // partition in offset order, in slices of at most 64 messages. A message
 // of an uncompressed batch shares its key, value and header values with
-// the fetch response kgo decoded it from (kgo never reuses a response), as
-// long as messages the engine still holds share the responses of at most
-// three polls; past that, and for compressed batches (kgo decompresses
-// into buffers it reuses), they are copied out as Source does, so that a
-// message kept for long pins only its slice's small neighbours. kgo
-// decodes later fetches into the slabs of the records built from
-// (kgo.WithPools). Once the engine pauses a partition,
-// the rest of the poll's records of that partition are kept back and
-// delivered first after Resume (which wakes the poll loop). Only when a
-// later poll returns more of a partition still paused are those kept back
-// too and kgo told to stop fetching it (kgo drops what it had buffered of
-// it then, to fetch it again after Resume): the engine's short pauses
-// (read-ahead) so cost no fetch again, and a partition keeps back at most
-// two polls' worth (two fetches of WithMaxBytes). The engine's
+// the fetch response kgo decoded it from (kgo never reuses a response),
+// as long as the messages the engine has not yet committed past share
+// the responses of at most three polls: a message held for long (a parked
+// tenant's, a hanging call) so keeps at most three polls' fetches alive,
+// whatever flows meanwhile. Past that bound, and for compressed batches
+// (decompressed into buffers the source lends kgo and takes back), records
+// are copied out as Source does, and a message kept for long pins only
+// its slice's small neighbours. kgo decodes later fetches into the slabs
+// of the records built from (kgo.WithPools). Once the engine pauses a
+// partition, the rest of the poll's records of that partition are kept
+// back and delivered first after Resume (which wakes the poll loop). Only
+// when a later poll returns more of a partition still paused are those
+// kept back too and kgo told to stop fetching it (kgo drops what it had
+// buffered of it then, to fetch it again after Resume): the engine's short
+// pauses (read-ahead) so cost no fetch again, and a partition keeps back
+// at most two polls' worth (two fetches of WithMaxBytes). The engine's
 // per-partition bounds hold within one slice.
 //
 // Offsets are committed only as the engine reports them (kgo's autocommit
