@@ -38,24 +38,32 @@ import (
 // BlockRebalanceOnPoll, and a lock of the source's around each delivery):
 // a revocation runs only between deliveries, and no record of a revoked
 // partition is delivered after it. Each revoked partition's watermark is
-// committed synchronously in the callback, and the periodic committer,
-// which holds the same lock while it commits, never commits it again, so
-// no commit of a partition lands after its revocation returned. A lost
-// partition (the member was evicted) is dropped without a commit.
+// committed synchronously in the callback, once a commit in flight (which
+// may include it) has ended; commits never overlap, and no later one
+// includes the partition, so no commit of a partition lands after its
+// revocation returned. No lock is held across a commit's network call. A
+// lost partition (the member was evicted) is dropped without a commit.
 //
 // Records are polled with kgo's own fetching (one Fetch per broker for all
 // its partitions) and handed to the engine with DeliverBatch, per
-// partition in offset order, in slices of at most 64 messages, copied out
-// of the response as Source does (a message kept for long pins only its
-// slice's small neighbours); kgo decodes later fetches into the memory of
-// the records copied (kgo.WithPools). Once the engine pauses a partition,
-// the rest of the poll's records of that partition are kept back and
-// delivered first after Resume (which wakes the poll loop). Only when a
-// later poll returns more of a partition still paused are those kept back
-// too and kgo told to stop fetching it (kgo drops what it had buffered of
-// it then, to fetch it again after Resume): the engine's short pauses
-// (read-ahead) so cost no fetch again, and a partition keeps back at most
-// two polls' worth (two fetches of WithMaxBytes). The engine's
+// partition in offset order, in slices of at most 64 messages. A message
+// of an uncompressed batch shares its key, value and header values with
+// the fetch response kgo decoded it from (kgo never reuses a response),
+// as long as the messages the engine has not yet committed past share
+// the responses of at most three polls: a message held for long (a parked
+// tenant's, a hanging call) so keeps at most three polls' fetches alive,
+// whatever flows meanwhile. Past that bound, and for compressed batches
+// (decompressed into buffers the source lends kgo and takes back), records
+// are copied out as Source does, and a message kept for long pins only
+// its slice's small neighbours. kgo decodes later fetches into the slabs
+// of the records built from (kgo.WithPools). Once the engine pauses a
+// partition, the rest of the poll's records of that partition are kept
+// back and delivered first after Resume (which wakes the poll loop). Only
+// when a later poll returns more of a partition still paused are those
+// kept back too and kgo told to stop fetching it (kgo drops what it had
+// buffered of it then, to fetch it again after Resume): the engine's short
+// pauses (read-ahead) so cost no fetch again, and a partition keeps back
+// at most two polls' worth (two fetches of WithMaxBytes). The engine's
 // per-partition bounds hold within one slice.
 //
 // Offsets are committed only as the engine reports them (kgo's autocommit
@@ -80,14 +88,23 @@ type GroupSource struct {
 	// by the rebalance callbacks, which kgo runs one at a time, under
 	// commitMu.
 	parts atomic.Pointer[map[int32]*groupPart]
-	// commitMu is held across every commit, and by the rebalance callbacks
-	// while they take partitions away, so that no commit of a partition
-	// lands after its revocation. It guards groupPart.done.
+	// commitMu guards flight and groupPart.done, and is held by the
+	// rebalance callbacks while they change the table; it is never held
+	// across a network call.
 	commitMu sync.Mutex
+	// flight is closed when the commit in flight ends; nil if none is.
+	// Commits never overlap (takeFlight): a revocation's commit starts
+	// only once a commit that included its partitions ended, and none
+	// includes them after, as they left the table, so that no commit of a
+	// partition lands after its revocation.
+	flight chan struct{}
 	// deliverMu is held while records are delivered and while the
 	// rebalance callbacks revoke, so that no record of a partition is
 	// delivered after its Revoked. It guards groupPart.rest.
 	deliverMu sync.Mutex
+	// shared bounds the polls whose responses delivered messages keep
+	// alive; guarded by deliverMu.
+	shared sharing
 	// wake (with woken set first) asks the poll loop to stop waiting and
 	// deliver what resumed partitions kept back.
 	wake  chan struct{}
@@ -107,7 +124,8 @@ type groupPart struct {
 	id consumer.Partition
 	// want is the highest commit point the engine reported, -1 for none.
 	want atomic.Int64
-	// done is the last offset committed; guarded by GroupSource.commitMu.
+	// done is the last offset committed; guarded by GroupSource.commitMu,
+	// written only by the commit in flight.
 	done int64
 	// paused is set by Pause and read by the poll loop; changed under
 	// pauseMu.
@@ -119,9 +137,11 @@ type groupPart struct {
 	// fetchPaused says kgo was told to stop fetching the partition.
 	fetchPaused bool
 	// rest is what a poll returned of the partition after the engine
-	// paused it, to deliver first once it is resumed; guarded by
+	// paused it, to deliver first once it is resumed, and restSeq the
+	// poll it came from (-1 if from more than one); guarded by
 	// GroupSource.deliverMu.
-	rest []*kgo.Record
+	rest    []*kgo.Record
+	restSeq int64
 }
 
 // NewGroupSource returns a GroupSource for topic in consumer group group,
@@ -269,7 +289,7 @@ func (s *GroupSource) poll(ctx context.Context, cl *kgo.Client, d consumer.Dispa
 			}
 		}
 	}()
-	for ctx.Err() == nil {
+	for seq := int64(0); ctx.Err() == nil; seq++ {
 		s.woken.Store(false)
 		s.deliverRests(&sb, d)
 		pctx, cancel := context.WithCancel(ctx)
@@ -289,12 +309,14 @@ func (s *GroupSource) poll(ctx context.Context, cl *kgo.Client, d consumer.Dispa
 			}
 		})
 		s.deliverMu.Lock()
+		parts := *s.parts.Load()
+		s.shared.release(parts)
 		fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
 			if ftp.Topic != s.topic || len(ftp.Records) == 0 {
 				return
 			}
-			if ps := (*s.parts.Load())[ftp.Partition]; ps != nil {
-				s.deliver(ps, ftp.Records, &sb, d)
+			if ps := parts[ftp.Partition]; ps != nil {
+				s.deliver(ps, ftp.Records, seq, &sb, d)
 			}
 		})
 		s.deliverMu.Unlock()
@@ -307,40 +329,71 @@ func (s *GroupSource) poll(ctx context.Context, cl *kgo.Client, d consumer.Dispa
 func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
 	s.deliverMu.Lock()
 	defer s.deliverMu.Unlock()
-	for _, ps := range *s.parts.Load() {
+	parts := *s.parts.Load()
+	s.shared.release(parts)
+	for _, ps := range parts {
 		if len(ps.rest) > 0 && !ps.paused.Load() {
-			s.deliver(ps, nil, sb, d)
+			s.deliver(ps, nil, -1, sb, d)
 		}
 	}
 }
 
-// deliver hands what ps kept back and then recs to the engine in slices,
-// and keeps back the rest once the engine paused ps. Called with
+// deliver hands what ps kept back and then recs, of poll seq, to the engine
+// in slices, and keeps back the rest once the engine paused ps. Called with
 // deliverMu held.
-func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, sb *recordSlicer, d consumer.Dispatcher) {
+func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *recordSlicer, d consumer.Dispatcher) {
 	if len(ps.rest) > 0 {
 		if len(recs) > 0 && ps.paused.Load() {
 			// Still paused after a poll that returned more: keep these
 			// back too, and stop kgo from fetching further.
-			ps.rest = append(ps.rest, recs...)
+			ps.keepBack(recs, seq)
 			s.pauseFetching(ps)
 			return
 		}
-		recs = append(ps.rest, recs...)
-		ps.rest = nil
-	}
-	for i := 0; i < len(recs); i += deliverSlice {
-		if ps.paused.Load() {
-			ps.rest = recs[i:]
+		rest, from := ps.rest, ps.restSeq
+		ps.rest, ps.restSeq = nil, 0
+		if left := s.send(ps, rest, from, sb, d); len(left) > 0 {
+			ps.keepBack(left, from)
+			ps.keepBack(recs, seq)
 			return
 		}
+	}
+	ps.keepBack(s.send(ps, recs, seq, sb, d), seq)
+}
+
+// send hands recs, of poll seq (-1: of more than one), to the engine in
+// slices until the engine pauses ps, and returns what it did not hand
+// over. Called with deliverMu held.
+func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sb *recordSlicer, d consumer.Dispatcher) []*kgo.Record {
+	for i := 0; i < len(recs); i += deliverSlice {
+		if ps.paused.Load() {
+			return recs[i:]
+		}
 		slice := recs[i:min(i+deliverSlice, len(recs))]
-		ms := sb.build(ps.id, slice)
+		ms, shared := sb.build(ps.id, slice, s.shared.admit(seq))
+		if shared {
+			s.shared.note(seq, ps, slice[len(slice)-1].Offset+1)
+		}
 		for _, r := range slice {
-			r.Recycle() // copied out: kgo may reuse its memory (kgoPools)
+			r.Recycle() // nothing of the record itself is kept: kgo may reuse it (kgoPools)
 		}
 		d.DeliverBatch(ms)
 	}
+	return nil
+}
+
+// keepBack appends recs, of poll seq, to what ps keeps back until Resume.
+// Called with deliverMu held.
+func (ps *groupPart) keepBack(recs []*kgo.Record, seq int64) {
+	switch {
+	case len(recs) == 0:
+		return
+	case len(ps.rest) == 0:
+		ps.restSeq = seq
+	case ps.restSeq != seq:
+		ps.restSeq = -1 // of two polls: copied (see sharing)
+	}
+	ps.rest = append(ps.rest, recs...)
 }
 
 // pauseFetching tells kgo to stop fetching ps while the engine has it
@@ -417,8 +470,8 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 	s.commitMu.Unlock()
 	s.deliverMu.Unlock()
 	if commit {
-		// A periodic commit that included them has finished once this one
-		// holds commitMu; none starts after, as they left the table.
+		// A periodic commit that included them has ended once this one
+		// is in flight; none starts after, as they left the table.
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.rebalanceTimeout)
 		s.commit(cctx, gone)
 		cancel()
@@ -449,11 +502,14 @@ func (s *GroupSource) commitLoop(ctx context.Context) {
 }
 
 // commit commits the watermarks that moved of the partitions in list (all
-// assigned partitions when nil), synchronously, under commitMu.
+// assigned partitions when nil), synchronously. Commits never overlap: one
+// waits for the commit in flight (which may include partitions that left
+// the table meanwhile) before it reads what to commit, and none is made
+// under commitMu.
 func (s *GroupSource) commit(ctx context.Context, list []*groupPart) {
 	cl := s.cl.Load()
 	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
+	s.takeFlight()
 	if list == nil {
 		for _, ps := range *s.parts.Load() {
 			list = append(list, ps)
@@ -468,8 +524,12 @@ func (s *GroupSource) commit(ctx context.Context, list []*groupPart) {
 		}
 	}
 	if len(offsets) == 0 {
+		s.landFlight()
+		s.commitMu.Unlock()
 		return
 	}
+	s.commitMu.Unlock()
+	var acked []*groupPart
 	cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{s.topic: offsets},
 		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 			if err != nil {
@@ -489,11 +549,36 @@ func (s *GroupSource) commit(ctx context.Context, list []*groupPart) {
 						continue
 					}
 					if ps := byID[p.Partition]; ps != nil && t.Topic == s.topic {
-						ps.done = offsets[p.Partition].Offset
+						acked = append(acked, ps)
 					}
 				}
 			}
 		})
+	s.commitMu.Lock()
+	for _, ps := range acked {
+		ps.done = offsets[ps.id.ID].Offset
+	}
+	s.landFlight()
+	s.commitMu.Unlock()
+}
+
+// takeFlight waits until no commit is in flight and marks one in flight,
+// for the caller to make with commitMu released and end with landFlight.
+// Called with commitMu held; it is released while it waits.
+func (s *GroupSource) takeFlight() {
+	for s.flight != nil {
+		f := s.flight
+		s.commitMu.Unlock()
+		<-f
+		s.commitMu.Lock()
+	}
+	s.flight = make(chan struct{})
+}
+
+// landFlight ends the commit in flight. Called with commitMu held.
+func (s *GroupSource) landFlight() {
+	close(s.flight)
+	s.flight = nil
 }
 
 // Settle does nothing: Kafka progress is committed by watermark (Commit).
@@ -533,14 +618,30 @@ func (s *GroupSource) lateCommit(ctx context.Context, ps *groupPart) error {
 		return ctx.Err()
 	}
 	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
+	s.takeFlight()
 	w := ps.want.Load()
 	if w <= ps.done {
+		s.landFlight()
+		s.commitMu.Unlock()
 		return nil
 	}
+	s.commitMu.Unlock()
+	err := s.commitOutside(ctx, ps.id.ID, w)
+	s.commitMu.Lock()
+	if err == nil {
+		ps.done = w
+	}
+	s.landFlight()
+	s.commitMu.Unlock()
+	return err
+}
+
+// commitOutside commits offset next of partition id for the group, outside
+// the group (after it was left), over a client of its own.
+func (s *GroupSource) commitOutside(ctx context.Context, id int32, next int64) error {
 	cl, err := kgo.NewClient(s.clientOpts()...)
 	if err != nil {
-		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, ps.id.ID, err)
+		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, id, err)
 	}
 	defer cl.Close()
 	req := kmsg.NewPtrOffsetCommitRequest()
@@ -549,7 +650,7 @@ func (s *GroupSource) lateCommit(ctx context.Context, ps *groupPart) error {
 	rt := kmsg.NewOffsetCommitRequestTopic()
 	rt.Topic = s.topic
 	rp := kmsg.NewOffsetCommitRequestTopicPartition()
-	rp.Partition, rp.Offset, rp.LeaderEpoch = ps.id.ID, w, -1
+	rp.Partition, rp.Offset, rp.LeaderEpoch = id, next, -1
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
 	resp, err := req.RequestWith(ctx, cl)
@@ -563,9 +664,8 @@ func (s *GroupSource) lateCommit(ctx context.Context, ps *groupPart) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, ps.id.ID, err)
+		return fmt.Errorf("kafka: commit %s/%d after shutdown: %w", s.topic, id, err)
 	}
-	ps.done = w
 	return nil
 }
 

@@ -246,10 +246,12 @@ func (k *keeper) len() int {
 	return len(k.ms)
 }
 
-// Messages share nothing with the records kgo decoded them from: kgo
-// decodes later fetches into the same pooled slabs and decompression
-// buffers (kgoPools), and every message kept from the first fetches still
-// reads as produced, null and empty apart.
+// Messages keep nothing kgo reuses: kgo decodes later fetches into the
+// same pooled slabs and decompression buffers (kgoPools), and every message
+// kept from the first fetches, whether it shares its fetch response or was
+// copied (kept, none is settled: past maxSharedPolls polls they are
+// copied), still reads as produced, null and empty apart, and appending to
+// its bytes writes over nothing else.
 func TestGroupMessagesOutliveRecycledRecords(t *testing.T) {
 	t.Parallel()
 	for _, codec := range []kafkago.Compression{0, kafkago.Snappy, kafkago.Lz4, kafkago.Gzip, kafkago.Zstd} {
@@ -307,9 +309,11 @@ func TestGroupMessagesOutliveRecycledRecords(t *testing.T) {
 					t.Fatalf("message %d: value %.40q (nil %v), want %.40q (nil %v)", i, m.Value, m.Value == nil, w.Value, w.Value == nil)
 				case len(m.Headers) != len(w.Headers):
 					t.Fatalf("message %d: %d headers, want %d", i, len(m.Headers), len(w.Headers))
+				case cap(m.Key) != len(m.Key), cap(m.Value) != len(m.Value):
+					t.Fatalf("message %d: key or value has room past its end", i)
 				}
 				for j, h := range m.Headers {
-					if h.Key != w.Headers[j].Key || !bytes.Equal(h.Value, w.Headers[j].Value) {
+					if h.Key != w.Headers[j].Key || !bytes.Equal(h.Value, w.Headers[j].Value) || cap(h.Value) != len(h.Value) {
 						t.Fatalf("message %d: header %q=%q, want %q=%q", i, h.Key, h.Value, w.Headers[j].Key, w.Headers[j].Value)
 					}
 				}

@@ -1,0 +1,133 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
+)
+
+// sharingState reads src's sharing bookkeeping: the polls held and the
+// slices copied because maxSharedPolls were.
+func sharingState(src *GroupSource) (held, copied int) {
+	src.deliverMu.Lock()
+	defer src.deliverMu.Unlock()
+	return len(src.shared.polls), src.shared.copied
+}
+
+// Messages that are never settled keep at most maxSharedPolls polls'
+// responses alive: the records of later polls are copied. Once the
+// commit point passed them, the polls are released and later records
+// share their responses again.
+func TestGroupSharingIsBounded(t *testing.T) {
+	t.Parallel()
+	topic := uniq("share")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	const total = 2000
+	var ms []kafkago.Message
+	for i := range total {
+		ms = append(ms, kafkago.Message{Key: []byte("k"), Value: []byte(fmt.Sprintf("v-%04d", i))})
+	}
+	for i := 0; i < total; i += 50 { // batches of 50: a fetch of 4 KiB takes a few
+		produce(t, c.Addrs(), topic, ms[i:i+50]...)
+	}
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(4<<10))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &keeper{}
+	consumertest.StartSource(t, src, k)
+	consumertest.Eventually(t, "every message", func() bool { return k.len() >= total })
+	held, copied := sharingState(src)
+	if held > maxSharedPolls || copied == 0 {
+		t.Fatalf("%d polls shared by unsettled messages (at most %d), %d slices copied (want some)", held, maxSharedPolls, copied)
+	}
+
+	p := consumer.Partition{Topic: topic, ID: 0}
+	if err := src.Commit(context.Background(), p, total); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, c.Addrs(), topic, kafkago.Message{Key: []byte("k"), Value: []byte("after")})
+	consumertest.Eventually(t, "the message produced after the commit", func() bool { return k.len() >= total+1 })
+	held, after := sharingState(src)
+	if after != copied || held != 1 {
+		t.Fatalf("after the commit: %d polls shared, %d slices copied since; want 1 and none", held, after-copied)
+	}
+}
+
+// committingGroup commits past every message it is given.
+type committingGroup struct {
+	src *GroupSource
+	n   atomic.Int64
+}
+
+func (c *committingGroup) Assigned(consumer.Partition) {}
+func (c *committingGroup) Revoked(consumer.Partition)  {}
+func (c *committingGroup) Deliver(m *consumer.Message) { c.DeliverBatch([]*consumer.Message{m}) }
+func (c *committingGroup) DeliverBatch(ms []*consumer.Message) {
+	for _, m := range ms {
+		_ = c.src.Commit(context.Background(), m.Partition, m.Offset+1)
+	}
+	c.n.Add(int64(len(ms)))
+}
+
+// An assignment goes on while a commit is in flight: no lock of the
+// source is held across a commit's network call. The broker holds the
+// first commit until the assignment returned.
+func TestGroupAssignsDuringCommit(t *testing.T) {
+	t.Parallel()
+	topic := uniq("flight")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	produce(t, c.Addrs(), topic, kafkago.Message{Value: []byte("a")}, kafkago.Message{Value: []byte("b")})
+
+	k := c.Kfake()
+	held := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	k.ControlKey(kmsg.OffsetCommit.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		k.KeepControl()
+		once.Do(func() {
+			close(held)
+			k.SleepControl(func() { <-release })
+		})
+		return nil, nil, false
+	})
+
+	// A long request timeout: kgo must not give up on the held commit.
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithClientOptions(kgo.RequestTimeoutOverhead(5*time.Minute)))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &committingGroup{src: src}
+	consumertest.StartSource(t, src, d)
+	var freed sync.Once
+	free := func() { freed.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the source stops
+
+	select {
+	case <-held:
+	case <-testCtx(t, 60*time.Second).Done():
+		t.Fatal("no commit reached the broker")
+	}
+	assigned := make(chan struct{})
+	go func() {
+		src.assigned([]int32{1}, d)
+		close(assigned)
+	}()
+	select {
+	case <-assigned:
+	case <-testCtx(t, 30*time.Second).Done():
+		t.Fatal("the assignment waited for the commit in flight")
+	}
+	free()
+}
