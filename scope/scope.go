@@ -88,7 +88,8 @@ type Stats struct {
 // is inserted under a mutex (its guard is built outside it). Sweeps are
 // incremental: each lookup that inserts a key while a sweep runs scans a
 // fixed number of table slots if no other goroutine is doing so, and evicts
-// what it found cold under the mutex (a few pointer stores each). A Scope
+// one of the cold keys found so far (more only while many wait) under the
+// mutex (a few pointer stores each). A Scope
 // owns no goroutine (it needs no Close); apart from a table doubling, what
 // it allocates is the entry of each new key (80 bytes with its Guard handle;
 // the guard's state is reused from an evicted key when one is free, and
@@ -99,7 +100,9 @@ type Stats struct {
 // Eviction is approximate, after CLOCK: each lookup stamps its entry with the
 // current sweep epoch, and a sweep keeps the keys stamped since the previous
 // sweep started (at most MaxKeys of them), the protected keys (pinned, or
-// breaker open or half-open) while under HardCeiling, and evicts the rest.
+// breaker open or half-open) while under HardCeiling, and evicts the rest,
+// except a key found cold that is looked up, or whose breaker opens, before
+// its eviction.
 // Between sweeps the scope may exceed MaxKeys, by about MaxKeys/4. A For
 // that would take it to HardCeiling+MaxKeys finishes the sweep itself first
 // (the only lookup that waits for a sweep; it cannot happen while lookups
