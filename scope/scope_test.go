@@ -761,3 +761,56 @@ func TestSweepStepEvictsFewKeys(t *testing.T) {
 		t.Fatalf("stats %+v after the sweep, want every key evicted", st)
 	}
 }
+
+// TestLookupWaitsForBuildInProgress: a lookup of a key whose Shape is still
+// running on another goroutine waits for that build and gets its guard; if
+// the build panics instead, the waiting lookup builds the key itself.
+func TestLookupWaitsForBuildInProgress(t *testing.T) {
+	t.Parallel()
+	for _, fail := range []bool{false, true} {
+		entered, release := make(chan struct{}), make(chan struct{})
+		var calls atomic.Int64
+		s := scope.New(policy.Default(), scope.Options[string]{
+			Shape: func(string) policy.Policy {
+				if calls.Add(1) == 1 {
+					close(entered)
+					<-release
+					if fail {
+						panic("shape failed")
+					}
+				}
+				return policy.Default()
+			},
+		})
+		first := make(chan *policy.Guard, 1)
+		go func() {
+			defer func() {
+				if recover() != nil {
+					first <- nil
+				}
+			}()
+			first <- s.For("k")
+		}()
+		<-entered
+		second := make(chan *policy.Guard, 1)
+		go func() { second <- s.For("k") }()
+		select {
+		case <-second:
+			t.Fatalf("fail=%v: a lookup returned while the key's build was in progress", fail)
+		case <-time.After(20 * time.Millisecond):
+		}
+		close(release)
+		g1, g2 := <-first, <-second
+		switch {
+		case g2 == nil:
+			t.Fatalf("fail=%v: the waiting lookup got no guard", fail)
+		case !fail && g1 != g2:
+			t.Fatal("the waiting lookup got another guard than the build it waited for")
+		case fail && (g1 != nil || calls.Load() != 2):
+			t.Fatalf("after a panicking build: first lookup %v, %d Shape calls; want nil and 2", g1, calls.Load())
+		}
+		if s.For("k") != g2 {
+			t.Fatalf("fail=%v: the key's guard changed after the build", fail)
+		}
+	}
+}

@@ -186,7 +186,7 @@ func (s *Scope[K]) classify(e *entry[K]) {
 	case g == nil: // still being built: brand new
 		sw.seen++
 		sw.kept++
-	case st > 0 || !g.Closed():
+	case st&pinMask > 0 || !g.Closed():
 		if sw.kept < s.ceiling {
 			sw.kept++
 		} else {
@@ -209,11 +209,14 @@ func (s *Scope[K]) classify(e *entry[K]) {
 func (s *Scope[K]) evictLocked(e *entry[K], force bool) {
 	for {
 		n := e.state.Load()
-		if n < 0 || (n > 0 && !force) {
+		pins := n & pinMask
+		if n < 0 || (pins > 0 && !force) {
 			return // gone already, or pinned since it was classified
 		}
-		if e.state.CompareAndSwap(n, dead) {
-			if n > 0 {
+		// Dead, its pins dropped; still built, for a lookup that found it
+		// just before.
+		if e.state.CompareAndSwap(n, n&builtBit|deadBit) {
+			if pins > 0 {
 				s.pinned.Add(-1)
 			}
 			break
