@@ -18,8 +18,8 @@
 // only while many wait), so that no lookup pays for a burst of cold keys; a
 // Scope owns no goroutine.
 // All guards built from the template share one [policy.Compiled] policy, so
-// a key costs its guard's own state (about 1.2 KiB) and an entry of 64 bytes
-// that holds the key and the [policy.Guard] handle. The states of evicted
+// a key costs its guard's own state (about 1.2 KiB) and an entry that holds
+// the key and the [policy.Guard] handle (64 bytes for a string key). The states of evicted
 // guards are reused for new keys (a [policy.Recycler]), so under churn a new
 // key allocates only its entry.
 //
