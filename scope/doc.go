@@ -14,10 +14,12 @@
 // inserted under a mutex that only inserts and evictions take, for a few
 // pointer stores. Sweeps are incremental: each lookup that inserts a key
 // while a sweep runs scans a fixed number of slots, if no other goroutine
-// is doing so, and evicts the cold keys it found; a Scope owns no goroutine.
+// is doing so, and evicts one of the cold keys found so far (two or more
+// only while many wait), so that no lookup pays for a burst of cold keys; a
+// Scope owns no goroutine.
 // All guards built from the template share one [policy.Compiled] policy, so
-// a key costs its guard's own state (about 1.2 KiB) and an entry of 80 bytes
-// that holds the key and the [policy.Guard] handle. The states of evicted
+// a key costs its guard's own state (about 1.2 KiB) and an entry that holds
+// the key and the [policy.Guard] handle (64 bytes for a string key). The states of evicted
 // guards are reused for new keys (a [policy.Recycler]), so under churn a new
 // key allocates only its entry.
 //
@@ -26,7 +28,9 @@
 // Eviction is approximate, after CLOCK. Each lookup stamps its entry with
 // the current epoch (a store only when the stamp changes); a sweep starts a
 // new epoch and keeps the keys looked up since the previous sweep started,
-// up to MaxKeys of them. The scope may exceed MaxKeys between sweeps. A key
+// up to MaxKeys of them. A key the sweep found cold but that is looked up
+// again (or whose breaker opens) before its turn to leave is kept as well.
+// The scope may exceed MaxKeys between sweeps. A key
 // that returns after its eviction gets a fresh guard (and Shape runs again).
 //
 // A caller may still hold the guard of an evicted key (a lookup racing with

@@ -17,7 +17,7 @@ func (s *Scope[K]) Quiesce() {
 		if !s.sweeping.Load() {
 			break
 		}
-		evicted = append(evicted, s.work(math.MaxInt)...)
+		evicted = append(evicted, s.work(math.MaxInt, false)...)
 	}
 	s.sweepMu.Unlock()
 	s.notify(evicted)
@@ -29,10 +29,10 @@ func (s *Scope[K]) SweepNow() {
 	s.sweepMu.Lock()
 	var evicted []K
 	if s.sweeping.Load() {
-		evicted = s.work(math.MaxInt)
+		evicted = s.work(math.MaxInt, false)
 	}
 	s.start(true)
-	evicted = append(evicted, s.work(math.MaxInt)...)
+	evicted = append(evicted, s.work(math.MaxInt, false)...)
 	s.sweepMu.Unlock()
 	s.notify(evicted)
 }
@@ -51,3 +51,33 @@ func (s *Scope[K]) HoldSweeps() (release func()) {
 	s.sweepMu.Lock()
 	return s.sweepMu.Unlock
 }
+
+// ScanOnly starts a sweep and scans the whole table without evicting: the
+// cold keys found wait, as between the steps of a sweep. FinishSweep
+// evicts them.
+func (s *Scope[K]) ScanOnly() {
+	s.sweepMu.Lock()
+	defer s.sweepMu.Unlock()
+	if s.sweeping.Load() {
+		s.notify(s.work(math.MaxInt, false))
+	}
+	s.start(true)
+	sw := &s.sw
+	t := s.tab.Load()
+	for ; sw.pos < len(t.slots); sw.pos++ {
+		if e := t.slots[sw.pos].Load(); e != nil {
+			s.classify(e)
+		}
+	}
+}
+
+// Waiting is the number of cold keys found by the running sweep and not yet
+// evicted.
+func (s *Scope[K]) Waiting() int {
+	s.sweepMu.Lock()
+	defer s.sweepMu.Unlock()
+	return len(s.sw.cold) - s.sw.head
+}
+
+// Step does one step of sweep work, as an inserting lookup does.
+func (s *Scope[K]) Step() { s.help(false) }

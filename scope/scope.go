@@ -88,9 +88,11 @@ type Stats struct {
 // is inserted under a mutex (its guard is built outside it). Sweeps are
 // incremental: each lookup that inserts a key while a sweep runs scans a
 // fixed number of table slots if no other goroutine is doing so, and evicts
-// what it found cold under the mutex (a few pointer stores each). A Scope
+// one of the cold keys found so far (more only while many wait) under the
+// mutex (a few pointer stores each). A Scope
 // owns no goroutine (it needs no Close); apart from a table doubling, what
-// it allocates is the entry of each new key (80 bytes with its Guard handle;
+// it allocates is the entry of each new key (64 bytes with a string key and
+// its Guard handle;
 // the guard's state is reused from an evicted key when one is free, and
 // allocated otherwise). A sweep only
 // progresses with such lookups: while every lookup hits, a started sweep
@@ -99,7 +101,9 @@ type Stats struct {
 // Eviction is approximate, after CLOCK: each lookup stamps its entry with the
 // current sweep epoch, and a sweep keeps the keys stamped since the previous
 // sweep started (at most MaxKeys of them), the protected keys (pinned, or
-// breaker open or half-open) while under HardCeiling, and evicts the rest.
+// breaker open or half-open) while under HardCeiling, and evicts the rest,
+// except a key found cold that is looked up, or whose breaker opens, before
+// its eviction.
 // Between sweeps the scope may exceed MaxKeys, by about MaxKeys/4. A For
 // that would take it to HardCeiling+MaxKeys finishes the sweep itself first
 // (the only lookup that waits for a sweep; it cannot happen while lookups
@@ -143,6 +147,13 @@ type Scope[K comparable] struct {
 	mu      sync.Mutex // held to change the table
 	trigger int        // a sweep is due when size exceeds it (mu)
 	misses  uint64     // (mu)
+
+	// A lookup of a key whose guard another goroutine is building waits on
+	// built (with buildMu) for the end of that build; waiters counts them so
+	// that a build wakes them only if there are any.
+	buildMu sync.Mutex
+	built   sync.Cond
+	waiters atomic.Int32
 }
 
 // table is an open-addressing hash table with linear probing. Slots are
@@ -158,24 +169,30 @@ func newTable[K comparable](n int) *table[K] {
 	return &table[K]{slots: make([]atomic.Pointer[entry[K]], n), mask: uint64(n - 1)}
 }
 
-// entry states: >= 0 is the pin count of a live entry; dead marks an entry a
-// sweep evicted (or whose build panicked). Lookups treat dead entries as
-// absent.
-const dead = -1
+// An entry's state word holds its pin count (the low bits), whether its
+// guard is built, and whether it is dead: evicted by a sweep, or removed
+// because its build panicked. A live entry's state is >= 0; lookups treat
+// dead entries as absent.
+const (
+	deadBit  int32 = -1 << 31
+	builtBit int32 = 1 << 30
+	pinMask        = builtBit - 1
+)
 
+// entry is one key: 64 bytes for a string key, the one allocation of a key
+// life (its guard's state is recycled).
 type entry[K comparable] struct {
 	hash  uint64
 	key   K
-	built atomic.Bool   // g is built
 	seen  atomic.Uint32 // epoch of the last lookup
-	state atomic.Int32  // pin count, or dead
-	build sync.Mutex    // held by the goroutine building g
-	g     policy.Guard  // in the entry: one allocation per key life
+	state atomic.Int32  // pin count | builtBit | deadBit
+	g     policy.Guard
 }
 
-// guard returns the entry's guard, or nil while it is being built.
+// guard returns the entry's guard, or nil while it is being built (or if its
+// build panicked).
 func (e *entry[K]) guard() *policy.Guard {
-	if e.built.Load() {
+	if e.state.Load()&builtBit != 0 {
 		return &e.g
 	}
 	return nil
@@ -223,6 +240,7 @@ func New[K comparable](template policy.Policy, opts Options[K]) *Scope[K] {
 	s.maxSlots = tableSize(s.bound)
 	s.tab.Store(newTable[K](min(tableSize(maxKeys+maxKeys/4+1), s.maxSlots)))
 	s.epoch.Store(1)
+	s.built.L = &s.buildMu
 	return s
 }
 
@@ -305,7 +323,7 @@ func (s *Scope[K]) pin(e *entry[K]) bool {
 			return false
 		}
 		if e.state.CompareAndSwap(n, n+1) {
-			if n == 0 {
+			if n&pinMask == 0 {
 				s.pinned.Add(1)
 			}
 			return true
@@ -322,11 +340,11 @@ func (s *Scope[K]) Unpin(key K) {
 	}
 	for {
 		n := e.state.Load()
-		if n <= 0 {
+		if n < 0 || n&pinMask == 0 {
 			return
 		}
 		if e.state.CompareAndSwap(n, n-1) {
-			if n == 1 {
+			if n&pinMask == 1 {
 				s.pinned.Add(-1)
 			}
 			return
@@ -373,9 +391,7 @@ func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 			if g == nil {
 				// Another goroutine is building it: wait for that build,
 				// not for any sweep.
-				e.build.Lock()
-				//lint:ignore SA2001 the lock is the build's completion signal
-				e.build.Unlock()
+				s.waitBuild(e)
 				if g = e.guard(); g == nil {
 					continue
 				}
@@ -389,7 +405,6 @@ func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 		}
 		e := &entry[K]{hash: h, key: key}
 		e.seen.Store(s.epoch.Load())
-		e.build.Lock()
 		s.insertLocked(e)
 		s.misses++
 		s.size.Add(1)
@@ -401,6 +416,30 @@ func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 			s.help(false)
 		}
 		return g, e
+	}
+}
+
+// waitBuild returns once the build of e has ended, with its guard built or
+// the entry dead.
+func (s *Scope[K]) waitBuild(e *entry[K]) {
+	s.buildMu.Lock()
+	s.waiters.Add(1)
+	for st := e.state.Load(); st >= 0 && st&builtBit == 0; st = e.state.Load() {
+		s.built.Wait()
+	}
+	s.waiters.Add(-1)
+	s.buildMu.Unlock()
+}
+
+// endBuild wakes the lookups waiting for a build, once the build has set the
+// entry's state. A waiter counts itself in before it reads the state, and
+// the build reads the count after it wrote the state, so either the waiter
+// sees the end of the build or the build sees the waiter.
+func (s *Scope[K]) endBuild() {
+	if s.waiters.Load() > 0 {
+		s.buildMu.Lock()
+		s.built.Broadcast()
+		s.buildMu.Unlock()
 	}
 }
 
@@ -474,11 +513,11 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 	defer func() {
 		if !ok {
 			s.mu.Lock()
-			e.state.Store(dead)
+			e.state.Store(deadBit)
 			s.removeLocked(e)
 			s.misses--
 			s.mu.Unlock()
-			e.build.Unlock()
+			s.endBuild()
 		}
 	}()
 	c := s.compiled
@@ -501,9 +540,9 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 	}
 	g := &e.g
 	s.recycler.Init(g, c, hook)
-	e.built.Store(true)
+	e.state.Or(builtBit) // no pin or eviction before the build ends
 	ok = true
-	e.build.Unlock()
+	s.endBuild()
 	return g
 }
 

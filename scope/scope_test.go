@@ -698,3 +698,119 @@ func TestHardBoundHoldsWhenSweepsCannotRun(t *testing.T) {
 		t.Fatalf("Len reached %d, beyond HardCeiling+MaxKeys %d", h, ceiling+maxKeys)
 	}
 }
+
+// TestKeySeenBeforeItsEvictionSurvives: a sweep finds cold keys and evicts
+// them over its later steps; a key looked up in between keeps its guard, and
+// so does a key whose breaker opened in between.
+func TestKeySeenBeforeItsEvictionSurvives(t *testing.T) {
+	t.Parallel()
+	clk := new(fakeClock)
+	ev := new(evictions)
+	s := scope.New(tripTemplate(clk), scope.Options[string]{MaxKeys: 8, OnEvict: ev.hook})
+	guards := map[string]*policy.Guard{}
+	for i := range 8 {
+		guards[key(i)] = s.For(key(i))
+	}
+	s.SweepNow() // all seen: all kept, and the epoch moves on
+	s.ScanOnly() // none seen since: all found cold, none evicted yet
+	if n := s.Waiting(); n != 8 || s.Len() != 8 {
+		t.Fatalf("%d cold keys waiting, Len %d; want 8 and 8", n, s.Len())
+	}
+	if s.For(key(3)) != guards[key(3)] { // looked up while waiting
+		t.Fatal("a waiting key lost its guard before its eviction")
+	}
+	trip(t, guards[key(5)]) // breaker opened while waiting
+	s.Quiesce()
+	var want []string
+	for i := range 8 {
+		if i != 3 && i != 5 {
+			want = append(want, key(i))
+		}
+	}
+	if got := ev.take(); !slices.Equal(got, want) {
+		t.Fatalf("evicted %v, want %v", got, want)
+	}
+	for _, k := range []string{key(3), key(5)} {
+		if g, ok := s.Peek(k); !ok || g != guards[k] {
+			t.Fatalf("%s was evicted or got a new guard", k)
+		}
+	}
+}
+
+// TestSweepStepEvictsFewKeys: cold keys found together leave a few per
+// step, not all in the step that found them, and all are gone once the
+// sweep ends.
+func TestSweepStepEvictsFewKeys(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[int]{MaxKeys: 64})
+	for i := range 64 {
+		s.For(i)
+	}
+	s.SweepNow()
+	s.ScanOnly()
+	for waiting := s.Waiting(); waiting > 0; {
+		before := s.Len()
+		s.Step()
+		evicted := before - s.Len()
+		if evicted < 1 || evicted > 1+waiting/9 {
+			t.Fatalf("a step evicted %d keys with %d waiting", evicted, waiting)
+		}
+		waiting = s.Waiting()
+	}
+	if st := s.Stats(); st.Size != 0 || st.Evictions != 64 {
+		t.Fatalf("stats %+v after the sweep, want every key evicted", st)
+	}
+}
+
+// TestLookupWaitsForBuildInProgress: a lookup of a key whose Shape is still
+// running on another goroutine waits for that build and gets its guard; if
+// the build panics instead, the waiting lookup builds the key itself.
+func TestLookupWaitsForBuildInProgress(t *testing.T) {
+	t.Parallel()
+	for _, fail := range []bool{false, true} {
+		entered, release := make(chan struct{}), make(chan struct{})
+		var calls atomic.Int64
+		s := scope.New(policy.Default(), scope.Options[string]{
+			Shape: func(string) policy.Policy {
+				if calls.Add(1) == 1 {
+					close(entered)
+					<-release
+					if fail {
+						panic("shape failed")
+					}
+				}
+				return policy.Default()
+			},
+		})
+		first := make(chan *policy.Guard, 1)
+		go func() {
+			defer func() {
+				if recover() != nil {
+					first <- nil
+				}
+			}()
+			first <- s.For("k")
+		}()
+		<-entered
+		second := make(chan *policy.Guard, 1)
+		go func() { second <- s.For("k") }()
+		select {
+		case <-second:
+			t.Fatalf("fail=%v: a lookup returned while the key's build was in progress", fail)
+		case <-time.After(20 * time.Millisecond):
+		}
+		close(release)
+		g1, g2 := <-first, <-second
+		switch {
+		case g2 == nil:
+			t.Fatalf("fail=%v: the waiting lookup got no guard", fail)
+		case !fail && g1 != g2:
+			t.Fatal("the waiting lookup got another guard than the build it waited for")
+		case fail && (g1 != nil || calls.Load() != 2):
+			t.Fatalf("after a panicking build: first lookup %v, %d Shape calls; want nil and 2", g1, calls.Load())
+		}
+		if s.For("k") != g2 {
+			t.Fatalf("fail=%v: the key's guard changed after the build", fail)
+		}
+	}
+}

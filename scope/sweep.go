@@ -8,23 +8,39 @@ import (
 
 // stepSlots is the least number of table slots one inserting lookup scans
 // when it helps a sweep. A step scans max(stepSlots, 4n/MaxKeys) slots of a
-// table of n, so a sweep is spread over at most MaxKeys/4 inserts, as many
-// as make the next sweep due: no single lookup pays for a sweep, sweeping
-// keeps up with any insert rate, and steps stay small (on the default table,
-// 16 slots, a few hundred nanoseconds) so that they do not make the tail.
+// table of n, so a sweep's scan is spread over at most MaxKeys/4 inserts, as
+// many as make the next sweep due: no single lookup pays for a sweep,
+// sweeping keeps up with any insert rate, and steps stay small (on the
+// default table, 16 slots) so that they do not make the tail.
 const stepSlots = 16
+
+// A scan step finds cold keys in bursts (the slots of one step may hold
+// several, or none); they wait in a queue, and a step evicts one of them,
+// plus one for each further stepBacklog waiting, so that no lookup pays for
+// a burst. Inserts and evictions balance in steady state, so the queue stays
+// short; a sweep ends once its scan is done and its queue empty.
+const stepBacklog = 8
 
 // sweep is the state of an incremental sweep. All fields are protected by
 // sweepMu.
 type sweep[K comparable] struct {
-	prev  uint32 // epoch before the sweep: entries stamped prev or later were seen
-	pos   int    // next slot to scan
-	seen  int    // seen entries kept so far
-	kept  int    // entries kept so far
-	cold  []*entry[K]
+	prev  uint32      // epoch before the sweep: entries stamped prev or later were seen
+	pos   int         // next slot to scan
+	seen  int         // seen entries kept so far
+	kept  int         // entries kept so far
+	cold  []victim[K] // found cold, not yet evicted: cold[head:] wait
+	head  int
 	force []*entry[K]     // protected beyond the ceiling: evicted even if pinned
 	keys  []K             // evicted keys, for OnEvict
 	gone  []*policy.Guard // guards of evicted keys, to retire
+}
+
+// victim is an entry a sweep found cold. An entry found unseen (recheck)
+// that a lookup stamps before its turn to leave is kept after all, as a
+// seen key; one found beyond the MaxKeys seen keys is not.
+type victim[K comparable] struct {
+	e       *entry[K]
+	recheck bool
 }
 
 // help does a step of sweep work if no other goroutine is doing one. If
@@ -36,7 +52,7 @@ func (s *Scope[K]) help(wait bool) {
 		if !s.sweeping.Load() {
 			s.start(true)
 		}
-		evicted := s.work(math.MaxInt)
+		evicted := s.work(math.MaxInt, false)
 		s.sweepMu.Unlock()
 		s.notify(evicted)
 		return
@@ -51,7 +67,7 @@ func (s *Scope[K]) help(wait bool) {
 	if s.sweeping.Load() {
 		// Scan more per step in a table grown for protected keys, so that
 		// a sweep still ends within the inserts that make the next one due.
-		evicted = s.work(max(stepSlots, 4*len(s.tab.Load().slots)/s.maxKeys))
+		evicted = s.work(max(stepSlots, 4*len(s.tab.Load().slots)/s.maxKeys), true)
 	}
 	s.sweepMu.Unlock()
 	s.notify(evicted)
@@ -84,9 +100,12 @@ func (s *Scope[K]) start(force bool) {
 }
 
 // work scans up to budget slots of the running sweep, evicts the cold
-// entries found, and finishes the sweep at the end of the table. It returns
-// the keys evicted (if OnEvict is set). The caller holds sweepMu.
-func (s *Scope[K]) work(budget int) []K {
+// entries found so far (only a few of them if step, see stepBacklog), and
+// finishes the sweep once the table is scanned and no cold entry waits. An
+// entry found unseen that was looked up since, or whose breaker opened
+// since, is kept after all. It returns the keys evicted (if OnEvict is set).
+// The caller holds sweepMu.
+func (s *Scope[K]) work(budget int, step bool) []K {
 	sw := &s.sw
 	t := s.tab.Load()
 	end := min(len(t.slots), sw.pos+min(budget, len(t.slots)))
@@ -98,14 +117,28 @@ func (s *Scope[K]) work(budget int) []K {
 	// A table grown since the sweep started is scanned from the same
 	// position: some entries are classified twice or not at all, which only
 	// makes the sweep more approximate.
-	done := sw.pos >= len(s.tab.Load().slots)
-	if len(sw.cold)+len(sw.force) > 0 || done {
+	scanned := sw.pos >= len(s.tab.Load().slots)
+	n := len(sw.cold) - sw.head
+	if step {
+		n = min(n, 1+n/(stepBacklog+1)) // 1 up to stepBacklog waiting, then 2...
+	}
+	done := scanned && sw.head+n == len(sw.cold)
+	if n > 0 || len(sw.force) > 0 || done {
 		s.mu.Lock()
 		for _, e := range sw.force {
 			s.evictLocked(e, true)
 		}
-		for _, e := range sw.cold {
-			s.evictLocked(e, false)
+		for _, v := range sw.cold[sw.head : sw.head+n] {
+			if v.recheck && v.e.seen.Load() == sw.prev+1 && sw.seen < s.maxKeys {
+				sw.seen++ // looked up since it was found cold
+				sw.kept++
+				continue
+			}
+			if g := v.e.guard(); g != nil && !g.Closed() && sw.kept < s.ceiling {
+				sw.kept++ // its breaker opened since it was found cold
+				continue
+			}
+			s.evictLocked(v.e, false)
 		}
 		if done {
 			// Leave room for MaxKeys/4 new keys before the next sweep, so
@@ -119,9 +152,13 @@ func (s *Scope[K]) work(budget int) []K {
 		}
 		clear(sw.gone)
 		sw.gone = sw.gone[:0]
-		clear(sw.cold) // drop references to evicted entries
+		clear(sw.cold[sw.head : sw.head+n]) // drop references to evicted entries
+		sw.head += n
+		if sw.head == len(sw.cold) {
+			sw.cold, sw.head = sw.cold[:0], 0
+		}
 		clear(sw.force)
-		sw.cold, sw.force = sw.cold[:0], sw.force[:0]
+		sw.force = sw.force[:0]
 	}
 	var evicted []K
 	if len(sw.keys) > 0 {
@@ -149,7 +186,7 @@ func (s *Scope[K]) classify(e *entry[K]) {
 	case g == nil: // still being built: brand new
 		sw.seen++
 		sw.kept++
-	case st > 0 || !g.Closed():
+	case st&pinMask > 0 || !g.Closed():
 		if sw.kept < s.ceiling {
 			sw.kept++
 		} else {
@@ -160,10 +197,10 @@ func (s *Scope[K]) classify(e *entry[K]) {
 			sw.seen++
 			sw.kept++
 		} else {
-			sw.cold = append(sw.cold, e)
+			sw.cold = append(sw.cold, victim[K]{e: e})
 		}
 	default:
-		sw.cold = append(sw.cold, e)
+		sw.cold = append(sw.cold, victim[K]{e: e, recheck: true})
 	}
 }
 
@@ -172,11 +209,14 @@ func (s *Scope[K]) classify(e *entry[K]) {
 func (s *Scope[K]) evictLocked(e *entry[K], force bool) {
 	for {
 		n := e.state.Load()
-		if n < 0 || (n > 0 && !force) {
+		pins := n & pinMask
+		if n < 0 || (pins > 0 && !force) {
 			return // gone already, or pinned since it was classified
 		}
-		if e.state.CompareAndSwap(n, dead) {
-			if n > 0 {
+		// Dead, its pins dropped; still built, for a lookup that found it
+		// just before.
+		if e.state.CompareAndSwap(n, n&builtBit|deadBit) {
+			if pins > 0 {
 				s.pinned.Add(-1)
 			}
 			break
