@@ -33,6 +33,8 @@ const (
 	nNatsGo     = "Consume/nats.go-Consume-Ack"
 	churnScope  = "Churn/zipf=1.01/scope.For/serial"
 	churnOtter  = "Churn/zipf=1.01/otter.Get/serial"
+	churnScope2 = "Churn/zipf=1.2/scope.For/serial"
+	churnOtter2 = "Churn/zipf=1.2/otter.Get/serial"
 	handlerWait = "Handler/wait-50us/"
 	handlerCPU  = "Handler/cpu-50us/"
 )
@@ -105,6 +107,12 @@ func table(w io.Writer, s *samples) error {
 			churnCell(s, churnScope),
 			"otter `Get` with a loader " + churnCell(s, churnOtter),
 			fmt.Sprintf("%.1fx; %.0fx", ns(churnOtter)/ns(churnScope), s.med(churnOtter, "p99.9-ns")/s.med(churnScope, "p99.9-ns")),
+		},
+		{
+			fmt.Sprintf("the same at Zipf 1.2 (hit ratio %.3f; otter %.3f)", s.med(churnScope2, "hit-ratio"), s.med(churnOtter2, "hit-ratio")),
+			churnCell(s, churnScope2),
+			"otter `Get` with a loader " + churnCell(s, churnOtter2),
+			fmt.Sprintf("%.1fx; %.0fx", ns(churnOtter2)/ns(churnScope2), s.med(churnOtter2, "p99.9-ns")/s.med(churnScope2, "p99.9-ns")),
 		},
 		{
 			fmt.Sprintf("engine overhead per message, no-op handler, 1000 tenants, 4 partitions, 64 workers, batches of 64, median of %d", s.count(engine1000, "ns/op")),
