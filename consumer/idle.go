@@ -220,12 +220,9 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 			sw.q.push(l)
 			continue
 		}
-		delete(sh.lanes, l.key)
-		q := l.q.buf // empty: the lane holds nothing
-		if t := c.dropLane(l); t != nil {
+		if t := c.retire(sh, l); t != nil {
 			sw.forgot = append(sw.forgot, t)
 		}
-		l.q.buf = q[:0]
 		sh.freeLane(l)
 	}
 	if over := sw.q.len() > bound; over != sw.due.Load() {
@@ -234,18 +231,20 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 	return looked, passed
 }
 
-// retire drops l, a lane that just went idle after its only message, from
-// a partition holding more than laneBound lanes, or while the engine tracks
-// more than twice MaxIdleTenants tenants (see overTracked): a stream of
-// keys each seen once then costs a lane made and dropped per message, and
-// the engine holds only the lanes with messages beyond its bounds. Waiting
-// for the sweep to come round to each would keep thousands of such lanes
-// (each partition up to its bound), and with them their tenants and their
-// tenants' scope pins: enough to fill the scope to its hard bound, where
-// every new key sweeps it whole. The lane stays in the sweep's queue, dead,
-// until the sweep passes it and reuses its memory.
-// Called with sh.mu held, with l idle; it returns the tenant forgotten, if
-// any, whose pin the caller releases with no lock held (unpin).
+// retire drops l, a lane that holds nothing, from sh: the sweep's way to
+// drop a lane, and a worker's for a lane that just went idle after its only
+// message, from a partition holding more than laneBound lanes, or while the
+// engine tracks more than twice MaxIdleTenants tenants (see overTracked,
+// moveOn): a stream of keys each seen once then costs a lane made and
+// dropped per message, and the engine holds only the lanes with messages
+// beyond its bounds. Waiting for the sweep to come round to each would keep
+// thousands of such lanes (each partition up to its bound), and with them
+// their tenants and their tenants' scope pins: enough to fill the scope to
+// its hard bound, where every new key sweeps it whole. A lane a worker
+// retires stays in the sweep's queue, dead, until the sweep passes it and
+// reuses its memory. Called with sh.mu held; it returns the tenant
+// forgotten, if any, whose pin the caller releases with no lock held
+// (unpin).
 func (c *Consumer) retire(sh *shard, l *lane) *tenant {
 	delete(sh.lanes, l.key)
 	q := l.q.buf // empty: the lane holds nothing
