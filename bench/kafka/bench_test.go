@@ -117,7 +117,9 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	// about a third of the topic already fetched and decoded, which that
 	// window never sees. incl-join-msgs/s counts from the client's creation
 	// to the last message instead (group join and first fetch included,
-	// shutdown not): read both. cpu-ns/msg is the process's CPU time over
+	// shutdown not), and from-assign-msgs/s from the client's first
+	// partition assignment (first fetch included, group join not; every row
+	// but kafka-go's Reader, which does not report it): read them all. cpu-ns/msg is the process's CPU time over
 	// that same span, the in-process broker included: what a row costs
 	// the machine, which load from other processes distorts far less.
 	// faults/op is the process's page faults over the same span: on a VM a
@@ -130,7 +132,8 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	// completed: a row that keeps more heap live (the engine keeps up to
 	// its read-ahead of messages a partition), or allocates more, pays for
 	// it there.
-	var streaming, sinceStart time.Duration
+	var streaming, sinceStart, sinceAssign time.Duration
+	var assignedOps int             // ops whose client reported an assignment
 	var cpu, cpu0 time.Duration     // process CPU time, creation to last message
 	var faults, faults0 int64       // the process's page faults, the same span
 	var gcCPU, gcCPU0 time.Duration // the collector's CPU (cputime.GC), the same span
@@ -139,15 +142,21 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		b.ReportMetric(float64(benchMsgs*b.N)/streaming.Seconds(), "msgs/s")
 		b.ReportMetric(float64(streaming.Nanoseconds())/float64(benchMsgs*b.N), "ns/msg")
 		b.ReportMetric(float64(benchMsgs*b.N)/sinceStart.Seconds(), "incl-join-msgs/s")
+		if assignedOps == b.N {
+			b.ReportMetric(float64(benchMsgs*b.N)/sinceAssign.Seconds(), "from-assign-msgs/s")
+		}
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(benchMsgs*b.N), "cpu-ns/msg")
 		b.ReportMetric(float64(faults)/float64(b.N), "faults/op")
 		b.ReportMetric(float64(gcCPU.Nanoseconds())/float64(benchMsgs*b.N), "gc-ns/msg")
 		b.ReportMetric(float64(gcs)/float64(b.N), "gcs/op")
 		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
-		streaming, sinceStart, cpu, faults, gcCPU, gcs = 0, 0, 0, 0, 0, 0
+		streaming, sinceStart, sinceAssign, assignedOps, cpu, faults, gcCPU, gcs = 0, 0, 0, 0, 0, 0, 0, 0
 	}
-	var started, first time.Time
-	var firstOnce sync.Once
+	var started, first, assignedAt time.Time
+	var firstOnce, assignOnce sync.Once
+	// assigned marks the client's first partition assignment of the op
+	// (from-assign-msgs/s).
+	assigned := func() { assignOnce.Do(func() { assignedAt = time.Now() }) }
 	begin := func() {
 		started, cpu0, faults0 = time.Now(), cputime.Process(), cputime.Faults()
 		gcCPU0, gcs0 = cputime.GC()
@@ -161,7 +170,11 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		gcs += n - gcs0
 		streaming += time.Since(first)
 		sinceStart += time.Since(started)
-		firstOnce = sync.Once{}
+		if !assignedAt.IsZero() {
+			sinceAssign += time.Since(assignedAt)
+			assignedOps++
+		}
+		firstOnce, assignOnce, assignedAt = sync.Once{}, sync.Once{}, time.Time{}
 	}
 
 	// runTo runs src into d until done, times the op (lap) and stops src.
@@ -230,7 +243,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	}
 
 	rows = append(rows, sourceRow("ringfence-source", func(b *testing.B, src *kafka.Source) {
-		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark, assigned: assigned}
 		runTo(b, src, d, d.done)
 	}))
 
@@ -240,7 +253,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	// tenants, order per tenant, guard or bound: the price of the hand-off
 	// alone, against which the engine's ratio to the source is read.
 	rows = append(rows, sourceRow("handoff-floor", func(b *testing.B, src *kafka.Source) {
-		d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark}
+		d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark, assigned: assigned}
 		go d.work()
 		runTo(b, src, d, d.done)
 		close(d.ch) // Run returned: no DeliverBatch after it
@@ -280,7 +293,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 			b.Fatal(err)
 		}
 	}
-	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) { engineOp(b, src) }))
+	rows = append(rows, sourceRow("ringfence-engine", func(b *testing.B, src *kafka.Source) { engineOp(b, markSource{src, assigned}) }))
 
 	// The group rows read the topic with kafka.GroupSource (kgo, the
 	// cooperative-sticky balancer, commits only what the engine gives):
@@ -302,7 +315,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		}}
 	}
 	rows = append(rows, groupRow("ringfence-group-source", func(b *testing.B, src *kafka.GroupSource) {
-		d := &groupLoopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark}
+		d := &groupLoopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark, assigned: assigned}
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- src.Run(ctx, d) }()
@@ -313,7 +326,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 			b.Fatal(err)
 		}
 	}))
-	rows = append(rows, groupRow("ringfence-group-engine", func(b *testing.B, src *kafka.GroupSource) { engineOp(b, src) }))
+	rows = append(rows, groupRow("ringfence-group-engine", func(b *testing.B, src *kafka.GroupSource) { engineOp(b, markGroupSource{src, assigned}) }))
 
 	rows = append(rows, benchRow{"franz-go-kgo", func(b *testing.B) {
 		b.ReportAllocs()
@@ -324,6 +337,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 				kgo.ConsumerGroup(group()),
 				kgo.ConsumeTopics(topic),
 				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+				kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { assigned() }),
 			)
 			if err != nil {
 				b.Fatal(err)
@@ -439,17 +453,22 @@ func checkTenants(b *testing.B, c *consumer.Consumer, tenants int) {
 // loopDispatcher is the smallest possible engine: every delivered message
 // is settled at once by committing past it.
 type loopDispatcher struct {
-	src  *kafka.Source
-	want int64
-	n    atomic.Int64
-	once sync.Once
-	done chan struct{}
-	mark func()
-	seen func(*consumer.Message) // the warm-up's: learns the last offsets
+	src      *kafka.Source
+	want     int64
+	n        atomic.Int64
+	once     sync.Once
+	done     chan struct{}
+	mark     func()
+	seen     func(*consumer.Message) // the warm-up's: learns the last offsets
+	assigned func()                  // if set, called for each partition assigned
 }
 
-func (d *loopDispatcher) Assigned(consumer.Partition) {}
-func (d *loopDispatcher) Revoked(consumer.Partition)  {}
+func (d *loopDispatcher) Assigned(consumer.Partition) {
+	if d.assigned != nil {
+		d.assigned()
+	}
+}
+func (d *loopDispatcher) Revoked(consumer.Partition) {}
 func (d *loopDispatcher) DeliverBatch(ms []*consumer.Message) {
 	for _, m := range ms {
 		d.Deliver(m)
@@ -469,15 +488,16 @@ func (d *loopDispatcher) Deliver(m *consumer.Message) {
 
 // groupLoopDispatcher is loopDispatcher over a GroupSource.
 type groupLoopDispatcher struct {
-	src  *kafka.GroupSource
-	want int64
-	n    atomic.Int64
-	once sync.Once
-	done chan struct{}
-	mark func()
+	src      *kafka.GroupSource
+	want     int64
+	n        atomic.Int64
+	once     sync.Once
+	done     chan struct{}
+	mark     func()
+	assigned func()
 }
 
-func (d *groupLoopDispatcher) Assigned(consumer.Partition) {}
+func (d *groupLoopDispatcher) Assigned(consumer.Partition) { d.assigned() }
 func (d *groupLoopDispatcher) Revoked(consumer.Partition)  {}
 func (d *groupLoopDispatcher) DeliverBatch(ms []*consumer.Message) {
 	for _, m := range ms {
@@ -496,14 +516,15 @@ func (d *groupLoopDispatcher) Deliver(m *consumer.Message) {
 // handoffDispatcher hands each delivered slice to one goroutine (work),
 // which commits past each message: see the handoff-floor row.
 type handoffDispatcher struct {
-	src  *kafka.Source
-	ch   chan []*consumer.Message
-	want int
-	done chan struct{}
-	mark func()
+	src      *kafka.Source
+	ch       chan []*consumer.Message
+	want     int
+	done     chan struct{}
+	mark     func()
+	assigned func()
 }
 
-func (d *handoffDispatcher) Assigned(consumer.Partition) {}
+func (d *handoffDispatcher) Assigned(consumer.Partition) { d.assigned() }
 func (d *handoffDispatcher) Revoked(consumer.Partition)  {}
 
 // DeliverBatch keeps ms: the source builds a new slice for every call.
@@ -528,4 +549,37 @@ func (d *handoffDispatcher) work() {
 type benchRow struct {
 	name string
 	run  func(b *testing.B)
+}
+
+// markSource and markGroupSource are the sources with Run's dispatcher
+// told of each assigned partition first (assignDispatcher), their other
+// methods (SettleIsNoop among them) as the source's own.
+type markSource struct {
+	*kafka.Source
+	assigned func()
+}
+
+func (s markSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	return s.Source.Run(ctx, assignDispatcher{d, s.assigned})
+}
+
+type markGroupSource struct {
+	*kafka.GroupSource
+	assigned func()
+}
+
+func (s markGroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
+	return s.GroupSource.Run(ctx, assignDispatcher{d, s.assigned})
+}
+
+// assignDispatcher calls assigned as each partition is assigned, before
+// the engine learns of it (from-assign-msgs/s).
+type assignDispatcher struct {
+	consumer.Dispatcher
+	assigned func()
+}
+
+func (d assignDispatcher) Assigned(p consumer.Partition) {
+	d.assigned()
+	d.Dispatcher.Assigned(p)
 }

@@ -253,8 +253,9 @@ func kafkaGroupRow(s *samples) [4]string {
 		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kGEngine)), cpu(kGEngine)),
 		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
 			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
-		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of the GroupSource; median of the per-process ratios to kgo %.2fx (%.2f-%.2f)",
-			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kGSource), median(r), lo, hi),
+		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of the GroupSource; median of the per-process ratios to kgo %.2fx (%.2f-%.2f); counted from the partitions' assignment to the last message (`from-assign-msgs/s`: group join left out, kgo's first fetch in) %.2fx of kgo",
+			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kGSource), median(r), lo, hi,
+			s.med(kGEngine, "from-assign-msgs/s")/s.med(kKgo, "from-assign-msgs/s")),
 	}
 }
 

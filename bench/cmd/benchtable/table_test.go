@@ -47,14 +47,13 @@ func output(scale float64) string {
 		line(h+"engine", 1000*scale, "msgs/s")
 	}
 	for _, k := range []string{kEngine, kSource, kFloor, kGEngine, kGSource} {
-		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
+		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg", 1000*scale, "from-assign-msgs/s")
 	}
 	for _, k := range []string{kTEngine, kTSource, kTFloor} {
 		line(k, 1000*scale, "msgs/s", 800, "cpu-ns/msg")
 	}
-	for _, k := range []string{kReader, kKgo} {
-		line(k, 1000, "msgs/s", 800, "cpu-ns/msg")
-	}
+	line(kReader, 1000, "msgs/s", 800, "cpu-ns/msg")
+	line(kKgo, 1000, "msgs/s", 800, "cpu-ns/msg", 1000, "from-assign-msgs/s")
 	line(nEngine, 1000*scale, "msgs/s", 7500, "cpu-ns/op")
 	for _, n := range []string{nLoop, nNatsGo} {
 		line(n, 1000, "msgs/s", 7500, "cpu-ns/op")
