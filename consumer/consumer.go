@@ -29,9 +29,15 @@ type Consumer struct {
 	cfg      Config
 	scope    *scope.Scope[string]
 	fallback *policy.Guard // used when the scope's Shape panics
-	log      *slog.Logger
-	src      Source
-	tr       *tracer // nil: no tracing
+	// lone runs a tenant's first message, its lane's only one, while the
+	// engine tracks more than twice MaxIdleTenants tenants (see loneOK): a
+	// guard of the scope's template that never records an outcome. Nil
+	// where the scope shapes keys or the template has an Admit hook (whose
+	// refusal is an event of the key's own guard).
+	lone *policy.Guard
+	log  *slog.Logger
+	src  Source
+	tr   *tracer // nil: no tracing
 	// settleNoop: src's Settle does nothing (SettleNooper), so the engine
 	// never calls it.
 	settleNoop bool
@@ -136,6 +142,9 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	c.noTenant.once.Do(func() {}) // the bucket runs no guard
+	if tmpl, uniform := c.scope.Template(); uniform && tmpl.Policy().Admit == nil {
+		c.lone = tmpl.New()
+	}
 	c.maxIdle = orInt(cfg.MaxIdleTenants, c.scope.MaxKeys())
 	c.quickWorkers = runtime.GOMAXPROCS(0)
 	c.setParts(map[Partition]*shard{})

@@ -47,9 +47,20 @@ func (c *Consumer) stepHead(w *worker) {
 			return
 		}
 	}
-	g := c.guard(t)
+	var g *policy.Guard
+	lone := j.lone && c.loneOK(t)
+	if lone {
+		g = c.lone
+	} else {
+		g = c.guard(t)
+	}
 	var permit policy.Permit
 	if err := w.allow(c.hctx, g, &permit); err != nil {
+		if lone { // cannot happen: lone records nothing and has no Admit hook
+			j.lone = false
+			c.stepHead(w)
+			return
+		}
 		c.parkRefused(w, g, err)
 		return
 	}
@@ -80,7 +91,31 @@ func (c *Consumer) stepHead(w *worker) {
 		c.judge(w, g, &permit, jf, headFirst)
 		return
 	}
-	c.attempt(w, g, &permit, m)
+	c.attempt(w, g, &permit, m, lone)
+}
+
+// loneOK reports whether t's head, its lane's only message (job.lone), may
+// run on Consumer.lone instead of t's own guard: while the engine tracks
+// more than twice MaxIdleTenants tenants (a stream of keys mostly seen
+// once), for a tenant that has no guard yet and never had a message
+// handled, no control and no breaker seed from the fleet, and whose key
+// the scope holds no guard for (one that outlived the tenant's last stay
+// in the engine, perhaps open, is its own). Its attempt then records
+// nothing: a success builds no guard at all, and a failure builds t's and
+// counts there (see attempt). A key seen once so costs the scope nothing;
+// under that pressure its guard would have been evicted soon after,
+// success and all.
+func (c *Consumer) loneOK(t *tenant) bool {
+	if c.lone == nil || t.guardP.Load() != nil || t.handled.Load() != 0 || !c.overTracked() || t.ctl.Load() != nil {
+		return false
+	}
+	if tab := c.seeds.Load(); tab != nil {
+		if _, ok := (*tab)[t.key]; ok {
+			return false
+		}
+	}
+	_, held := c.scope.Peek(t.key)
+	return !held
 }
 
 // attempt runs the handler on the head m under permit (the permit is done)
@@ -89,13 +124,30 @@ func (c *Consumer) stepHead(w *worker) {
 // (handled: settle), written out because it is every message's path
 // (building and copying the outcome and the verdict would cost every
 // message; BenchmarkEngine guards this).
-func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message) {
+//
+// With lone, g is Consumer.lone (see loneOK): the outcome is not recorded
+// there, and a failure is recorded in the tenant's own guard, made now,
+// which takes over.
+func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m *Message, lone bool) {
 	probe := permit.Probe()
 	err, panicked := c.call(w, g, m, false)
-	permit.Done(err)
-	if err == nil {
-		c.handled(w, m) // which forgets its failed probes
-		return
+	if lone {
+		permit.Release()
+		if err == nil {
+			c.handled(w, m)
+			return
+		}
+		g = c.guard(w.job.t)
+		var p policy.Permit
+		if g.AllowTo(c.hctx, &p) == nil {
+			p.Done(err)
+		}
+	} else {
+		permit.Done(err)
+		if err == nil {
+			c.handled(w, m) // which forgets its failed probes
+			return
+		}
 	}
 	if w.job.fresh {
 		m.st.roundStart = w.callAt // call left it unwritten (see job.fresh)

@@ -108,6 +108,8 @@ type job struct {
 	// gen is Consumer.runGen when the job was loaded: the run ends when it
 	// moves (the engine drains, or the controls changed).
 	gen uint64
+	// lone: m is its lane's only message and fresh (see loneOK).
+	lone bool
 	// fresh: no message of the lane had been tried when the job was
 	// loaded (lane.tried clear), so none of m and run has a failure state,
 	// an attempt or a round begun: the steps read nothing of their states
@@ -318,6 +320,7 @@ func (w *worker) load(l *lane, gen uint64) {
 	}
 	j.quick = l.quick
 	j.fresh = l.judge == "" && !l.t.none && !l.tried.Load()
+	j.lone = j.fresh && l.q.len() == 1
 	if l.judge != "" {
 		n := min(l.judgeSpan, l.q.len()-1)
 		for i := 1; i <= n; i++ {

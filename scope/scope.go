@@ -550,6 +550,12 @@ func (s *Scope[K]) build(e *entry[K]) *policy.Guard {
 // (Options.MaxKeys, or its default).
 func (s *Scope[K]) MaxKeys() int { return s.maxKeys }
 
+// Template returns the compiled template policy, and whether every key's
+// guard is built from it (no Options.Shape).
+func (s *Scope[K]) Template() (c *policy.Compiled, uniform bool) {
+	return s.compiled, s.opts.Shape == nil
+}
+
 // Len returns the number of keys held.
 func (s *Scope[K]) Len() int { return int(s.size.Load()) }
 
