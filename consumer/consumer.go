@@ -71,11 +71,9 @@ type Consumer struct {
 	// message, on both cores, and a line it shared with parts or maxIdle,
 	// which every delivery reads, would be a miss for each read
 	// (TestConsumerLayout).
-	_       [64]byte
-	tmu     sync.Mutex
-	tenants map[string]*tenant
-	// ntenants is len(tenants), readable without tmu (see overTracked).
-	ntenants  atomic.Int64
+	_         [64]byte
+	tmu       sync.Mutex
+	tenants   map[string]*tenant
 	noTenant  *tenant
 	idle      idleList
 	forgotten uint64
@@ -83,6 +81,12 @@ type Consumer struct {
 	// Stats' Totals.Dwell covers every settle since New.
 	goneDwell    [len(dwellBounds) + 1]uint64
 	goneDwellSum int64
+	// ntenants is len(tenants), readable without tmu (see overTracked),
+	// which every lane that goes idle reads: on a line of its own, away
+	// from tmu's, which the table's lock traffic takes from core to core.
+	_        [64]byte
+	ntenants atomic.Int64
+	_        [56]byte
 
 	sched   sched
 	spillQ  spillQueue

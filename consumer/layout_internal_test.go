@@ -72,7 +72,7 @@ func TestTenantLayout(t *testing.T) {
 func TestConsumerLayout(t *testing.T) {
 	var c Consumer
 	tl := unsafe.Offsetof(c.tmu) / 64
-	for name, off := range map[string]uintptr{"parts": unsafe.Offsetof(c.parts), "maxIdle": unsafe.Offsetof(c.maxIdle)} {
+	for name, off := range map[string]uintptr{"parts": unsafe.Offsetof(c.parts), "maxIdle": unsafe.Offsetof(c.maxIdle), "ntenants": unsafe.Offsetof(c.ntenants)} {
 		for _, base := range []uintptr{0, 8} {
 			if (base+off)/64 == (base+unsafe.Offsetof(c.tmu))/64 {
 				t.Errorf("base %d: %s (byte %d) shares tmu's line %d", base, name, off, tl)
