@@ -335,14 +335,21 @@ func (c *Consumer) SetBreakerSeeds(m map[string]time.Time) {
 	c.seeds.Store(&tab)
 }
 
+// seedOf returns the fleet's breaker seed for key, if it has one.
+func (c *Consumer) seedOf(key string) (until time.Time, ok bool) {
+	if tab := c.seeds.Load(); tab != nil {
+		until, ok = (*tab)[key]
+	}
+	return until, ok
+}
+
 // seedGuard trips g, t's guard just made, if the fleet's seed for t is in
 // the future and g has seen nothing yet. Called with no lock held.
 func (c *Consumer) seedGuard(t *tenant, g *policy.Guard) {
-	tab := c.seeds.Load()
-	if tab == nil || g == c.fallback {
+	if g == c.fallback {
 		return
 	}
-	until, ok := (*tab)[t.key]
+	until, ok := c.seedOf(t.key)
 	if !ok || !g.Closed() { // Trip ignores a time past on the policy's clock
 		return
 	}

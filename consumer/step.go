@@ -55,12 +55,9 @@ func (c *Consumer) stepHead(w *worker) {
 		g = c.guard(t)
 	}
 	var permit policy.Permit
+	// lone admits every attempt: it has no Admit hook and its breaker,
+	// recording nothing, stays closed.
 	if err := w.allow(c.hctx, g, &permit); err != nil {
-		if lone { // cannot happen: lone records nothing and has no Admit hook
-			j.lone = false
-			c.stepHead(w)
-			return
-		}
 		c.parkRefused(w, g, err)
 		return
 	}
@@ -109,10 +106,8 @@ func (c *Consumer) loneOK(t *tenant) bool {
 	if c.lone == nil || t.guardP.Load() != nil || t.handled.Load() != 0 || !c.overTracked() || t.ctl.Load() != nil {
 		return false
 	}
-	if tab := c.seeds.Load(); tab != nil {
-		if _, ok := (*tab)[t.key]; ok {
-			return false
-		}
+	if _, seeded := c.seedOf(t.key); seeded {
+		return false
 	}
 	_, held := c.scope.Peek(t.key)
 	return !held
@@ -133,20 +128,18 @@ func (c *Consumer) attempt(w *worker, g *policy.Guard, permit *policy.Permit, m 
 	err, panicked := c.call(w, g, m, false)
 	if lone {
 		permit.Release()
-		if err == nil {
-			c.handled(w, m)
-			return
-		}
+	} else {
+		permit.Done(err)
+	}
+	if err == nil {
+		c.handled(w, m) // which forgets its failed probes
+		return
+	}
+	if lone {
 		g = c.guard(w.job.t)
 		var p policy.Permit
 		if g.AllowTo(c.hctx, &p) == nil {
 			p.Done(err)
-		}
-	} else {
-		permit.Done(err)
-		if err == nil {
-			c.handled(w, m) // which forgets its failed probes
-			return
 		}
 	}
 	if w.job.fresh {

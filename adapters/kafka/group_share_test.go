@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,10 +33,7 @@ func TestGroupSharingIsBounded(t *testing.T) {
 	topic := uniq("share")
 	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 2000
-	var ms []kafkago.Message
-	for i := range total {
-		ms = append(ms, kafkago.Message{Key: []byte("k"), Value: []byte(fmt.Sprintf("v-%04d", i))})
-	}
+	ms := numbered(total, "k")
 	for i := 0; i < total; i += 50 { // batches of 50: a fetch of 4 KiB takes a few
 		produce(t, c.Addrs(), topic, ms[i:i+50]...)
 	}

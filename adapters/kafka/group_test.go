@@ -140,10 +140,7 @@ func TestGroupResumeGoesOnFromThePoll(t *testing.T) {
 	topic := uniq("grest")
 	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 900
-	var ms []kafkago.Message
-	for i := range total {
-		ms = append(ms, kafkago.Message{Value: []byte(fmt.Sprintf("v-%d", i))})
-	}
+	ms := numbered(total, "")
 	produce(t, c.Addrs(), topic, ms...)
 	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts()...)
 	if err != nil {
@@ -355,10 +352,7 @@ func TestGroupLongPauseStopsFetching(t *testing.T) {
 	topic := uniq("hold")
 	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 2000
-	var ms []kafkago.Message
-	for i := range total {
-		ms = append(ms, kafkago.Message{Value: []byte(fmt.Sprintf("v-%04d", i))})
-	}
+	ms := numbered(total, "")
 	for i := 0; i < total; i += 50 { // batches of 50: a fetch of 4 KiB takes a few
 		produce(t, c.Addrs(), topic, ms[i:i+50]...)
 	}

@@ -203,6 +203,18 @@ func committed(t testing.TB, addrs []string, group, topic string, parts int) map
 	return out
 }
 
+// numbered returns n messages of key (none if empty), valued v-0000 on.
+func numbered(n int, key string) []kafkago.Message {
+	out := make([]kafkago.Message, n)
+	for i := range out {
+		if key != "" {
+			out[i].Key = []byte(key)
+		}
+		out[i].Value = []byte(fmt.Sprintf("v-%04d", i))
+	}
+	return out
+}
+
 func msgs(prefix string, partitions, perPartition int) []kafkago.Message {
 	var out []kafkago.Message
 	for i := 0; i < perPartition; i++ {
