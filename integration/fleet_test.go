@@ -482,21 +482,39 @@ func fleetScenario(t *testing.T, bin, kind, source string) {
 			inv.reordered, len(inv.unexplained), inv.unexplained[:min(5, len(inv.unexplained))])
 	}
 
-	// 4. A killed process leaves status within its TTL.
+	// 4. A killed process leaves status within its TTL: a reader drops a
+	// status once its UpdatedAt plus its TTL is past, and the victim's last
+	// heartbeat was sent before the kill. So no status read that starts a
+	// TTL after the kill may list it; when it went is its last heartbeat
+	// plus the TTL (a status call itself takes a while: the time the poll
+	// saw it gone includes one).
 	victim := procs[2]
+	last := cli.status().processes[victim.name].UpdatedAt
 	victim.kill(t)
 	killedAt := time.Now()
+	var sawGone time.Duration
 	err = brokertest.PollUntil(context.Background(), fleetStepTimeout, 100*time.Millisecond, func(context.Context) error {
-		if _, ok := cli.status().processes[victim.name]; ok {
-			return fmt.Errorf("%s still in status", victim.name)
+		start := time.Now()
+		p, ok := cli.status().processes[victim.name]
+		if !ok {
+			sawGone = time.Since(killedAt)
+			return nil
 		}
-		return nil
+		last = p.UpdatedAt
+		if start.Sub(killedAt) >= fleetTTL {
+			t.Errorf("a status read begun %v after the kill still lists %s (TTL %v, last heartbeat %v)",
+				start.Sub(killedAt).Round(time.Millisecond), victim.name, fleetTTL, p.UpdatedAt)
+		}
+		return fmt.Errorf("%s still in status", victim.name)
 	})
 	if err != nil {
 		t.Fatalf("killed process: %v", err)
 	}
-	report(fmt.Sprintf("fleet: scenario=fleet broker=%s source=%s killed process left status after %v (TTL %v, heartbeat %v)",
-		kind, source, time.Since(killedAt).Round(10*time.Millisecond), fleetTTL, fleetInterval))
+	if last.IsZero() || last.After(killedAt) {
+		t.Errorf("%s's last heartbeat %v, killed at %v: want one before the kill", victim.name, last, killedAt)
+	}
+	report(fmt.Sprintf("fleet: scenario=fleet broker=%s source=%s killed process left status %v after the kill (its last heartbeat %v before it, plus TTL %v; heartbeat %v); the poll saw it gone after %v",
+		kind, source, last.Add(fleetTTL).Sub(killedAt).Round(time.Millisecond), killedAt.Sub(last).Round(time.Millisecond), fleetTTL, fleetInterval, sawGone.Round(10*time.Millisecond)))
 	for _, p := range procs[:2] {
 		p.stop(t)
 	}
