@@ -103,7 +103,7 @@ const (
 // the caller passes the point on with syncCommit once unlocked (see
 // commitShard).
 func (sh *shard) refreshCommit(now int64, force bool) {
-	if !force && (!sh.commit.stale || now-sh.commit.scannedAt < min(int64(tick)*int64(len(sh.lanes)/scanLanes), int64(scanMax))) {
+	if !force && (!sh.commit.stale || now-sh.commit.scannedAt < min(int64(tick)*int64(sh.lanes.len()/scanLanes), int64(scanMax))) {
 		return
 	}
 	sh.commit.stale, sh.commit.scannedAt = false, now

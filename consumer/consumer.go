@@ -73,7 +73,7 @@ type Consumer struct {
 	// (TestConsumerLayout).
 	_         [64]byte
 	tmu       sync.Mutex
-	tenants   map[string]*tenant
+	tenants   keyTable[*tenant]
 	noTenant  *tenant
 	idle      idleList
 	forgotten uint64
@@ -133,7 +133,6 @@ func New(cfg Config) (*Consumer, error) {
 		scope:    cfg.Scope,
 		log:      cfg.Logger,
 		epoch:    time.Now(),
-		tenants:  make(map[string]*tenant),
 		noTenant: &tenant{none: true},
 		tr:       newTracer(cfg),
 	}
@@ -438,13 +437,13 @@ func (c *Consumer) Revoked(p Partition) {
 	}
 	sh.refreshCommit(c.clock(), true) // the source commits it as Revoked returns
 	sh.dead = true
-	for _, l := range sh.lanes {
+	for l := range sh.lanes.all() {
 		forget = append(forget, c.dropLane(l))
 	}
 	if sh.none != nil {
 		c.dropLane(sh.none)
 	}
-	clear(sh.lanes)
+	sh.lanes.reset()
 	sh.sweep.q.reset()
 	sh.sweep.skip = 0
 	forget = append(forget, sh.takeForgotten()...)

@@ -171,7 +171,7 @@ func (c *Consumer) SetControls(m map[string]Control) {
 	var ts []*tenant
 	c.tmu.Lock()
 	for _, k := range changed {
-		if t := c.tenants[k]; t != nil {
+		if t := c.tenants.get(k, keyHash(k)); t != nil {
 			t.ctl.Store(tab[k])
 			ts = append(ts, t)
 		}
@@ -223,7 +223,7 @@ func (c *Consumer) applyControl(t *tenant, ev *[]Event) {
 	var spills []*lane
 	for _, sh := range c.shards() {
 		sh.mu.Lock()
-		if l := sh.lanes[t.key]; l != nil && l.t == t && !sh.dead && !l.dead {
+		if l := sh.lanes.get(t.key, keyHash(t.key)); l != nil && l.t == t && !sh.dead && !l.dead {
 			ct := t.ctl.Load()
 			if ct.stops() {
 				// Held again if held already: a Hold turned Quarantine
@@ -376,7 +376,7 @@ func (c *Consumer) TripBreakers(m map[string]time.Time) int {
 	trips := make([]trip, 0, len(m))
 	c.tmu.Lock()
 	for k, until := range m {
-		if t := c.tenants[k]; t != nil {
+		if t := c.tenants.get(k, keyHash(k)); t != nil {
 			if g := t.peekGuard(); g != nil && g != c.fallback {
 				trips = append(trips, trip{g, until})
 			}

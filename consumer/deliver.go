@@ -101,7 +101,11 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 	}
 	for i, m := range ms {
 		none := m.st.rd().tenantErr != nil
-		l := sh.laneFor(keys[i], none)
+		var h uint64
+		if !none {
+			h = keyHash(keys[i])
+		}
+		l := sh.laneFor(keys[i], h, none)
 		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now
 		sh.commit.unsettled++
 		if m.Offset >= sh.commit.next {

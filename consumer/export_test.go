@@ -14,7 +14,7 @@ func DumpLanes(c *Consumer) []string {
 	var out []string
 	for _, sh := range c.shards() {
 		sh.mu.Lock()
-		for _, l := range sh.lanes {
+		for l := range sh.lanes.all() {
 			if l.q.len()+l.pend.len() == 0 && !l.spill.on {
 				continue
 			}

@@ -64,7 +64,7 @@ func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
 	}
 	f := c.idle.head
 	c.idle.remove(f)
-	delete(c.tenants, f.key)
+	c.tenants.del(f, keyHash(f.key))
 	c.ntenants.Add(-1)
 	f.gone = true
 	c.forgotten++
@@ -142,7 +142,7 @@ func (c *Consumer) laneBound() int {
 // addLane makes and files a new lane of t in sh. If that takes sh past
 // laneBound lanes, it first sweeps a few (see sweepLanes), whose memory
 // the new lane may then reuse. Called with sh.mu held.
-func (sh *shard) addLane(t *tenant) *lane {
+func (sh *shard) addLane(t *tenant, h uint64) *lane {
 	c := sh.c
 	bound := c.laneBound()
 	if sw := &sh.sweep; sw.q.len() >= bound {
@@ -153,14 +153,14 @@ func (sh *shard) addLane(t *tenant) *lane {
 		}
 	}
 	l := sh.newLane()
-	l.t, l.key = t, t.key
+	l.t, l.key, l.h = t, t.key, h
 	// Its tenant's calls are as quick as the partition's last: with many
 	// tenants, most lanes run one job, and one taken as slow wakes another
 	// worker for the lanes ready behind it (see runQuick), so that a
 	// stream of new tenants would keep every worker awake, competing for
 	// the cores with the source's goroutine that delivers them.
 	l.quickNow = sh.quickPrior
-	sh.lanes[l.key] = l
+	sh.lanes.put(l, h)
 	sh.sweep.q.push(l)
 	if sh.sweep.q.len() > bound && !sh.sweep.due.Load() {
 		sh.sweep.due.Store(true)
@@ -246,7 +246,7 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 // forgotten, if any, whose pin the caller releases with no lock held
 // (unpin).
 func (c *Consumer) retire(sh *shard, l *lane) *tenant {
-	delete(sh.lanes, l.key)
+	sh.lanes.del(l, l.h)
 	q := l.q.buf // empty: the lane holds nothing
 	t := c.dropLane(l)
 	l.q.buf = q[:0]

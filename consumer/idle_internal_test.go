@@ -33,15 +33,15 @@ func TestSweptLaneMemoryIsReusedUnlessShared(t *testing.T) {
 	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	a := sh.laneFor("a", false)
-	b := sh.laneFor("b", false)
+	a := sh.laneFor("a", keyHash("a"), false)
+	b := sh.laneFor("b", keyHash("b"), false)
 	c.arm(b, time.Hour)
 	c.disarm(b)
 	a.timerSeq = 7
 	a.credit, a.judgeSpan = 3, 4
 	// A third lane: the sweep drops a (idle, no message since it was
 	// made), whose memory the new lane gets.
-	e := sh.laneFor("e", false)
+	e := sh.laneFor("e", keyHash("e"), false)
 	if e != a {
 		t.Fatalf("the lane made past the bound is not the dropped lane's memory (a dead %v, free %d, b dead %v)", a.dead, len(sh.alloc.free), b.dead)
 	}
@@ -49,18 +49,18 @@ func TestSweptLaneMemoryIsReusedUnlessShared(t *testing.T) {
 		t.Fatalf("reused lane not fresh: dead %v key %q credit %d judgeSpan %d queued %d ahead %v readPos %d",
 			e.dead, e.key, e.credit, e.judgeSpan, e.q.len(), e.ahead, e.spill.readPos)
 	}
-	if sh.lanes["a"] != nil || sh.lanes["e"] != e {
+	if sh.lanes.get("a", keyHash("a")) != nil || sh.lanes.get("e", keyHash("e")) != e {
 		t.Fatalf("the partition's lanes by key are wrong after the reuse")
 	}
 	if e.timerSeq != 8 {
 		t.Fatalf("reused lane's timer sequence is %d, want 8 (7, one more for its drop)", e.timerSeq)
 	}
-	sh.laneFor("f", false) // drops b
+	sh.laneFor("f", keyHash("f"), false) // drops b
 	if !b.dead {
 		t.Fatalf("b not dropped")
 	}
 	for i := range 64 {
-		if l := sh.laneFor(fmt.Sprint("k", i), false); l == b {
+		if l := sh.laneFor(fmt.Sprint("k", i), keyHash(fmt.Sprint("k", i)), false); l == b {
 			t.Fatalf("a lane a timer held was handed out again")
 		}
 	}
@@ -72,7 +72,7 @@ func TestLaneQueueGrowthClearsItsFirstSlots(t *testing.T) {
 	c := newTestConsumer(t, Config{})
 	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
 	sh.mu.Lock()
-	l := sh.laneFor("a", false)
+	l := sh.laneFor("a", keyHash("a"), false)
 	sh.mu.Unlock()
 	first := l.q.buf[:cap(l.q.buf)]
 	for range laneSlots + 1 {
@@ -117,8 +117,8 @@ func TestLaneBound(t *testing.T) {
 // time would release its key's pin twice.
 func TestForgottenTenantIsNotListedAgain(t *testing.T) {
 	c := newTestConsumer(t, Config{MaxIdleTenants: 1})
-	a := c.tenantFor("a", false)
-	b := c.tenantFor("b", false)
+	a := c.tenantFor("a", keyHash("a"), false)
+	b := c.tenantFor("b", keyHash("b"), false)
 	if f := c.releaseTenant(a); f != nil {
 		t.Fatalf("forgot %q with one idle tenant", f.key)
 	}
@@ -128,9 +128,9 @@ func TestForgottenTenantIsNotListedAgain(t *testing.T) {
 	c.zombieDone(a)
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
-	if a.onIdle || c.idle.n != 1 || c.idle.head != b || c.tenants["a"] != nil {
+	if a.onIdle || c.idle.n != 1 || c.idle.head != b || c.tenants.get("a", keyHash("a")) != nil {
 		t.Fatalf("after a late job end of forgotten a: a listed %v, %d idle (head %v), a in the table %v; want only b",
-			a.onIdle, c.idle.n, c.idle.head == b, c.tenants["a"] != nil)
+			a.onIdle, c.idle.n, c.idle.head == b, c.tenants.get("a", keyHash("a")) != nil)
 	}
 }
 
@@ -144,17 +144,17 @@ func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
 	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	a := sh.laneFor("a", false)
-	b := sh.laneFor("b", false)
+	a := sh.laneFor("a", keyHash("a"), false)
+	b := sh.laneFor("b", keyHash("b"), false)
 	a.spill.commit.raise(3)
 	b.spill.wait = true
 	for i := range 8 {
-		sh.laneFor(fmt.Sprint("k", i), false)
+		sh.laneFor(fmt.Sprint("k", i), keyHash(fmt.Sprint("k", i)), false)
 	}
-	if a.dead || sh.lanes["a"] != a {
+	if a.dead || sh.lanes.get("a", keyHash("a")) != a {
 		t.Fatal("the sweep dropped a lane whose spill cursor was not committed")
 	}
-	if b.dead || sh.lanes["b"] != b {
+	if b.dead || sh.lanes.get("b", keyHash("b")) != b {
 		t.Fatal("the sweep dropped a lane whose spill job backs off")
 	}
 	a.spill.commit.done.Store(3)

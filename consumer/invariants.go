@@ -54,27 +54,27 @@ func (c *Consumer) checkInvariants() error {
 		for i := sh.ready.head; i < len(sh.ready.buf); i++ {
 			inReady[sh.ready.buf[i]] = true
 		}
-		lanes := make([]*lane, 0, len(sh.lanes)+1)
-		for k, l := range sh.lanes {
-			if l.key != k || l.t.key != k || l.t.none {
-				bad("%v: lane under key %q belongs to tenant %q (none=%v)", sh.p, k, l.t.key, l.t.none)
+		lanes := make([]*lane, 0, sh.lanes.len()+1)
+		for l := range sh.lanes.all() {
+			if k := l.key; l.h != keyHash(k) || sh.lanes.get(k, l.h) != l || l.t.key != k || l.t.none {
+				bad("%v: lane under key %q (found %v) belongs to tenant %q (none=%v)", sh.p, k, sh.lanes.get(k, keyHash(k)) == l, l.t.key, l.t.none)
 			}
 			lanes = append(lanes, l)
 		}
 		swept := map[*lane]bool{}
 		for i := range sh.sweep.q.len() {
 			l := sh.sweep.q.at(i)
-			if l.dead && !swept[l] && sh.lanes[l.key] != l {
+			if l.dead && !swept[l] && sh.lanes.get(l.key, l.h) != l {
 				swept[l] = true // retired, waiting for the sweep to reuse it
 				continue
 			}
-			if swept[l] || sh.lanes[l.key] != l {
+			if swept[l] || sh.lanes.get(l.key, l.h) != l {
 				bad("%v/%q: the sweep's queue holds the lane twice or one the partition does not (dead=%v)", sh.p, l.key, l.dead)
 			}
 			swept[l] = true
 		}
-		if live := countLive(swept); live != len(sh.lanes) {
-			bad("%v: the sweep's queue holds %d lanes, the partition %d", sh.p, live, len(sh.lanes))
+		if live := countLive(swept); live != sh.lanes.len() {
+			bad("%v: the sweep's queue holds %d lanes, the partition %d", sh.p, live, sh.lanes.len())
 		}
 		if sh.none != nil {
 			if !sh.none.t.none || sh.none.t != c.noTenant {
@@ -212,15 +212,16 @@ func (c *Consumer) checkInvariants() error {
 	if int64(parked) != c.parkedTotal.Load() {
 		bad("parked total %d, lanes hold %d parked messages", c.parkedTotal.Load(), parked)
 	}
-	if n := c.ntenants.Load(); n != int64(len(c.tenants)) {
-		bad("tenant count %d, the table holds %d", n, len(c.tenants))
+	if n := c.ntenants.Load(); n != int64(c.tenants.len()) {
+		bad("tenant count %d, the table holds %d", n, c.tenants.len())
 	}
-	all := make([]*tenant, 0, len(c.tenants)+1)
+	all := make([]*tenant, 0, c.tenants.len()+1)
 	all = append(all, c.noTenant)
 	pinned, idle := 0, 0
-	for k, t := range c.tenants {
-		if t.key != k {
-			bad("tenant %q filed under %q", t.key, k)
+	for t := range c.tenants.all() {
+		k := t.key
+		if c.tenants.get(k, keyHash(k)) != t {
+			bad("tenant %q not found under its key", k)
 		}
 		if t.onIdle {
 			idle++
@@ -261,8 +262,8 @@ func (c *Consumer) checkInvariants() error {
 		bad("lanes or set-aside messages of tenant %q (none=%v) that the tenant table does not hold", t.key, t.none)
 	}
 	n := 0
-	for t := c.idle.head; t != nil && n <= len(c.tenants); t = t.idleNext {
-		if !t.onIdle || c.tenants[t.key] != t {
+	for t := c.idle.head; t != nil && n <= c.tenants.len(); t = t.idleNext {
+		if !t.onIdle || c.tenants.get(t.key, keyHash(t.key)) != t {
 			bad("idle list holds tenant %q, not marked idle (%v) or not in the table", t.key, t.onIdle)
 		}
 		if (t.idleNext == nil) != (c.idle.tail == t) || (t.idleNext != nil && t.idleNext.idlePrev != t) {

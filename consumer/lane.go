@@ -21,6 +21,7 @@ type lane struct {
 	sh  *shard
 	t   *tenant
 	key string // t.key, or "" for the no-tenant bucket
+	h   uint64 // keyHash(key): where the lane is in its shard's lanes
 
 	q    msgRing
 	pend msgRing

@@ -156,7 +156,7 @@ func (c *Consumer) pressureGone(sh *shard) bool {
 		if c.parkedTotal.Load()*10 >= int64(c.cfg.MaxParked)*9 {
 			return false
 		}
-		for _, l := range sh.lanes {
+		for l := range sh.lanes.all() {
 			if l.parked && l.t.parked.Load()*10 >= int64(sh.bounds.maxParkedTenant)*9 {
 				return false
 			}

@@ -27,11 +27,11 @@ type shard struct {
 	// spills counts its lanes' spill jobs in progress: Revoked waits for
 	// their SpillLog calls (see spillWork).
 	spills settleGate
-	lanes  map[string]*lane // by tenant key
-	none   *lane            // the no-tenant bucket's lane
-	ready  laneQueue        // lanes ready to run, in turn order
-	sweep  laneSweep        // drops idle lanes past MaxIdleTenants (idle.go)
-	alloc  laneAlloc        // memory for new lanes
+	lanes  keyTable[*lane] // by tenant key
+	none   *lane           // the no-tenant bucket's lane
+	ready  laneQueue       // lanes ready to run, in turn order
+	sweep  laneSweep       // drops idle lanes past MaxIdleTenants (idle.go)
+	alloc  laneAlloc       // memory for new lanes
 
 	commit commitState
 	count  queueCount
@@ -72,7 +72,7 @@ type shard struct {
 }
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {
-	sh := &shard{c: c, p: p, gen: gen, lanes: make(map[string]*lane), quickMax: c.quickWorkers}
+	sh := &shard{c: c, p: p, gen: gen, quickMax: c.quickWorkers}
 	sh.bounds.maxQueued = maxQueued
 	sh.bounds.maxParkedTenant = min(c.cfg.MaxParkedPerTenant, max(maxQueued/2, 1))
 	sh.bounds.maxQueuedTenant = min(c.cfg.MaxQueuedPerTenant, max(maxQueued/8, 1))
@@ -112,7 +112,7 @@ type queueCount struct {
 // eachLane calls f for each of sh's lanes, the no-tenant bucket's
 // included. Called with sh.mu held.
 func (sh *shard) eachLane(f func(*lane)) {
-	for _, l := range sh.lanes {
+	for l := range sh.lanes.all() {
 		f(l)
 	}
 	if sh.none != nil {
@@ -151,19 +151,20 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 	return into
 }
 
-// laneFor returns the lane of key in sh, making it on first sight. Called
-// with sh.mu held; it takes the tenant table's lock when it makes a lane.
-func (sh *shard) laneFor(key string, none bool) *lane {
+// laneFor returns the lane of key, whose hash is h (keyHash), in sh,
+// making it on first sight. Called with sh.mu held; it takes the tenant
+// table's lock when it makes a lane.
+func (sh *shard) laneFor(key string, h uint64, none bool) *lane {
 	if none {
 		if sh.none == nil {
-			sh.none = &lane{sh: sh, t: sh.c.tenantFor("", true)}
+			sh.none = &lane{sh: sh, t: sh.c.tenantFor("", 0, true)}
 		}
 		return sh.none
 	}
-	if l := sh.lanes[key]; l != nil {
+	if l := sh.lanes.get(key, h); l != nil {
 		return l
 	}
-	return sh.addLane(sh.c.tenantFor(key, false))
+	return sh.addLane(sh.c.tenantFor(key, h, false), h)
 }
 
 // A partition allocates its lanes laneChunk at a time, each with

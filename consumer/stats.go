@@ -239,13 +239,13 @@ func (c *Consumer) Stats() Stats {
 	for _, sh := range c.shards() {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.src.done.Load()}
 		sh.mu.Lock()
-		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.count.queued, sh.commit.unsettled, sh.commit.next, len(sh.lanes)
+		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.count.queued, sh.commit.unsettled, sh.commit.next, sh.lanes.len()
 		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.count.quickQueued
 		ps.PauseReason = sh.pause.reason
 		ps.Paused = sh.pause.reason != 0
 		held = sh.heldRefs(held[:0]) // sorted below, with no lock held
 		next := sh.commit.next
-		for _, l := range sh.lanes {
+		for l := range sh.lanes.all() {
 			if n := l.q.len() + l.pend.len(); n > 0 {
 				queued[l.t] += n
 				c.laneTimes(l, now, timesOf(l.t))
@@ -295,14 +295,14 @@ func (c *Consumer) Stats() Stats {
 		return cmp.Or(cmp.Compare(a.Partition.Topic, b.Partition.Topic), cmp.Compare(a.Partition.ID, b.Partition.ID))
 	})
 	c.tmu.Lock()
-	ts := make([]*tenant, 0, len(c.tenants)+1)
+	ts := make([]*tenant, 0, c.tenants.len()+1)
 	if c.noTenant.lanes > 0 || c.noTenant.dead.Load() > 0 {
 		ts = append(ts, c.noTenant)
 	}
-	for _, t := range c.tenants {
+	for t := range c.tenants.all() {
 		ts = append(ts, t)
 	}
-	s.Tracked.Tenants, s.Tracked.Idle, s.Tracked.Forgotten = len(c.tenants), c.idle.n, c.forgotten
+	s.Tracked.Tenants, s.Tracked.Idle, s.Tracked.Forgotten = c.tenants.len(), c.idle.n, c.forgotten
 	dwell, dwellSum := c.goneDwell, c.goneDwellSum
 	c.tmu.Unlock()
 	s.Tracked.MaxIdle, s.Tracked.MaxLanes = c.maxIdle, c.laneBound()
@@ -417,8 +417,9 @@ func (c *Consumer) tenantStats(t *tenant) TenantStats {
 // CommitLag, TimeLag, OldestParked and SpillBacklogAge are not computed
 // (see Stats).
 func (c *Consumer) Tenant(key string) (TenantStats, bool) {
+	h := keyHash(key)
 	c.tmu.Lock()
-	t := c.tenants[key]
+	t := c.tenants.get(key, h)
 	c.tmu.Unlock()
 	if t == nil {
 		return TenantStats{}, false
@@ -426,7 +427,7 @@ func (c *Consumer) Tenant(key string) (TenantStats, bool) {
 	x := c.tenantStats(t)
 	for _, sh := range c.parts.Load().m {
 		sh.mu.Lock()
-		if l := sh.lanes[key]; l != nil {
+		if l := sh.lanes.get(key, h); l != nil {
 			x.Queued += l.q.len() + l.pend.len()
 		}
 		for _, m := range sh.aside.msgs {

@@ -202,14 +202,14 @@ func (t *tenant) unblockOne() *lane {
 // count it returns the tenant with is incremented, so that it is not
 // forgotten meanwhile. key may share memory with a message: it is cloned
 // when kept.
-func (c *Consumer) tenantFor(key string, none bool) *tenant {
+func (c *Consumer) tenantFor(key string, h uint64, none bool) *tenant {
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
 	if none {
 		c.noTenant.lanes++
 		return c.noTenant
 	}
-	t := c.tenants[key]
+	t := c.tenants.get(key, h)
 	switch {
 	case t == nil:
 		t = new(tenant)
@@ -217,7 +217,7 @@ func (c *Consumer) tenantFor(key string, none bool) *tenant {
 		if ct := c.controlOf(t.key); ct != nil {
 			t.ctl.Store(ct)
 		}
-		c.tenants[t.key] = t
+		c.tenants.put(t, h)
 		c.ntenants.Add(1)
 	case t.onIdle:
 		c.idle.remove(t)

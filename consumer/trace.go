@@ -294,7 +294,7 @@ func (c *Consumer) openSpans(sh *shard) []*Message {
 			keep(l.pend.at(i))
 		}
 	}
-	for _, l := range sh.lanes {
+	for l := range sh.lanes.all() {
 		add(l)
 	}
 	add(sh.none)

@@ -490,7 +490,7 @@ func (c *Consumer) moveOn(sh *shard, w *worker) bool {
 		l.state = laneIdle
 	}
 	c.releaseSlot(w, t)
-	if !t.none && l.state == laneIdle && l.hits <= 1 && (len(sh.lanes) > c.laneBound() || c.overTracked()) && l.idle() {
+	if !t.none && l.state == laneIdle && l.hits <= 1 && (sh.lanes.len() > c.laneBound() || c.overTracked()) && l.idle() {
 		w.gone = c.retire(sh, l)
 	}
 	if c.draining.Load() || w.turn >= shardTurn {
