@@ -221,6 +221,79 @@ func TestGroupRevokesOnlyWhatMoves(t *testing.T) {
 	}
 }
 
+// A member that leaves the group has committed every message it handled
+// before its partitions reach the member that stays, with the classic
+// cooperative protocol and with KIP-848 alike: the member that stays reads
+// none of them again. No periodic commit runs (an hour apart), so only the
+// commits on revocation and on leaving can cover them.
+func TestGroupLeaveCommitsWhatWasHandled(t *testing.T) {
+	t.Parallel()
+	for _, proto := range []struct {
+		name string
+		opts []SourceOption
+	}{
+		{"cooperative", nil},
+		{"KIP-848", []SourceOption{WithClientOptions(kgo.ServerSideBalancer())}},
+	} {
+		t.Run(proto.name, func(t *testing.T) {
+			t.Parallel()
+			topic := uniq("leave")
+			const parts = 4
+			c := startCluster(t, kfake.SeedTopics(parts, topic))
+			group := uniq("g")
+			newMember := func() (*collector, func()) {
+				src, err := NewGroupSource(c.Addrs(), topic, group, groupOpts(append(proto.opts, WithCommitInterval(time.Hour))...)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				col := newCollector(false)
+				col.onMsg = func(m *consumer.Message) { _ = src.Commit(context.Background(), m.Partition, m.Offset+1) }
+				return col, consumertest.StartSource(t, src, col)
+			}
+			ctx := testCtx(t, 60*time.Second)
+			delivered := func(cols ...*collector) map[string]int {
+				all := map[string]int{}
+				for _, col := range cols {
+					col.mu.Lock()
+					for v, n := range col.seen {
+						all[v] += n
+					}
+					col.mu.Unlock()
+				}
+				return all
+			}
+
+			a, stopA := newMember()
+			a.waitFor(t, ctx, "every partition at the first member", func() bool { return len(a.assigned) == parts })
+			b, _ := newMember()
+			b.waitFor(t, ctx, "the second member's share", func() bool { return len(b.assigned) == parts/2 })
+			first := msgs("first", parts, 50)
+			produce(t, c.Addrs(), topic, first...)
+			eventually(t, ctx, "the first messages delivered", func() bool { return len(delivered(a, b)) == len(first) })
+			a.mu.Lock()
+			handledByA := len(a.seen)
+			a.mu.Unlock()
+			if handledByA == 0 {
+				t.Fatal("the leaving member handled nothing; the test proves nothing")
+			}
+
+			stopA()
+			b.waitFor(t, ctx, "every partition at the member that stays", func() bool { return len(b.assigned) == parts })
+			then := msgs("then", parts, 10)
+			produce(t, c.Addrs(), topic, then...)
+			// Each partition is read in offset order: once the later
+			// messages are in, the member that stays has read all it
+			// would read again.
+			eventually(t, ctx, "the later messages delivered", func() bool { return len(delivered(a, b)) == len(first)+len(then) })
+			for v, n := range delivered(a, b) {
+				if n != 1 {
+					t.Errorf("%s delivered %d times", v, n)
+				}
+			}
+		})
+	}
+}
+
 // keeper keeps every delivered message, for a test to read after later
 // fetches.
 type keeper struct {
