@@ -84,7 +84,9 @@ type tenant struct {
 
 	// The second line holds what the rest of a lane's turn reads or
 	// writes: its control, its counts of handled messages and blocked
-	// lanes, its breaker's open time.
+	// lanes, its breaker's open time, and the start of its dwell
+	// histogram (the sum and the first buckets, which a settle of a
+	// message that waited little writes).
 	//
 	// ctl is its operators' control (nil: none), an entry of the table
 	// SetControls publishes: read once per lane scheduling. Stored under
@@ -95,7 +97,9 @@ type tenant struct {
 	// openSince is the engine clock when the engine first found its
 	// breaker not closed since it last closed (a park), or zero (see
 	// noteOpen).
-	openSince          atomic.Int64
+	openSince atomic.Int64
+	dwell     dwellHist // its settles by time since produce
+
 	idlePrev, idleNext *tenant
 	once               sync.Once
 
@@ -107,7 +111,6 @@ type tenant struct {
 	spillDone                  atomic.Uint64 // spilled messages settled after re-feed (or dropped as copies)
 	parked                     atomic.Int64  // messages parked now
 	spillLanes                 atomic.Int32  // lanes in spill mode now
-	dwell                      dwellHist     // its settles by time since produce
 	// dlqDownAt is the engine clock (at least 1) when the tenant's DLQ
 	// began to refuse its dead letters: a write failed, not for good (see
 	// dlq.ErrUnwritable), and none has succeeded since. 0 while the DLQ

@@ -35,10 +35,13 @@ type Histogram struct {
 }
 
 // dwellHist counts one tenant's settles by dwell. Each bucket is counted
-// apart (not cumulative): a settle adds to one bucket and to the sum.
+// apart (not cumulative): a settle adds to one bucket and to the sum. The
+// sum comes first, beside the first buckets, where most settles go: a
+// settle then writes one line of a tenant, not two, which with many
+// tenants is one cache miss fewer (TestTenantLayout).
 type dwellHist struct {
-	n   [len(dwellBounds) + 1]atomic.Uint64
 	sum atomic.Int64
+	n   [len(dwellBounds) + 1]atomic.Uint64
 }
 
 // dwellBucket is the bucket of a dwell of d ns.
