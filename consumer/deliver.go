@@ -99,13 +99,23 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 	if single && sh.quickMax == c.quickWorkers {
 		sh.quickMax = max(c.quickWorkers-1, 1)
 	}
+	// prev is the lane of the last message with a tenant: a run of one
+	// tenant's messages (a hot tenant, or a single one) finds its lane
+	// without hashing the key again. It cannot be dropped meanwhile: it
+	// holds that message.
+	var prev *lane
 	for i, m := range ms {
 		none := m.st.rd().tenantErr != nil
-		var h uint64
-		if !none {
-			h = keyHash(keys[i])
+		var l *lane
+		switch {
+		case none:
+			l = sh.laneFor("", 0, true)
+		case prev != nil && prev.key == keys[i]:
+			l = prev
+		default:
+			l = sh.laneFor(keys[i], keyHash(keys[i]), false)
+			prev = l
 		}
-		l := sh.laneFor(keys[i], h, none)
 		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now
 		sh.commit.unsettled++
 		if m.Offset >= sh.commit.next {
