@@ -221,9 +221,10 @@ func (c *Consumer) applyControl(t *tenant, ev *[]Event) {
 		c.forceGuard(t, g)
 	}
 	var spills []*lane
+	h := keyHash(t.key)
 	for _, sh := range c.shards() {
 		sh.mu.Lock()
-		if l := sh.lanes.get(t.key, keyHash(t.key)); l != nil && l.t == t && !sh.dead && !l.dead {
+		if l := sh.lanes.get(t.key, h); l != nil && l.t == t && !sh.dead && !l.dead {
 			ct := t.ctl.Load()
 			if ct.stops() {
 				// Held again if held already: a Hold turned Quarantine

@@ -26,7 +26,7 @@ func TestControlOverridesShareAndLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tn := c.tenantFor("a", keyHash("a"), false)
+	tn := c.tenantFor("a", keyHash("a"))
 	if credit, _ := c.creditOf(tn, nil); credit != 1 {
 		t.Fatalf("credit %d without a control, want 1", credit)
 	}

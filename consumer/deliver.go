@@ -109,11 +109,11 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 		var l *lane
 		switch {
 		case none:
-			l = sh.laneFor("", 0, true)
+			l = sh.noneLane()
 		case prev != nil && prev.key == keys[i]:
 			l = prev
 		default:
-			l = sh.laneFor(keys[i], keyHash(keys[i]), false)
+			l = sh.laneFor(keys[i], keyHash(keys[i]))
 			prev = l
 		}
 		m.st.lane, m.st.gen, m.st.at = l, uint32(sh.gen), now

@@ -33,15 +33,15 @@ func TestSweptLaneMemoryIsReusedUnlessShared(t *testing.T) {
 	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	a := sh.laneFor("a", keyHash("a"), false)
-	b := sh.laneFor("b", keyHash("b"), false)
+	a := laneOf(sh, "a")
+	b := laneOf(sh, "b")
 	c.arm(b, time.Hour)
 	c.disarm(b)
 	a.timerSeq = 7
 	a.credit, a.judgeSpan = 3, 4
 	// A third lane: the sweep drops a (idle, no message since it was
 	// made), whose memory the new lane gets.
-	e := sh.laneFor("e", keyHash("e"), false)
+	e := laneOf(sh, "e")
 	if e != a {
 		t.Fatalf("the lane made past the bound is not the dropped lane's memory (a dead %v, free %d, b dead %v)", a.dead, len(sh.alloc.free), b.dead)
 	}
@@ -55,12 +55,12 @@ func TestSweptLaneMemoryIsReusedUnlessShared(t *testing.T) {
 	if e.timerSeq != 8 {
 		t.Fatalf("reused lane's timer sequence is %d, want 8 (7, one more for its drop)", e.timerSeq)
 	}
-	sh.laneFor("f", keyHash("f"), false) // drops b
+	laneOf(sh, "f") // drops b
 	if !b.dead {
 		t.Fatalf("b not dropped")
 	}
 	for i := range 64 {
-		if l := sh.laneFor(fmt.Sprint("k", i), keyHash(fmt.Sprint("k", i)), false); l == b {
+		if l := laneOf(sh, fmt.Sprint("k", i)); l == b {
 			t.Fatalf("a lane a timer held was handed out again")
 		}
 	}
@@ -72,7 +72,7 @@ func TestLaneQueueGrowthClearsItsFirstSlots(t *testing.T) {
 	c := newTestConsumer(t, Config{})
 	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
 	sh.mu.Lock()
-	l := sh.laneFor("a", keyHash("a"), false)
+	l := laneOf(sh, "a")
 	sh.mu.Unlock()
 	first := l.q.buf[:cap(l.q.buf)]
 	for range laneSlots + 1 {
@@ -117,8 +117,8 @@ func TestLaneBound(t *testing.T) {
 // time would release its key's pin twice.
 func TestForgottenTenantIsNotListedAgain(t *testing.T) {
 	c := newTestConsumer(t, Config{MaxIdleTenants: 1})
-	a := c.tenantFor("a", keyHash("a"), false)
-	b := c.tenantFor("b", keyHash("b"), false)
+	a := c.tenantFor("a", keyHash("a"))
+	b := c.tenantFor("b", keyHash("b"))
 	if f := c.releaseTenant(a); f != nil {
 		t.Fatalf("forgot %q with one idle tenant", f.key)
 	}
@@ -144,12 +144,12 @@ func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
 	sh := newShard(c, Partition{Topic: "t"}, 1, 100)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	a := sh.laneFor("a", keyHash("a"), false)
-	b := sh.laneFor("b", keyHash("b"), false)
+	a := laneOf(sh, "a")
+	b := laneOf(sh, "b")
 	a.spill.commit.raise(3)
 	b.spill.wait = true
 	for i := range 8 {
-		sh.laneFor(fmt.Sprint("k", i), keyHash(fmt.Sprint("k", i)), false)
+		laneOf(sh, fmt.Sprint("k", i))
 	}
 	if a.dead || sh.lanes.get("a", keyHash("a")) != a {
 		t.Fatal("the sweep dropped a lane whose spill cursor was not committed")
@@ -164,3 +164,6 @@ func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
 		t.Fatalf("lanes done with their spill logs not dropped: a dead %v, b dead %v", a.dead, b.dead)
 	}
 }
+
+// laneOf is sh.laneFor with the key hashed.
+func laneOf(sh *shard, key string) *lane { return sh.laneFor(key, keyHash(key)) }

@@ -154,17 +154,20 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 // laneFor returns the lane of key, whose hash is h (keyHash), in sh,
 // making it on first sight. Called with sh.mu held; it takes the tenant
 // table's lock when it makes a lane.
-func (sh *shard) laneFor(key string, h uint64, none bool) *lane {
-	if none {
-		if sh.none == nil {
-			sh.none = &lane{sh: sh, t: sh.c.tenantFor("", 0, true)}
-		}
-		return sh.none
-	}
+func (sh *shard) laneFor(key string, h uint64) *lane {
 	if l := sh.lanes.get(key, h); l != nil {
 		return l
 	}
-	return sh.addLane(sh.c.tenantFor(key, h, false), h)
+	return sh.addLane(sh.c.tenantFor(key, h), h)
+}
+
+// noneLane returns sh's lane of the no-tenant bucket, making it on first
+// sight. Called with sh.mu held.
+func (sh *shard) noneLane() *lane {
+	if sh.none == nil {
+		sh.none = &lane{sh: sh, t: sh.c.holdNoTenant()}
+	}
+	return sh.none
 }
 
 // A partition allocates its lanes laneChunk at a time, each with

@@ -483,7 +483,7 @@ func (c *Consumer) recoverSpills(sh *shard) {
 		if sl.Partition != sh.p || sh.dead {
 			continue
 		}
-		l := sh.laneFor(sl.Tenant, keyHash(sl.Tenant), false)
+		l := sh.laneFor(sl.Tenant, keyHash(sl.Tenant))
 		l.shared = true
 		if !l.spill.on {
 			l.spill.on = true

@@ -200,18 +200,14 @@ func (t *tenant) unblockOne() *lane {
 	return l
 }
 
-// tenantFor returns the tenant of key (none: the no-tenant bucket), making
+// tenantFor returns the tenant of key, whose hash is h (keyHash), making
 // it on first sight (a forgotten tenant's key gets a fresh one); the lane
 // count it returns the tenant with is incremented, so that it is not
 // forgotten meanwhile. key may share memory with a message: it is cloned
 // when kept.
-func (c *Consumer) tenantFor(key string, h uint64, none bool) *tenant {
+func (c *Consumer) tenantFor(key string, h uint64) *tenant {
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
-	if none {
-		c.noTenant.lanes++
-		return c.noTenant
-	}
 	t := c.tenants.get(key, h)
 	switch {
 	case t == nil:
@@ -227,6 +223,15 @@ func (c *Consumer) tenantFor(key string, h uint64, none bool) *tenant {
 	}
 	t.lanes++
 	return t
+}
+
+// holdNoTenant returns the no-tenant bucket, its lane count incremented
+// for a new lane of it.
+func (c *Consumer) holdNoTenant() *tenant {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	c.noTenant.lanes++
+	return c.noTenant
 }
 
 // tenantKeyBuf is the longest key a tenant keeps inline: typical ids (a
