@@ -218,18 +218,24 @@ func (c *Compiled) NewWithEvents(onEvent func(Event)) *Guard {
 // last life ended before), so the plain writes race with nothing; the
 // fields read without counting in are stored atomically.
 func (g *guard) init(r *resolved, onEvent func(Event)) {
+	// state is read without counting in (Guard.Closed), so it is stored
+	// atomically, first, while its line is warm from Retire. Every other
+	// field is written plainly and the one atomic store that follows them
+	// (slowAt's) waits for all of their lines at once: an atomic store is a
+	// full barrier on amd64, and one after each cold line would wait for
+	// each miss in turn, which is most of a recycled key's first lookup.
 	g.state.Store(0)
 	g.head = head{r: r, hook: onEvent, epoch: r.epoch} // actx too: a ctx of another life is not to share
 	if r.breaker {
 		g.width = int64(r.window) / windowBuckets
 	}
-	g.slowAt.Store(r.slowFixed)
-	g.lat.reset()
+	g.lat = latencyState{}
+	g.inflight = atomic.Int64{}
 	for i := range g.counts {
 		g.counts[i].counters = counters{}
 	}
-	g.inflight.Store(0)
 	g.tail = tail{floorEmpty: -r.floorCap} // budget and floor start full
+	g.slowAt.Store(r.slowFixed)
 }
 
 func (r *resolved) policy() Policy {

@@ -48,15 +48,6 @@ type latencyState struct {
 	hint  atomic.Int64  // the def last given to Concurrency: the cap when MaxConcurrent is 0
 }
 
-func (l *latencyState) reset() {
-	l.est.Store(0)
-	l.base.Store(0)
-	l.drift.Store(0)
-	l.long.Store(0)
-	l.limit.Store(0)
-	l.hint.Store(0)
-}
-
 // Latency returns the guard's current latency estimate (the configured
 // quantile of attempt durations; zero before the first sample). It is two
 // atomic loads, for engine stats.

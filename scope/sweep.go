@@ -173,20 +173,21 @@ func (s *Scope[K]) work(budget int, step bool) []K {
 }
 
 // classify decides whether e survives the running sweep: seen keys up to
-// MaxKeys, and protected keys (pinned, breaker not closed) while fewer than
-// HardCeiling keys are kept.
+// MaxKeys, and pinned keys while fewer than HardCeiling keys are kept. It
+// reads only the entry's own line: a key whose breaker is not closed is
+// kept when its turn to leave comes (work checks its breaker then), so the
+// scan does not read the guard state of every key it passes, a cache miss
+// each.
 func (s *Scope[K]) classify(e *entry[K]) {
 	sw := &s.sw
 	st := e.state.Load()
-	if st < 0 {
-		return
-	}
-	g := e.guard()
 	switch {
-	case g == nil: // still being built: brand new
+	case st < 0:
+		return
+	case st&builtBit == 0: // still being built: brand new
 		sw.seen++
 		sw.kept++
-	case st&pinMask > 0 || !g.Closed():
+	case st&pinMask > 0:
 		if sw.kept < s.ceiling {
 			sw.kept++
 		} else {
