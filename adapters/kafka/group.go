@@ -231,6 +231,7 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 		kgo.ConsumeResetOffset(reset),
 		kgo.FetchMaxWait(s.cfg.maxWait),
 		kgo.FetchMaxPartitionBytes(int32(min(s.cfg.maxBytes, 1<<30))),
+		kgo.FetchMaxBytes(int32(min(s.cfg.maxBytes, 1<<30))),
 		kgo.HeartbeatInterval(s.cfg.heartbeatInterval),
 		kgo.SessionTimeout(s.cfg.sessionTimeout),
 		kgo.RebalanceTimeout(s.cfg.rebalanceTimeout),

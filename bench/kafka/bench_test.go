@@ -80,7 +80,9 @@ func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
 // under the full engine, and franz-go's kgo client in a group (a
 // PollFetches loop, committed by kgo's default autocommit: every 5s, only
 // what earlier polls returned, so a record is committed only once the loop
-// has handled it and polled again), and kafka.GroupSource (built on kgo)
+// has handled it and polled again; once with its defaults and once with
+// FetchMaxBytes 1 MiB, the bound the GroupSource sets), and
+// kafka.GroupSource (built on kgo)
 // alone and under the engine, to read against kgo's own loop. One op is
 // the whole topic, group join
 // and shutdown included; msgs/s is the figure to compare. The rows run in
@@ -328,41 +330,51 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	}))
 	rows = append(rows, groupRow("ringfence-group-engine", func(b *testing.B, src *kafka.GroupSource) { engineOp(b, markGroupSource{src, assigned}) }))
 
-	rows = append(rows, benchRow{"franz-go-kgo", func(b *testing.B) {
-		b.ReportAllocs()
-		for range b.N {
-			begin()
-			cl, err := kgo.NewClient(
-				kgo.SeedBrokers(addrs...),
-				kgo.ConsumerGroup(group()),
-				kgo.ConsumeTopics(topic),
-				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-				kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { assigned() }),
-			)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			n := 0
-			for n < benchMsgs {
-				fs := cl.PollFetches(ctx)
-				if err := fs.Err0(); err != nil {
+	// kgoRow is franz-go's kgo in a group, a PollFetches loop, with opts
+	// added to its client.
+	kgoRow := func(name string, opts ...kgo.Opt) benchRow {
+		return benchRow{name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				begin()
+				cl, err := kgo.NewClient(append([]kgo.Opt{
+					kgo.SeedBrokers(addrs...),
+					kgo.ConsumerGroup(group()),
+					kgo.ConsumeTopics(topic),
+					kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+					kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { assigned() }),
+				}, opts...)...)
+				if err != nil {
 					b.Fatal(err)
 				}
-				fs.EachRecord(func(*kgo.Record) { // the no-op handler
-					mark()
-					n++
-				})
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				n := 0
+				for n < benchMsgs {
+					fs := cl.PollFetches(ctx)
+					if err := fs.Err0(); err != nil {
+						b.Fatal(err)
+					}
+					fs.EachRecord(func(*kgo.Record) { // the no-op handler
+						mark()
+						n++
+					})
+				}
+				lap()
+				cancel()
+				cl.Close()
+				if n != benchMsgs {
+					b.Fatalf("read %d records, want %d", n, benchMsgs)
+				}
 			}
-			lap()
-			cancel()
-			cl.Close()
-			if n != benchMsgs {
-				b.Fatalf("read %d records, want %d", n, benchMsgs)
-			}
-		}
-		report(b)
-	}})
+			report(b)
+		}}
+	}
+	rows = append(rows, kgoRow("franz-go-kgo"))
+	// The same with a fetch bounded as the GroupSource bounds it
+	// (WithMaxBytes, 1 MiB): kgo's default of 50 MiB makes a fetch one
+	// response of every partition's 1 MiB, which costs the process far more
+	// page faults and misses; read the GroupSource against both.
+	rows = append(rows, kgoRow("franz-go-kgo-1mib", kgo.FetchMaxBytes(1<<20)))
 	// Two reads of the topic first, not measured: whichever row runs first
 	// in a process reads far slower in its first ops (the process's heap
 	// growing to its working size, the broker's first reads of the topic),

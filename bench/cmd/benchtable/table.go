@@ -23,6 +23,7 @@ const (
 	kFloor      = "Consume/handoff-floor"
 	kReader     = "Consume/kafka-go-reader"
 	kKgo        = "Consume/franz-go-kgo"
+	kKgo1M      = "Consume/franz-go-kgo-1mib"
 	kTEngine    = "ConsumeTenants/ringfence-engine"
 	kTSource    = "ConsumeTenants/ringfence-source"
 	kTFloor     = "ConsumeTenants/handoff-floor"
@@ -236,26 +237,29 @@ func kafkaTenantsRow(s *samples) [4]string {
 }
 
 // kafkaGroupRow is the engine on kafka.GroupSource (kgo underneath) beside
-// kgo's own poll loop, the kafka-go source's engine row beside it.
+// kgo's own poll loop, with its defaults and with the fetch bound the
+// GroupSource sets, and the kafka-go source's engine row beside them.
 func kafkaGroupRow(s *samples) [4]string {
 	rate := func(name string) float64 { return s.med(name, "msgs/s") }
 	cpu := func(name string) string { return thousands(s.med(name, "cpu-ns/msg")) }
-	r := s.paired(kGEngine, kKgo, "msgs/s")
-	lo, hi := math.NaN(), math.NaN()
-	if len(r) > 0 {
-		lo, hi = r[0], r[0]
-		for _, v := range r {
-			lo, hi = min(lo, v), max(hi, v)
+	perProc := func(b string) string {
+		r := s.paired(kGEngine, b, "msgs/s")
+		if len(r) == 0 {
+			return "NaN"
 		}
+		return fmt.Sprintf("%.2fx (%.2f-%.2f)", median(r), slices.Min(r), slices.Max(r))
 	}
+	assign := func(name string) float64 { return s.med(name, "from-assign-msgs/s") }
 	return [4]string{
 		"Kafka, the same on `kafka.GroupSource` (kgo, cooperative rebalancing), same processes",
 		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kGEngine)), cpu(kGEngine)),
-		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
-			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
-		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of the GroupSource; median of the per-process ratios to kgo %.2fx (%.2f-%.2f); counted from the partitions' assignment to the last message (`from-assign-msgs/s`: group join left out, kgo's first fetch in) %.2fx of kgo",
-			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kGSource), median(r), lo, hi,
-			s.med(kGEngine, "from-assign-msgs/s")/s.med(kKgo, "from-assign-msgs/s")),
+		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the same with `FetchMaxBytes` 1 MiB, the GroupSource's fetch bound, %s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
+			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kKgo1M)), cpu(kKgo1M),
+			thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
+		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of kgo at 1 MiB, %.2fx of the GroupSource; medians of the per-process ratios %s, %s; counted from the partitions' assignment to the last message (`from-assign-msgs/s`: group join left out, kgo's first fetch in) %.2fx of kgo, %.2fx at 1 MiB",
+			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kKgo1M), rate(kGEngine)/rate(kGSource),
+			perProc(kKgo), perProc(kKgo1M),
+			assign(kGEngine)/assign(kKgo), assign(kGEngine)/assign(kKgo1M)),
 	}
 }
 

@@ -54,6 +54,7 @@ func output(scale float64) string {
 	}
 	line(kReader, 1000, "msgs/s", 800, "cpu-ns/msg")
 	line(kKgo, 1000, "msgs/s", 800, "cpu-ns/msg", 1000, "from-assign-msgs/s")
+	line(kKgo1M, 2000, "msgs/s", 800, "cpu-ns/msg", 2000, "from-assign-msgs/s")
 	line(nEngine, 1000*scale, "msgs/s", 7500, "cpu-ns/op")
 	for _, n := range []string{nLoop, nNatsGo} {
 		line(n, 1000, "msgs/s", 7500, "cpu-ns/op")
@@ -88,7 +89,7 @@ func TestTableRatios(t *testing.T) {
 		"3.000x from the rows' medians; 3.000 the median of the paired ratios (2.00-4.00)",
 		"3.00x (4.000, 2.000, 3.000)", // the handler's paired ratios, in process order
 		"3 processes x 1", "median of 3",
-		"**3.00x** of kgo, 1.00x of the GroupSource; median of the per-process ratios to kgo 3.00x (2.00-4.00)",
+		"**3.00x** of kgo, 1.50x of kgo at 1 MiB, 1.00x of the GroupSource; medians of the per-process ratios 3.00x (2.00-4.00), 1.50x (1.00-2.00)",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
