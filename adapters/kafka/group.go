@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -58,13 +59,17 @@ import (
 // its slice's small neighbours. kgo decodes later fetches into the slabs
 // of the records built from (kgo.WithPools). Once the engine pauses a
 // partition, the rest of the poll's records of that partition are kept
-// back and delivered first after Resume (which wakes the poll loop). Only
-// when a later poll returns more of a partition still paused are those
-// kept back too and kgo told to stop fetching it (kgo drops what it had
-// buffered of it then, to fetch it again after Resume): the engine's short
-// pauses (read-ahead) so cost no fetch again, and a partition keeps back
-// at most two polls' worth (two fetches of WithMaxBytes). The engine's
-// per-partition bounds hold within one slice.
+// back and delivered first after Resume (which wakes the poll loop), and
+// so are later polls' records of a partition still paused. Only once the
+// paused partitions together keep back more than keepBackFetches fetches
+// of WithMaxBytes (8 MiB by default; records counted with their kgo
+// structs) is kgo told to stop fetching a paused partition that a poll
+// returned more of (kgo drops what it had buffered of it then, to fetch it
+// again after Resume). The engine's short pauses (read-ahead) so never
+// stop kgo's fetching: a resumed partition whose fetching was stopped
+// waits for the fetch kgo has in flight to that broker, up to
+// WithMaxWait when the broker's other partitions have nothing new. The
+// engine's per-partition bounds hold within one slice.
 //
 // Offsets are committed only as the engine reports them (kgo's autocommit
 // is off): every CommitInterval, on revocation and on shutdown. After Run
@@ -105,6 +110,10 @@ type GroupSource struct {
 	// shared bounds the polls whose responses delivered messages keep
 	// alive; guarded by deliverMu.
 	shared sharing
+	// kept is what every partition's rest holds, in recordBytes; guarded
+	// by deliverMu. Past keepBackFetches fetches, kgo stops fetching the
+	// paused partitions a poll returns more of.
+	kept int64
 	// wake (with woken set first) asks the poll loop to stop waiting and
 	// deliver what resumed partitions kept back.
 	wake  chan struct{}
@@ -138,10 +147,11 @@ type groupPart struct {
 	fetchPaused bool
 	// rest is what a poll returned of the partition after the engine
 	// paused it, to deliver first once it is resumed, and restSeq the
-	// poll it came from (-1 if from more than one); guarded by
-	// GroupSource.deliverMu.
-	rest    []*kgo.Record
-	restSeq int64
+	// poll it came from (-1 if from more than one), and restBytes their
+	// recordBytes; guarded by GroupSource.deliverMu.
+	rest      []*kgo.Record
+	restSeq   int64
+	restBytes int64
 }
 
 // NewGroupSource returns a GroupSource for topic in consumer group group,
@@ -345,21 +355,19 @@ func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
 func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *recordSlicer, d consumer.Dispatcher) {
 	if len(ps.rest) > 0 {
 		if len(recs) > 0 && ps.paused.Load() {
-			// Still paused after a poll that returned more: keep these
-			// back too, and stop kgo from fetching further.
-			ps.keepBack(recs, seq)
-			s.pauseFetching(ps)
+			s.keepBack(ps, recs, seq) // still paused after a poll that returned more
 			return
 		}
 		rest, from := ps.rest, ps.restSeq
-		ps.rest, ps.restSeq = nil, 0
+		s.kept -= ps.restBytes
+		ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
 		if left := s.send(ps, rest, from, sb, d); len(left) > 0 {
-			ps.keepBack(left, from)
-			ps.keepBack(recs, seq)
+			s.keepBack(ps, left, from)
+			s.keepBack(ps, recs, seq)
 			return
 		}
 	}
-	ps.keepBack(s.send(ps, recs, seq, sb, d), seq)
+	s.keepBack(ps, s.send(ps, recs, seq, sb, d), seq)
 }
 
 // send hands recs, of poll seq (-1: of more than one), to the engine in
@@ -383,9 +391,30 @@ func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sb *rec
 	return nil
 }
 
-// keepBack appends recs, of poll seq, to what ps keeps back until Resume.
-// Called with deliverMu held.
-func (ps *groupPart) keepBack(recs []*kgo.Record, seq int64) {
+// keepBackFetches bounds what the partitions the engine paused keep back
+// before kgo is told to stop fetching them, in fetches of WithMaxBytes.
+// Stopping kgo's fetching costs a resumed partition a fetch again, behind
+// the one kgo has in flight (up to WithMaxWait on a quiet broker), so it is
+// kept for pauses that outlast several polls.
+const keepBackFetches = 8
+
+// recordOverhead is what a kept-back record holds beyond its bytes: its
+// kgo struct.
+const recordOverhead = int64(unsafe.Sizeof(kgo.Record{}))
+
+// recordBytes is what keeping r back holds, for keepBackFetches.
+func recordBytes(r *kgo.Record) int64 {
+	n := int64(len(r.Key)+len(r.Value)) + recordOverhead
+	for _, h := range r.Headers {
+		n += int64(len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+// keepBack appends recs, of poll seq, to what ps keeps back until Resume,
+// and stops kgo from fetching ps if the partitions now keep back more than
+// keepBackFetches fetches. Called with deliverMu held.
+func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
 	switch {
 	case len(recs) == 0:
 		return
@@ -395,6 +424,15 @@ func (ps *groupPart) keepBack(recs []*kgo.Record, seq int64) {
 		ps.restSeq = -1 // of two polls: copied (see sharing)
 	}
 	ps.rest = append(ps.rest, recs...)
+	var n int64
+	for _, r := range recs {
+		n += recordBytes(r)
+	}
+	ps.restBytes += n
+	s.kept += n
+	if s.kept > keepBackFetches*int64(s.cfg.maxBytes) {
+		s.pauseFetching(ps)
+	}
 }
 
 // pauseFetching tells kgo to stop fetching ps while the engine has it
@@ -452,6 +490,8 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 	s.deliverMu.Lock()
 	for _, ps := range gone {
 		d.Revoked(ps.id)
+		s.kept -= ps.restBytes
+		ps.rest, ps.restBytes = nil, 0
 		// A kgo pause persists through a later assignment of the
 		// partition; the engine's pause ended with Revoked.
 		ps.pauseMu.Lock()

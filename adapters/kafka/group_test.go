@@ -473,3 +473,67 @@ func TestGroupLongPauseStopsFetching(t *testing.T) {
 		t.Fatalf("%d deliveries, want %d", len(col.offs), total)
 	}
 }
+
+// A pause through a few polls keeps their records back without stopping
+// kgo's fetching (a resumed partition then waits for no fetch), and after
+// Resume every record comes once, in order.
+func TestGroupShortPauseKeepsFetching(t *testing.T) {
+	t.Parallel()
+	topic := uniq("short")
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	const total = 40
+	ms := numbered(total, "")
+	for i := range ms {
+		ms[i].Value = append(ms[i].Value, bytes.Repeat([]byte{'x'}, 2<<10)...)
+	}
+	for i := 0; i < total; i += 4 { // batches of 4: a fetch of 16 KiB takes one or two
+		produce(t, c.Addrs(), topic, ms[i:i+4]...)
+	}
+	// What 40 records of 2 KiB keep back is well under keepBackFetches
+	// fetches of 16 KiB, and more than one fetch.
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(16<<10))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &holdingGroup{src: src, paused: make(chan consumer.Partition, 1)}
+	consumertest.StartSource(t, src, col)
+	var p consumer.Partition
+	select {
+	case p = <-col.paused:
+	case <-testCtx(t, 60*time.Second).Done():
+		t.Fatal("nothing delivered")
+	}
+	consumertest.Eventually(t, "every record fetched", func() bool {
+		src.deliverMu.Lock()
+		kept := len(src.lookup(p).rest)
+		src.deliverMu.Unlock()
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		return kept+len(col.offs) == total
+	})
+	col.mu.Lock()
+	given := len(col.offs)
+	col.mu.Unlock()
+	if given == total || given > 8 {
+		t.Fatalf("%d of %d delivered before Resume: want one fetch's worth, the rest kept back", given, total)
+	}
+	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
+		t.Fatalf("kgo paused %v for a pause that kept back %d records, under the bound", got, total-given)
+	}
+	src.Resume(p)
+	consumertest.Eventually(t, "every record", func() bool {
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		return len(col.offs) >= total
+	})
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	for i, off := range col.offs {
+		if off != int64(i) {
+			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
+		}
+	}
+	if len(col.offs) != total {
+		t.Fatalf("%d deliveries, want %d", len(col.offs), total)
+	}
+}
