@@ -34,9 +34,7 @@ func TestGroupSharingIsBounded(t *testing.T) {
 	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 2000
 	ms := numbered(total, "k")
-	for i := 0; i < total; i += 50 { // batches of 50: a fetch of 4 KiB takes a few
-		produce(t, c.Addrs(), topic, ms[i:i+50]...)
-	}
+	produceBatches(t, c.Addrs(), topic, 50, ms) // a fetch of 4 KiB takes a few
 	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(4<<10))...)
 	if err != nil {
 		t.Fatal(err)

@@ -417,6 +417,56 @@ func (c *holdingGroup) DeliverBatch(ms []*consumer.Message) {
 	}
 }
 
+// holdFirst runs src into a holdingGroup and returns it with the partition
+// it paused after its first slice.
+func holdFirst(t *testing.T, src *GroupSource) (*holdingGroup, consumer.Partition) {
+	t.Helper()
+	col := &holdingGroup{src: src, paused: make(chan consumer.Partition, 1)}
+	consumertest.StartSource(t, src, col)
+	select {
+	case p := <-col.paused:
+		return col, p
+	case <-testCtx(t, 60*time.Second).Done():
+		t.Fatal("nothing delivered")
+		return nil, consumer.Partition{}
+	}
+}
+
+// given is how many records col was handed, and what src keeps back of p.
+func (c *holdingGroup) given(src *GroupSource, p consumer.Partition) (given, kept int) {
+	src.deliverMu.Lock()
+	kept = len(src.lookup(p).rest)
+	src.deliverMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.offs), kept
+}
+
+// resumeAll resumes p and fails unless col then gets every one of total
+// records once, in offset order, and kgo fetches every partition again.
+func (c *holdingGroup) resumeAll(t *testing.T, src *GroupSource, p consumer.Partition, total int) {
+	t.Helper()
+	src.Resume(p)
+	consumertest.Eventually(t, "every record", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.offs) >= total
+	})
+	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
+		t.Fatalf("kgo still paused %v after Resume", got)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, off := range c.offs {
+		if off != int64(i) {
+			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
+		}
+	}
+	if len(c.offs) != total {
+		t.Fatalf("%d deliveries, want %d", len(c.offs), total)
+	}
+}
+
 // A partition paused for long keeps back what the poll loop holds, and kgo
 // stops fetching it once a later poll returned more of it; after Resume
 // every record comes once, in order.
@@ -426,52 +476,19 @@ func TestGroupLongPauseStopsFetching(t *testing.T) {
 	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 2000
 	ms := numbered(total, "")
-	for i := 0; i < total; i += 50 { // batches of 50: a fetch of 4 KiB takes a few
-		produce(t, c.Addrs(), topic, ms[i:i+50]...)
-	}
+	produceBatches(t, c.Addrs(), topic, 50, ms) // a fetch of 4 KiB takes a few
 	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(4<<10))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	col := &holdingGroup{src: src, paused: make(chan consumer.Partition, 1)}
-	consumertest.StartSource(t, src, col)
-	var p consumer.Partition
-	select {
-	case p = <-col.paused:
-	case <-testCtx(t, 60*time.Second).Done():
-		t.Fatal("nothing delivered")
-	}
+	col, p := holdFirst(t, src)
 	consumertest.Eventually(t, "kgo's fetch pause", func() bool {
 		return len(src.cl.Load().PauseFetchPartitions(nil)[topic]) == 1
 	})
-	src.deliverMu.Lock()
-	kept := len(src.lookup(p).rest)
-	src.deliverMu.Unlock()
-	col.mu.Lock()
-	given := len(col.offs)
-	col.mu.Unlock()
-	if kept+given >= total {
+	if given, kept := col.given(src, p); kept+given >= total {
 		t.Fatalf("%d kept back and %d delivered of %d: the fetch pause did not hold", kept, given, total)
 	}
-	src.Resume(p)
-	consumertest.Eventually(t, "every record", func() bool {
-		col.mu.Lock()
-		defer col.mu.Unlock()
-		return len(col.offs) >= total
-	})
-	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
-		t.Fatalf("kgo still paused %v after Resume", got)
-	}
-	col.mu.Lock()
-	defer col.mu.Unlock()
-	for i, off := range col.offs {
-		if off != int64(i) {
-			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
-		}
-	}
-	if len(col.offs) != total {
-		t.Fatalf("%d deliveries, want %d", len(col.offs), total)
-	}
+	col.resumeAll(t, src, p, total)
 }
 
 // A pause through a few polls keeps their records back without stopping
@@ -486,54 +503,24 @@ func TestGroupShortPauseKeepsFetching(t *testing.T) {
 	for i := range ms {
 		ms[i].Value = append(ms[i].Value, bytes.Repeat([]byte{'x'}, 2<<10)...)
 	}
-	for i := 0; i < total; i += 4 { // batches of 4: a fetch of 16 KiB takes one or two
-		produce(t, c.Addrs(), topic, ms[i:i+4]...)
-	}
+	produceBatches(t, c.Addrs(), topic, 4, ms) // a fetch of 16 KiB takes one or two
 	// What 40 records of 2 KiB keep back is well under keepBackFetches
 	// fetches of 16 KiB, and more than one fetch.
 	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(16<<10))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	col := &holdingGroup{src: src, paused: make(chan consumer.Partition, 1)}
-	consumertest.StartSource(t, src, col)
-	var p consumer.Partition
-	select {
-	case p = <-col.paused:
-	case <-testCtx(t, 60*time.Second).Done():
-		t.Fatal("nothing delivered")
-	}
+	col, p := holdFirst(t, src)
 	consumertest.Eventually(t, "every record fetched", func() bool {
-		src.deliverMu.Lock()
-		kept := len(src.lookup(p).rest)
-		src.deliverMu.Unlock()
-		col.mu.Lock()
-		defer col.mu.Unlock()
-		return kept+len(col.offs) == total
+		given, kept := col.given(src, p)
+		return given+kept == total
 	})
-	col.mu.Lock()
-	given := len(col.offs)
-	col.mu.Unlock()
+	given, _ := col.given(src, p)
 	if given == total || given > 8 {
 		t.Fatalf("%d of %d delivered before Resume: want one fetch's worth, the rest kept back", given, total)
 	}
 	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
 		t.Fatalf("kgo paused %v for a pause that kept back %d records, under the bound", got, total-given)
 	}
-	src.Resume(p)
-	consumertest.Eventually(t, "every record", func() bool {
-		col.mu.Lock()
-		defer col.mu.Unlock()
-		return len(col.offs) >= total
-	})
-	col.mu.Lock()
-	defer col.mu.Unlock()
-	for i, off := range col.offs {
-		if off != int64(i) {
-			t.Fatalf("delivery %d has offset %d: want every offset once, in order", i, off)
-		}
-	}
-	if len(col.offs) != total {
-		t.Fatalf("%d deliveries, want %d", len(col.offs), total)
-	}
+	col.resumeAll(t, src, p, total)
 }

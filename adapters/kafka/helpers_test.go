@@ -203,6 +203,15 @@ func committed(t testing.TB, addrs []string, group, topic string, parts int) map
 	return out
 }
 
+// produceBatches produces msgs to topic in batches of n (the last may be
+// shorter): record batches of a known size, for tests of fetch bounds.
+func produceBatches(t testing.TB, addrs []string, topic string, n int, msgs []kafkago.Message) {
+	t.Helper()
+	for i := 0; i < len(msgs); i += n {
+		produce(t, addrs, topic, msgs[i:min(i+n, len(msgs))]...)
+	}
+}
+
 // numbered returns n messages of key (none if empty), valued v-0000 on.
 func numbered(n int, key string) []kafkago.Message {
 	out := make([]kafkago.Message, n)
