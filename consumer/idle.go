@@ -47,8 +47,14 @@ func (l *idleList) remove(t *tenant) {
 // idleIfDone lists t as idle if it has no lane and nothing in flight, and
 // then forgets the tenant idle longest if more than MaxIdleTenants are: it
 // leaves the tenant table, so its key's next message starts a fresh tenant.
-// It returns the forgotten tenant, whose scope pin the caller releases
-// with no lock held (unpin). Called with tmu held.
+// While the engine tracks more than twice MaxIdleTenants tenants (a stream
+// of keys mostly seen once), a tenant that never made a guard (its
+// messages ran without one, see loneOK) is forgotten at once instead of
+// listed: it holds nothing worth keeping, and listing it would push out an
+// idle tenant that holds a guard, the list's oldest, whose lines a stream
+// of new keys has long made cold. It returns the forgotten tenant, whose
+// scope pin the caller releases with no lock held (unpin). Called with tmu
+// held.
 //
 // A tenant with no lane may still have jobs in flight: jobs of lanes
 // dropped while they ran (a revoked partition). It becomes idle when the
@@ -58,12 +64,21 @@ func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
 	if t.none || t.gone || t.lanes > 0 || t.onIdle || t.inflight.Load() > 0 {
 		return nil
 	}
+	if t.guardP.Load() == nil && c.overTracked() {
+		return c.forget(t)
+	}
 	c.idle.push(t)
 	if c.idle.n <= c.maxIdle {
 		return nil
 	}
 	f := c.idle.head
 	c.idle.remove(f)
+	return c.forget(f)
+}
+
+// forget takes f, which is not listed idle, out of the tenant table.
+// Called with tmu held.
+func (c *Consumer) forget(f *tenant) *tenant {
 	c.tenants.del(f, keyHash(f.key))
 	c.ntenants.Add(-1)
 	f.gone = true

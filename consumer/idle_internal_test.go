@@ -167,3 +167,40 @@ func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
 
 // laneOf is sh.laneFor with the key hashed.
 func laneOf(sh *shard, key string) *lane { return sh.laneFor(key, keyHash(key)) }
+
+// While the engine tracks more than twice MaxIdleTenants tenants, a tenant
+// that never made a guard is forgotten as soon as it is idle, never listed:
+// a stream of such tenants leaves the listed idle tenant, which holds a
+// guard, where it is. Without that pressure it is listed as any other.
+func TestGuardlessTenantIsForgottenAtOnceUnderPressure(t *testing.T) {
+	c := newTestConsumer(t, Config{MaxIdleTenants: 2})
+	keeper := c.tenantFor("keeper", keyHash("keeper"))
+	c.guard(keeper)
+	if f := c.releaseTenant(keeper); f != nil {
+		t.Fatalf("forgot %q with one idle tenant", f.key)
+	}
+	for i := range 5 { // a lane each: 6 tracked
+		k := fmt.Sprint("busy", i)
+		c.tenantFor(k, keyHash(k))
+	}
+	for i := range 3 {
+		k := fmt.Sprint("once", i)
+		o := c.tenantFor(k, keyHash(k))
+		if f := c.releaseTenant(o); f != o {
+			t.Fatalf("under pressure, the release of guardless %q forgot %v, want %q itself", k, f, k)
+		}
+		if o.onIdle || c.tenants.get(k, keyHash(k)) != nil {
+			t.Fatalf("forgotten %q: listed %v, in the table %v", k, o.onIdle, c.tenants.get(k, keyHash(k)) != nil)
+		}
+	}
+	if !keeper.onIdle || c.idle.n != 1 || c.tenants.get("keeper", keyHash("keeper")) != keeper {
+		t.Fatalf("keeper listed %v, %d listed, keeper in the table %v: want keeper alone, listed",
+			keeper.onIdle, c.idle.n, c.tenants.get("keeper", keyHash("keeper")) != nil)
+	}
+
+	calm := newTestConsumer(t, Config{MaxIdleTenants: 2})
+	x := calm.tenantFor("x", keyHash("x"))
+	if f := calm.releaseTenant(x); f != nil || !x.onIdle {
+		t.Fatalf("without pressure, guardless x: forgot %v, listed %v; want it listed", f, x.onIdle)
+	}
+}
