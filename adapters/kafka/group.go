@@ -358,9 +358,7 @@ func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *
 			s.keepBack(ps, recs, seq) // still paused after a poll that returned more
 			return
 		}
-		rest, from := ps.rest, ps.restSeq
-		s.kept -= ps.restBytes
-		ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
+		rest, from := s.takeRest(ps)
 		if left := s.send(ps, rest, from, sb, d); len(left) > 0 {
 			s.keepBack(ps, left, from)
 			s.keepBack(ps, recs, seq)
@@ -435,6 +433,15 @@ func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
 	}
 }
 
+// takeRest empties what ps keeps back and returns it, with the poll it
+// came from. Called with deliverMu held.
+func (s *GroupSource) takeRest(ps *groupPart) ([]*kgo.Record, int64) {
+	rest, seq := ps.rest, ps.restSeq
+	s.kept -= ps.restBytes
+	ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
+	return rest, seq
+}
+
 // pauseFetching tells kgo to stop fetching ps while the engine has it
 // paused.
 func (s *GroupSource) pauseFetching(ps *groupPart) {
@@ -490,8 +497,7 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 	s.deliverMu.Lock()
 	for _, ps := range gone {
 		d.Revoked(ps.id)
-		s.kept -= ps.restBytes
-		ps.rest, ps.restBytes = nil, 0
+		s.takeRest(ps) // never delivered: the partition is gone
 		// A kgo pause persists through a later assignment of the
 		// partition; the engine's pause ended with Revoked.
 		ps.pauseMu.Lock()

@@ -30,15 +30,9 @@ func sharingState(src *GroupSource) (held, copied int) {
 // share their responses again.
 func TestGroupSharingIsBounded(t *testing.T) {
 	t.Parallel()
-	topic := uniq("share")
-	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 2000
-	ms := numbered(total, "k")
-	produceBatches(t, c.Addrs(), topic, 50, ms) // a fetch of 4 KiB takes a few
-	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(4<<10))...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Batches of 50: a fetch of 4 KiB takes a few.
+	src, c, topic := seededGroup(t, "share", 50, numbered(total, "k"), WithMaxBytes(4<<10))
 	k := &keeper{}
 	consumertest.StartSource(t, src, k)
 	consumertest.Eventually(t, "every message", func() bool { return k.len() >= total })

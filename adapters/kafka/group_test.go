@@ -137,15 +137,8 @@ func (c *pausingGroup) DeliverBatch(ms []*consumer.Message) {
 // most deliverSlice.
 func TestGroupResumeGoesOnFromThePoll(t *testing.T) {
 	t.Parallel()
-	topic := uniq("grest")
-	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 900
-	ms := numbered(total, "")
-	produce(t, c.Addrs(), topic, ms...)
-	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, _, _ := seededGroup(t, "grest", total, numbered(total, ""))
 	col := &pausingGroup{src: src, paused: make(chan consumer.Partition, 64)}
 	consumertest.StartSource(t, src, col)
 	ctx := testCtx(t, 60*time.Second)
@@ -472,15 +465,9 @@ func (c *holdingGroup) resumeAll(t *testing.T, src *GroupSource, p consumer.Part
 // every record comes once, in order.
 func TestGroupLongPauseStopsFetching(t *testing.T) {
 	t.Parallel()
-	topic := uniq("hold")
-	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 2000
-	ms := numbered(total, "")
-	produceBatches(t, c.Addrs(), topic, 50, ms) // a fetch of 4 KiB takes a few
-	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(4<<10))...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Batches of 50: a fetch of 4 KiB takes a few.
+	src, _, topic := seededGroup(t, "hold", 50, numbered(total, ""), WithMaxBytes(4<<10))
 	col, p := holdFirst(t, src)
 	consumertest.Eventually(t, "kgo's fetch pause", func() bool {
 		return len(src.cl.Load().PauseFetchPartitions(nil)[topic]) == 1
@@ -496,20 +483,15 @@ func TestGroupLongPauseStopsFetching(t *testing.T) {
 // Resume every record comes once, in order.
 func TestGroupShortPauseKeepsFetching(t *testing.T) {
 	t.Parallel()
-	topic := uniq("short")
-	c := startCluster(t, kfake.SeedTopics(1, topic))
 	const total = 40
 	ms := numbered(total, "")
 	for i := range ms {
 		ms[i].Value = append(ms[i].Value, bytes.Repeat([]byte{'x'}, 2<<10)...)
 	}
-	produceBatches(t, c.Addrs(), topic, 4, ms) // a fetch of 16 KiB takes one or two
-	// What 40 records of 2 KiB keep back is well under keepBackFetches
-	// fetches of 16 KiB, and more than one fetch.
-	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxBytes(16<<10))...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Batches of 4: a fetch of 16 KiB takes one or two. What 40 records of
+	// 2 KiB keep back is well under keepBackFetches fetches of 16 KiB, and
+	// more than one fetch.
+	src, _, _ := seededGroup(t, "short", 4, ms, WithMaxBytes(16<<10))
 	col, p := holdFirst(t, src)
 	consumertest.Eventually(t, "every record fetched", func() bool {
 		given, kept := col.given(src, p)

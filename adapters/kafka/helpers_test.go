@@ -212,6 +212,21 @@ func produceBatches(t testing.TB, addrs []string, topic string, n int, msgs []ka
 	}
 }
 
+// seededGroup starts a cluster with a one-partition topic holding ms,
+// produced in batches of batch, and returns a GroupSource of a new group on
+// it (groupOpts with opts), the cluster and the topic.
+func seededGroup(t *testing.T, prefix string, batch int, ms []kafkago.Message, opts ...SourceOption) (*GroupSource, *kafkatest.Cluster, string) {
+	t.Helper()
+	topic := uniq(prefix)
+	c := startCluster(t, kfake.SeedTopics(1, topic))
+	produceBatches(t, c.Addrs(), topic, batch, ms)
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, c, topic
+}
+
 // numbered returns n messages of key (none if empty), valued v-0000 on.
 func numbered(n int, key string) []kafkago.Message {
 	out := make([]kafkago.Message, n)
