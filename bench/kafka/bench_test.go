@@ -24,7 +24,10 @@ import (
 )
 
 const (
-	benchMsgs    = 100_000
+	// benchMsgs is BenchmarkConsume's topic: large enough that an op
+	// measures the clients' sustained rate, not their start (group join,
+	// first fetch, the heap growing to its working size).
+	benchMsgs    = 1_000_000
 	benchParts   = 4
 	benchTenants = 20
 	// manyTenants is BenchmarkConsumeTenants's: every message its own key.
@@ -34,7 +37,7 @@ const (
 // benchTopic fills one topic once, its messages keyed round-robin over
 // tenants keys; every row of a benchmark reads the same data with a fresh
 // group.
-func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
+func benchTopic(b *testing.B, msgs, tenants int) (addrs []string, topic string) {
 	b.Helper()
 	c, err := kafkatest.Start(kfake.BrokerConfigs(map[string]string{"group.initial.rebalance.delay.ms": "0"}))
 	if err != nil {
@@ -58,7 +61,7 @@ func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
 	value := make([]byte, 100)
 	width := len(fmt.Sprint(tenants - 1))
 	batch := make([]kafkago.Message, 0, 1000)
-	for i := range benchMsgs {
+	for i := range msgs {
 		batch = append(batch, kafkago.Message{Key: []byte(fmt.Sprintf("tenant-%0*d", width, i%tenants)), Value: value})
 		if len(batch) == cap(batch) {
 			if err := w.WriteMessages(ctx, batch...); err != nil {
@@ -70,7 +73,7 @@ func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
 	return c.Addrs(), topic
 }
 
-// BenchmarkConsume reads the same 100,000 messages (4 partitions, 20
+// BenchmarkConsume reads the same 1,000,000 messages (4 partitions, 20
 // tenants, 100-byte values) with a no-op handler: kafka-go's own group
 // Reader (FetchMessage + CommitMessages, commits batched by
 // CommitInterval), ringfence's kafka.Source driven by a minimal loop that
@@ -84,14 +87,18 @@ func benchTopic(b *testing.B, tenants int) (addrs []string, topic string) {
 // FetchMaxBytes 1 MiB, the bound the GroupSource sets), and
 // kafka.GroupSource (built on kgo)
 // alone and under the engine, to read against kgo's own loop. One op is
-// the whole topic, group join
-// and shutdown included; msgs/s is the figure to compare. The rows run in
+// the whole topic, group join and shutdown included; msgs/s is the figure
+// to compare. The topic is large enough that an op measures each client's
+// sustained rate: with a tenth of it, an op lasts tens of milliseconds, of
+// which the group join, the first fetch and the heap growing to its
+// working size take a share that differs from client to client (kgo's
+// first poll alone hands over a third of such a topic, already fetched). The rows run in
 // a random order in one invocation, each row's -count repetitions back to
 // back; for medians and ratios, interleave the rows with a process per
 // round (bench/run.sh does), from bench/:
 //
 //	for i in 1 2 3 4 5; do go test -run '^$' -bench 'Consume$' -benchtime 1x -count 3 ./kafka/; done
-func BenchmarkConsume(b *testing.B) { benchConsume(b, benchTenants) }
+func BenchmarkConsume(b *testing.B) { benchConsume(b, benchMsgs, benchTenants) }
 
 // BenchmarkConsumeTenants is BenchmarkConsume's source, handoff-floor and
 // engine rows over a topic whose 100,000 messages each have a key of their
@@ -103,21 +110,22 @@ func BenchmarkConsume(b *testing.B) { benchConsume(b, benchTenants) }
 //
 //	for i in 1 2 3 4 5; do go test -run '^$' -bench 'ConsumeTenants$' -benchtime 1x -count 3 ./kafka/; done
 func BenchmarkConsumeTenants(b *testing.B) {
-	benchConsume(b, manyTenants, "ringfence-source", "handoff-floor", "ringfence-engine")
+	benchConsume(b, manyTenants, manyTenants, "ringfence-source", "handoff-floor", "ringfence-engine")
 }
 
 // benchConsume runs the rows of BenchmarkConsume named in only (all of
 // them if none) over a topic keyed over tenants keys.
-func benchConsume(b *testing.B, tenants int, only ...string) {
-	addrs, topic := benchTopic(b, tenants)
+func benchConsume(b *testing.B, msgs, tenants int, only ...string) {
+	addrs, topic := benchTopic(b, msgs, tenants)
 	var groups atomic.Int64
 	group := func() string { return fmt.Sprintf("bench-%d", groups.Add(1)) }
 	// msgs/s counts from the first message to the last of each op, so the
 	// group join and the shutdown (kafka-go's Close alone is slow on kfake)
 	// do not blur the comparison; ns/op includes them. It flatters a
 	// client whose first delivery is large: kgo's first poll hands over
-	// about a third of the topic already fetched and decoded, which that
-	// window never sees. incl-join-msgs/s counts from the client's creation
+	// 4 MiB already fetched and decoded (a thirtieth of BenchmarkConsume's
+	// topic, a third of BenchmarkConsumeTenants's), which that window
+	// never sees. incl-join-msgs/s counts from the client's creation
 	// to the last message instead (group join and first fetch included,
 	// shutdown not), and from-assign-msgs/s from the client's first
 	// partition assignment (first fetch included, group join not; every row
@@ -141,15 +149,15 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	var gcCPU, gcCPU0 time.Duration // the collector's CPU (cputime.GC), the same span
 	var gcs, gcs0 uint64            // GC cycles completed, the same span
 	report := func(b *testing.B) {
-		b.ReportMetric(float64(benchMsgs*b.N)/streaming.Seconds(), "msgs/s")
-		b.ReportMetric(float64(streaming.Nanoseconds())/float64(benchMsgs*b.N), "ns/msg")
-		b.ReportMetric(float64(benchMsgs*b.N)/sinceStart.Seconds(), "incl-join-msgs/s")
+		b.ReportMetric(float64(msgs*b.N)/streaming.Seconds(), "msgs/s")
+		b.ReportMetric(float64(streaming.Nanoseconds())/float64(msgs*b.N), "ns/msg")
+		b.ReportMetric(float64(msgs*b.N)/sinceStart.Seconds(), "incl-join-msgs/s")
 		if assignedOps == b.N {
-			b.ReportMetric(float64(benchMsgs*b.N)/sinceAssign.Seconds(), "from-assign-msgs/s")
+			b.ReportMetric(float64(msgs*b.N)/sinceAssign.Seconds(), "from-assign-msgs/s")
 		}
-		b.ReportMetric(float64(cpu.Nanoseconds())/float64(benchMsgs*b.N), "cpu-ns/msg")
+		b.ReportMetric(float64(cpu.Nanoseconds())/float64(msgs*b.N), "cpu-ns/msg")
 		b.ReportMetric(float64(faults)/float64(b.N), "faults/op")
-		b.ReportMetric(float64(gcCPU.Nanoseconds())/float64(benchMsgs*b.N), "gc-ns/msg")
+		b.ReportMetric(float64(gcCPU.Nanoseconds())/float64(msgs*b.N), "gc-ns/msg")
 		b.ReportMetric(float64(gcs)/float64(b.N), "gcs/op")
 		b.ReportMetric(float64(cputime.RoundTrip(5, 20000)), "xcore-ns")
 		streaming, sinceStart, sinceAssign, assignedOps, cpu, faults, gcCPU, gcs = 0, 0, 0, 0, 0, 0, 0, 0
@@ -209,7 +217,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 				StartOffset:    kafkago.FirstOffset,
 			})
 			ctx := context.Background()
-			for range benchMsgs {
+			for range msgs {
 				m, err := r.FetchMessage(ctx)
 				if err != nil {
 					b.Fatal(err)
@@ -245,7 +253,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	}
 
 	rows = append(rows, sourceRow("ringfence-source", func(b *testing.B, src *kafka.Source) {
-		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark, assigned: assigned}
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: int64(msgs), mark: mark, assigned: assigned}
 		runTo(b, src, d, d.done)
 	}))
 
@@ -255,7 +263,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 	// tenants, order per tenant, guard or bound: the price of the hand-off
 	// alone, against which the engine's ratio to the source is read.
 	rows = append(rows, sourceRow("handoff-floor", func(b *testing.B, src *kafka.Source) {
-		d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: benchMsgs, mark: mark, assigned: assigned}
+		d := &handoffDispatcher{src: src, ch: make(chan []*consumer.Message, 64), done: make(chan struct{}), want: msgs, mark: mark, assigned: assigned}
 		go d.work()
 		runTo(b, src, d, d.done)
 		close(d.ch) // Run returned: no DeliverBatch after it
@@ -287,9 +295,9 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- c.Run(ctx, src) }()
-		consumertest.WaitEnd(b, c, end, benchMsgs)
+		consumertest.WaitEnd(b, c, end, uint64(msgs))
 		lap()
-		checkTenants(b, c, tenants)
+		checkTenants(b, c, msgs, tenants)
 		cancel()
 		if err := <-errc; err != nil {
 			b.Fatal(err)
@@ -317,7 +325,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		}}
 	}
 	rows = append(rows, groupRow("ringfence-group-source", func(b *testing.B, src *kafka.GroupSource) {
-		d := &groupLoopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: mark, assigned: assigned}
+		d := &groupLoopDispatcher{src: src, done: make(chan struct{}), want: int64(msgs), mark: mark, assigned: assigned}
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() { errc <- src.Run(ctx, d) }()
@@ -349,7 +357,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 				n := 0
-				for n < benchMsgs {
+				for n < msgs {
 					fs := cl.PollFetches(ctx)
 					if err := fs.Err0(); err != nil {
 						b.Fatal(err)
@@ -362,8 +370,8 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 				lap()
 				cancel()
 				cl.Close()
-				if n != benchMsgs {
-					b.Fatalf("read %d records, want %d", n, benchMsgs)
+				if n != msgs {
+					b.Fatalf("read %d records, want %d", n, msgs)
 				}
 			}
 			report(b)
@@ -388,7 +396,7 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		d := &loopDispatcher{src: src, done: make(chan struct{}), want: benchMsgs, mark: func() {}, seen: func(m *consumer.Message) {
+		d := &loopDispatcher{src: src, done: make(chan struct{}), want: int64(msgs), mark: func() {}, seen: func(m *consumer.Message) {
 			if p := &last[m.Partition.ID]; m.Offset > p.Load() {
 				p.Store(m.Offset)
 			}
@@ -421,17 +429,17 @@ func benchConsume(b *testing.B, tenants int, only ...string) {
 // added when its worker's run ends, just after the engine's: it waits for
 // those. Of more tenants than the engine keeps idle (MaxIdleTenants), only
 // the engine's totals and the tenants it still tracks can be checked.
-func checkTenants(b *testing.B, c *consumer.Consumer, tenants int) {
+func checkTenants(b *testing.B, c *consumer.Consumer, msgs, tenants int) {
 	b.Helper()
 	if tenants > scope.DefaultMaxKeys {
-		consumertest.Eventually(b, "the engine's count", func() bool { return c.Stats().Handled >= benchMsgs })
+		consumertest.Eventually(b, "the engine's count", func() bool { return c.Stats().Handled >= uint64(msgs) })
 		st := c.Stats()
-		if st.Handled != benchMsgs || st.Failed != 0 || st.DeadLettered != 0 {
-			b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, benchMsgs)
+		if st.Handled != uint64(msgs) || st.Failed != 0 || st.DeadLettered != 0 {
+			b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, uint64(msgs))
 		}
 		for _, t := range st.Tenants {
-			if !t.NoTenant && t.Handled > uint64(benchMsgs/tenants) {
-				b.Fatalf("tenant %q handled %d, want at most %d", t.Tenant, t.Handled, benchMsgs/tenants)
+			if !t.NoTenant && t.Handled > uint64(msgs/tenants) {
+				b.Fatalf("tenant %q handled %d, want at most %d", t.Tenant, t.Handled, uint64(msgs/tenants))
 			}
 		}
 		return
@@ -442,18 +450,18 @@ func checkTenants(b *testing.B, c *consumer.Consumer, tenants int) {
 		}
 		return n
 	}
-	consumertest.Eventually(b, "every tenant's count", func() bool { return sum(c.Stats()) >= benchMsgs })
+	consumertest.Eventually(b, "every tenant's count", func() bool { return sum(c.Stats()) >= uint64(msgs) })
 	st := c.Stats()
-	if st.Handled != benchMsgs || st.Failed != 0 || st.DeadLettered != 0 {
-		b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, benchMsgs)
+	if st.Handled != uint64(msgs) || st.Failed != 0 || st.DeadLettered != 0 {
+		b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, uint64(msgs))
 	}
 	seen := 0
 	for _, t := range st.Tenants {
 		if t.NoTenant {
 			continue
 		}
-		if t.Handled != uint64(benchMsgs/tenants) {
-			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, benchMsgs/tenants)
+		if t.Handled != uint64(msgs/tenants) {
+			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, uint64(msgs/tenants))
 		}
 		seen++
 	}

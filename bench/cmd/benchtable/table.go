@@ -208,7 +208,7 @@ func kafkaRow(s *samples) [4]string {
 		return fmt.Sprintf("%.2fx (%.2f-%.2f)", median(r), lo, hi)
 	}
 	return [4]string{
-		fmt.Sprintf("Kafka: consume 100k messages on kfake, no-op handler, engine included, %d processes x %d (after two unmeasured reads of the topic), median of %d", procs, n/max(procs, 1), n),
+		fmt.Sprintf("Kafka: consume 1M messages on kfake (20 tenants), no-op handler, engine included, %d processes x %d (after two unmeasured reads of the topic), median of %d", procs, n/max(procs, 1), n),
 		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kEngine)), cpu(kEngine)),
 		fmt.Sprintf("kafka-go group `Reader` %s msg/s (%s ns CPU); franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the source alone %s (%s ns CPU); the source with each delivered slice handed whole to one goroutine (`handoff-floor`) %s (%s ns CPU)",
 			thousands(rate(kReader)), cpu(kReader), thousands(rate(kKgo)), cpu(kKgo),
@@ -229,7 +229,7 @@ func kafkaTenantsRow(s *samples) [4]string {
 		lo, hi = slices.Min(r), slices.Max(r)
 	}
 	return [4]string{
-		fmt.Sprintf("the same, each of the 100k messages its own tenant (100,000 tenants, default Config: 1024 kept), %d processes, median of %d", s.procs(kTEngine, "msgs/s"), s.count(kTEngine, "msgs/s")),
+		fmt.Sprintf("the same over a topic of 100k messages, each its own tenant (100,000 tenants, default Config: 1024 kept), %d processes, median of %d", s.procs(kTEngine, "msgs/s"), s.count(kTEngine, "msgs/s")),
 		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kTEngine)), cpu(kTEngine)),
 		fmt.Sprintf("the source alone %s (%s ns CPU); `handoff-floor` %s (%s ns CPU)", thousands(rate(kTSource)), cpu(kTSource), thousands(rate(kTFloor)), cpu(kTFloor)),
 		fmt.Sprintf("**%.2fx** of the source from the rows' medians; median of the per-process ratios %.2fx (%.2f-%.2f)", rate(kTEngine)/rate(kTSource), median(r), lo, hi),
