@@ -89,13 +89,11 @@ func benchTopic(b *testing.B, msgs, tenants int) (addrs []string, topic string) 
 // alone and under the engine, to read against kgo's own loop. One op is
 // the whole topic, group join and shutdown included; msgs/s is the figure
 // to compare. The topic is large enough that an op measures each client's
-// sustained rate: with a tenth of it, an op lasts tens of milliseconds, of
-// which the group join, the first fetch and the heap growing to its
-// working size take a share that differs from client to client (kgo's
-// first poll alone hands over a third of such a topic, already fetched). The rows run in
-// a random order in one invocation, each row's -count repetitions back to
-// back; for medians and ratios, interleave the rows with a process per
-// round (bench/run.sh does), from bench/:
+// sustained rate rather than its start (group join, first fetch, the heap
+// growing to its working size), which differs from client to client. The
+// rows run in a random order in one invocation, each row's -count
+// repetitions back to back; for medians and ratios, interleave the rows
+// with a process per round (bench/run.sh does), from bench/:
 //
 //	for i in 1 2 3 4 5; do go test -run '^$' -bench 'Consume$' -benchtime 1x -count 3 ./kafka/; done
 func BenchmarkConsume(b *testing.B) { benchConsume(b, benchMsgs, benchTenants) }
@@ -431,15 +429,16 @@ func benchConsume(b *testing.B, msgs, tenants int, only ...string) {
 // the engine's totals and the tenants it still tracks can be checked.
 func checkTenants(b *testing.B, c *consumer.Consumer, msgs, tenants int) {
 	b.Helper()
+	want, each := uint64(msgs), uint64(msgs/tenants)
 	if tenants > scope.DefaultMaxKeys {
-		consumertest.Eventually(b, "the engine's count", func() bool { return c.Stats().Handled >= uint64(msgs) })
+		consumertest.Eventually(b, "the engine's count", func() bool { return c.Stats().Handled >= want })
 		st := c.Stats()
-		if st.Handled != uint64(msgs) || st.Failed != 0 || st.DeadLettered != 0 {
-			b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, uint64(msgs))
+		if st.Handled != want || st.Failed != 0 || st.DeadLettered != 0 {
+			b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, want)
 		}
 		for _, t := range st.Tenants {
-			if !t.NoTenant && t.Handled > uint64(msgs/tenants) {
-				b.Fatalf("tenant %q handled %d, want at most %d", t.Tenant, t.Handled, uint64(msgs/tenants))
+			if !t.NoTenant && t.Handled > each {
+				b.Fatalf("tenant %q handled %d, want at most %d", t.Tenant, t.Handled, each)
 			}
 		}
 		return
@@ -450,18 +449,18 @@ func checkTenants(b *testing.B, c *consumer.Consumer, msgs, tenants int) {
 		}
 		return n
 	}
-	consumertest.Eventually(b, "every tenant's count", func() bool { return sum(c.Stats()) >= uint64(msgs) })
+	consumertest.Eventually(b, "every tenant's count", func() bool { return sum(c.Stats()) >= want })
 	st := c.Stats()
-	if st.Handled != uint64(msgs) || st.Failed != 0 || st.DeadLettered != 0 {
-		b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, uint64(msgs))
+	if st.Handled != want || st.Failed != 0 || st.DeadLettered != 0 {
+		b.Fatalf("handled %d, failed %d, dead-lettered %d; want %d handled", st.Handled, st.Failed, st.DeadLettered, want)
 	}
 	seen := 0
 	for _, t := range st.Tenants {
 		if t.NoTenant {
 			continue
 		}
-		if t.Handled != uint64(msgs/tenants) {
-			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, uint64(msgs/tenants))
+		if t.Handled != each {
+			b.Fatalf("tenant %q handled %d, want %d", t.Tenant, t.Handled, each)
 		}
 		seen++
 	}
