@@ -114,6 +114,9 @@ type GroupSource struct {
 	// by deliverMu. Past keepBackFetches fetches, kgo stops fetching the
 	// paused partitions a poll returns more of.
 	kept int64
+	// keptRecords counts the records kept back (tests read it); guarded by
+	// deliverMu.
+	keptRecords int64
 	// wake (with woken set first) asks the poll loop to stop waiting and
 	// deliver what resumed partitions kept back.
 	wake  chan struct{}
@@ -350,43 +353,50 @@ func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
 }
 
 // deliver hands what ps kept back and then recs, of poll seq, to the engine
-// in slices, and keeps back the rest once the engine paused ps. Called with
-// deliverMu held.
+// in slices, and keeps back the rest once the engine paused ps. What was
+// kept back and is not handed over stays where it is, ahead of recs: a
+// record waits through as many pauses as the engine makes, and is kept
+// back only once. Called with deliverMu held.
 func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *recordSlicer, d consumer.Dispatcher) {
 	if len(ps.rest) > 0 {
 		if len(recs) > 0 && ps.paused.Load() {
 			s.keepBack(ps, recs, seq) // still paused after a poll that returned more
 			return
 		}
-		rest, from := s.takeRest(ps)
-		if left := s.send(ps, rest, from, sb, d); len(left) > 0 {
-			s.keepBack(ps, left, from)
+		n, size := s.send(ps, ps.rest, ps.restSeq, true, sb, d)
+		s.dropRest(ps, n, size)
+		if len(ps.rest) > 0 {
 			s.keepBack(ps, recs, seq)
 			return
 		}
 	}
-	s.keepBack(ps, s.send(ps, recs, seq, sb, d), seq)
+	n, _ := s.send(ps, recs, seq, false, sb, d)
+	s.keepBack(ps, recs[n:], seq)
 }
 
 // send hands recs, of poll seq (-1: of more than one), to the engine in
-// slices until the engine pauses ps, and returns what it did not hand
-// over. Called with deliverMu held.
-func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sb *recordSlicer, d consumer.Dispatcher) []*kgo.Record {
-	for i := 0; i < len(recs); i += deliverSlice {
+// slices until the engine pauses ps, and returns how many it handed over
+// and, if sized, what they held in recordBytes. Called with deliverMu held.
+func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sized bool, sb *recordSlicer, d consumer.Dispatcher) (n int, size int64) {
+	for n < len(recs) {
 		if ps.paused.Load() {
-			return recs[i:]
+			return n, size
 		}
-		slice := recs[i:min(i+deliverSlice, len(recs))]
+		slice := recs[n:min(n+deliverSlice, len(recs))]
 		ms, shared := sb.build(ps.id, slice, s.shared.admit(seq))
 		if shared {
 			s.shared.note(seq, ps, slice[len(slice)-1].Offset+1)
 		}
 		for _, r := range slice {
+			if sized {
+				size += recordBytes(r)
+			}
 			r.Recycle() // nothing of the record itself is kept: kgo may reuse it (kgoPools)
 		}
+		n += len(slice)
 		d.DeliverBatch(ms)
 	}
-	return nil
+	return n, size
 }
 
 // keepBackFetches bounds what the partitions the engine paused keep back
@@ -422,6 +432,7 @@ func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
 		ps.restSeq = -1 // of two polls: copied (see sharing)
 	}
 	ps.rest = append(ps.rest, recs...)
+	s.keptRecords += int64(len(recs))
 	var n int64
 	for _, r := range recs {
 		n += recordBytes(r)
@@ -440,6 +451,25 @@ func (s *GroupSource) takeRest(ps *groupPart) ([]*kgo.Record, int64) {
 	s.kept -= ps.restBytes
 	ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
 	return rest, seq
+}
+
+// dropRest drops the first n records ps keeps back, handed over (and
+// recycled) meanwhile, which held size in recordBytes. If ps is paused
+// again and the partitions still keep back more than keepBackFetches
+// fetches, kgo stops fetching it, as keepBack would. Called with deliverMu
+// held.
+func (s *GroupSource) dropRest(ps *groupPart, n int, size int64) {
+	clear(ps.rest[:n])
+	ps.rest = ps.rest[n:]
+	ps.restBytes -= size
+	s.kept -= size
+	if len(ps.rest) == 0 {
+		ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
+		return
+	}
+	if s.kept > keepBackFetches*int64(s.cfg.maxBytes) {
+		s.pauseFetching(ps)
+	}
 }
 
 // pauseFetching tells kgo to stop fetching ps while the engine has it

@@ -172,6 +172,12 @@ func TestGroupResumeGoesOnFromThePoll(t *testing.T) {
 	if want := (total + deliverSlice - 1) / deliverSlice; slices < want {
 		t.Fatalf("%d slices, want at least %d: the pauses did not hold back the rest", slices, want)
 	}
+	src.deliverMu.Lock()
+	kept := src.keptRecords
+	src.deliverMu.Unlock()
+	if kept == 0 || kept > total {
+		t.Fatalf("%d records kept back over the pauses, want 1 to %d: each kept back once, however many pauses it waits through", kept, total)
+	}
 }
 
 // A member joining takes partitions from the first without the first
