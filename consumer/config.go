@@ -146,14 +146,16 @@ type Config struct {
 	// forgotten, nor its lanes dropped. So whatever the stream of
 	// keys, the engine tracks at most MaxIdleTenants idle tenants and about
 	// MaxLanes lanes a partition, beyond those holding messages. While it
-	// tracks more than twice MaxIdleTenants tenants (a stream of keys
-	// mostly seen once), a tenant's first message that is its lane's only
+	// tracks more than one and a half times MaxIdleTenants tenants (a
+	// stream of keys mostly seen once keeps it at about twice
+	// MaxIdleTenants), a tenant's first message that is its lane's only
 	// one runs without making the tenant's guard, if the Scope holds none
 	// for the key and builds every guard from its template (no Shape, no
 	// Admit hook): a success then costs the Scope nothing (that guard
 	// would have been evicted soon after, its success with it), and a
-	// failure makes the guard, which counts it. Such a tenant, once idle,
-	// is forgotten at once rather than listed: the idle tenants kept are
+	// failure makes the guard, which counts it. Such a tenant, once idle
+	// while the engine tracks more than twice MaxIdleTenants tenants, is
+	// forgotten at once rather than listed: the idle tenants kept are
 	// those that hold a guard, not the newest of a stream of keys. An
 	// idle tenant costs about 1.9 KiB of heap, 1.3 KiB of it its guard in
 	// the Scope (which its pin keeps there), and a lane about 350 bytes

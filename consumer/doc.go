@@ -123,8 +123,9 @@
 // memory does not grow with the number of distinct tenants it has seen
 // (TestEngineHeap), nor a message's cost much (BenchmarkEngine). A tenant
 // that comes back starts afresh; its guard lives in the scope. idle.go.
-// While the engine tracks more than twice MaxIdleTenants tenants, the
-// first message of a tenant with no guard anywhere, its lane's only one,
+// While the engine tracks more than one and a half times MaxIdleTenants
+// tenants, the first message of a tenant with no guard anywhere, its
+// lane's only one,
 // runs on a template guard that records nothing: a success makes no
 // guard, a failure makes the tenant's (loneOK in step.go).
 //

@@ -14,7 +14,7 @@ import (
 // loneRun starts an engine (MaxIdleTenants 2, 4 workers) whose handler
 // waits for open to be closed, produces n one-message tenants named
 // prefix-i over 4 partitions and waits until the engine tracks more than
-// twice MaxIdleTenants of them: the pressure under which a tenant's only
+// one and a half times MaxIdleTenants of them: the pressure under which a tenant's only
 // message runs without its guard (see Config.MaxIdleTenants).
 // handle runs after the wait for each message.
 func loneRun(t *testing.T, prefix string, n int, handle func(tenant string) error) (*engine, *consumertest.Recorder, chan struct{}) {
@@ -54,7 +54,8 @@ func TestTenantsSeenOnceMakeNoGuards(t *testing.T) {
 		t.Fatalf("%d handler calls for %d messages", got, n)
 	}
 	// The 4 calls started before the tenants piled up, and the last few
-	// once fewer than twice MaxIdleTenants are left, use their guards.
+	// once no more than one and a half times MaxIdleTenants are left, use
+	// their guards.
 	if m := e.c.Scope().Stats().Misses; m > n/4 {
 		t.Fatalf("the scope built %d guards for %d tenants seen once, want at most %d", m, n, n/4)
 	}
