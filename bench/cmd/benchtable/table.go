@@ -15,6 +15,7 @@ const (
 	engine1     = "Engine/tenants=1/partitions=1/concurrency=1"
 	engine10k   = "Engine/tenants=10000/partitions=4/concurrency=64"
 	engine100k  = "Engine/tenants=100000/partitions=4/concurrency=64"
+	engineZipfS = "Engine/tenants=100000/zipf=1.1/partitions=4/concurrency=64"
 	engineZipf  = "Engine/tenants=1000000/zipf=1.1/partitions=4/concurrency=64"
 	engine512   = "Engine/tenants=1000/partitions=512/concurrency=64"
 	engineOnce  = "Engine/tenants=distinct/partitions=4/concurrency=64"
@@ -127,6 +128,7 @@ func table(w io.Writer, s *samples) error {
 		},
 		scaleRow(s, engine10k, "the 1000-tenant row with 10,000 tenants (each seen once before the timer)"),
 		scaleRow(s, engine100k, "with 100,000 tenants (each seen once before the timer)"),
+		scaleRow(s, engineZipfS, "with tenants drawn from Zipf(1.1) over 100,000 keys (each seen once before the timer)"),
 		scaleRow(s, engineZipf, "with tenants drawn from Zipf(1.1) over 1,000,000 keys, most seen once"),
 		scaleRow(s, engine512, "with 1000 tenants over 512 partitions"),
 		scaleRow(s, engineOnce, "with every message a tenant never seen before, default Config (1024 guards and idle tenants kept)"),

@@ -38,7 +38,7 @@ func output(scale float64) string {
 	line(churnOtter, 100*scale, "ns/op", 797, "B/op", 50, "p50-ns", 500*scale, "p99.9-ns", 10, "p99.9/p50")
 	line(churnScope2, 100, "ns/op", 46, "B/op", 50, "p50-ns", 500, "p99.9-ns", 10, "p99.9/p50", 0.75, "hit-ratio")
 	line(churnOtter2, 100*scale, "ns/op", 797, "B/op", 50, "p50-ns", 500*scale, "p99.9-ns", 10, "p99.9/p50", 0.8, "hit-ratio")
-	for _, e := range []string{engine1000, engine1, engine10k, engine100k, engineZipf, engine512, engineOnce} {
+	for _, e := range []string{engine1000, engine1, engine10k, engine100k, engineZipfS, engineZipf, engine512, engineOnce} {
 		line(e, 150, "ns/op", 0, "allocs/op", 300, "cpu-ns/op", 400, "xcore-ns")
 		line(e+"/gc=on", 150, "ns/op", 0, "allocs/op", 300, "cpu-ns/op", 400, "xcore-ns")
 	}
@@ -80,8 +80,8 @@ func TestTableRatios(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(rows) != 2+23 {
-		t.Fatalf("%d lines, want a header, a rule and 23 rows:\n%s", len(rows), b.String())
+	if len(rows) != 2+24 {
+		t.Fatalf("%d lines, want a header, a rule and 24 rows:\n%s", len(rows), b.String())
 	}
 	for _, want := range []string{
 		"| guard success path, parallel | 10.0 ns, 0 allocs | gobreaker 30.0 ns | 3.0x |",
