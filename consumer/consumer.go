@@ -31,10 +31,9 @@ type Consumer struct {
 	fallback *policy.Guard // used when the scope's Shape panics
 	// lone runs a tenant's first message, its lane's only one, while the
 	// engine tracks more than one and a half times MaxIdleTenants tenants
-	// (see loneOK): a
-	// guard of the scope's template that never records an outcome. Nil
-	// where the scope shapes keys or the template has an Admit hook (whose
-	// refusal is an event of the key's own guard).
+	// (see loneOK): a guard of the scope's template that never records an
+	// outcome. Nil where the scope shapes keys or the template has an
+	// Admit hook (whose refusal is an event of the key's own guard).
 	lone *policy.Guard
 	log  *slog.Logger
 	src  Source

@@ -125,9 +125,9 @@
 // that comes back starts afresh; its guard lives in the scope. idle.go.
 // While the engine tracks more than one and a half times MaxIdleTenants
 // tenants, the first message of a tenant with no guard anywhere, its
-// lane's only one,
-// runs on a template guard that records nothing: a success makes no
-// guard, a failure makes the tenant's (loneOK in step.go).
+// lane's only one, runs on a template guard that records nothing: a
+// success makes no guard, a failure makes the tenant's (loneOK in
+// step.go).
 //
 // # Time
 //

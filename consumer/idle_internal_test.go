@@ -204,3 +204,29 @@ func TestGuardlessTenantIsForgottenAtOnceUnderPressure(t *testing.T) {
 		t.Fatalf("without pressure, guardless x: forgot %v, listed %v; want it listed", f, x.onIdle)
 	}
 }
+
+// A tenant's first message runs without its guard once the engine tracks
+// more than one and a half times MaxIdleTenants tenants, below the twice
+// MaxIdleTenants at which a stream of keys each seen once holds it (and
+// past which a guardless idle tenant is forgotten at once).
+func TestLoneFromOneAndAHalfTimesMaxIdle(t *testing.T) {
+	c := newTestConsumer(t, Config{MaxIdleTenants: 4})
+	if c.lone == nil {
+		t.Fatal("no lone guard with the default scope")
+	}
+	fresh := c.tenantFor("fresh", keyHash("fresh"))
+	for i := range 5 {
+		c.tenantFor(fmt.Sprint("t", i), keyHash(fmt.Sprint("t", i)))
+	}
+	if n := c.ntenants.Load(); n != 6 || c.loneOK(fresh) {
+		t.Fatalf("%d tenants tracked (1.5x MaxIdleTenants 4 is 6): lone %v, want false", n, c.loneOK(fresh))
+	}
+	c.tenantFor("t5", keyHash("t5"))
+	if c.overTracked() || !c.loneOK(fresh) {
+		t.Fatalf("7 tenants tracked: over twice MaxIdleTenants %v (want false), lone %v (want true)", c.overTracked(), c.loneOK(fresh))
+	}
+	fresh.handled.Add(1)
+	if c.loneOK(fresh) {
+		t.Fatal("a tenant that had a message handled runs lone")
+	}
+}

@@ -14,8 +14,8 @@ import (
 // loneRun starts an engine (MaxIdleTenants 2, 4 workers) whose handler
 // waits for open to be closed, produces n one-message tenants named
 // prefix-i over 4 partitions and waits until the engine tracks more than
-// one and a half times MaxIdleTenants of them: the pressure under which a tenant's only
-// message runs without its guard (see Config.MaxIdleTenants).
+// one and a half times MaxIdleTenants of them: the pressure under which a
+// tenant's only message runs without its guard (see Config.MaxIdleTenants).
 // handle runs after the wait for each message.
 func loneRun(t *testing.T, prefix string, n int, handle func(tenant string) error) (*engine, *consumertest.Recorder, chan struct{}) {
 	t.Helper()

@@ -94,14 +94,14 @@ func (c *Consumer) stepHead(w *worker) {
 // loneOK reports whether t's head, its lane's only message (job.lone), may
 // run on Consumer.lone instead of t's own guard: while the engine tracks
 // more than one and a half times MaxIdleTenants tenants (a stream of keys
-// mostly seen once, see loneTracked), for a tenant that has no guard yet and never had a message
-// handled, no control and no breaker seed from the fleet, and whose key
-// the scope holds no guard for (one that outlived the tenant's last stay
-// in the engine, perhaps open, is its own). Its attempt then records
-// nothing: a success builds no guard at all, and a failure builds t's and
-// counts there (see attempt). A key seen once so costs the scope nothing;
-// under that pressure its guard would have been evicted soon after,
-// success and all.
+// mostly seen once, see loneTracked), for a tenant that has no guard yet
+// and never had a message handled, no control and no breaker seed from
+// the fleet, and whose key the scope holds no guard for (one that outlived
+// the tenant's last stay in the engine, perhaps open, is its own). Its
+// attempt then records nothing: a success builds no guard at all, and a
+// failure builds t's and counts there (see attempt). A key seen once so
+// costs the scope nothing; under that pressure its guard would have been
+// evicted soon after, success and all.
 func (c *Consumer) loneOK(t *tenant) bool {
 	if c.lone == nil || t.guardP.Load() != nil || t.handled.Load() != 0 || !c.loneTracked() || t.ctl.Load() != nil {
 		return false
