@@ -238,6 +238,26 @@ func (g *guard) init(r *resolved, onEvent func(Event)) {
 	g.slowAt.Store(r.slowFixed)
 }
 
+// warm loads a word of each line init writes. A recycled state is cold by
+// the time a new key takes it (its key was evicted for not being seen), and
+// init's stores drain one cold line after another at its barrier; these
+// loads, independent of each other, fetch the lines at once, so that the
+// stores then find them in cache.
+func (g *guard) warm() {
+	g.state.Load()
+	g.actx.Load()
+	g.lat.est.Load()
+	for i := range g.counts {
+		g.counts[i].active.Load()
+		g.counts[i].bulkheadFull.Load()
+	}
+	g.retries.Load()
+	for i := range g.win {
+		g.win[i].seq.Load()
+	}
+	g.force.Load()
+}
+
 func (r *resolved) policy() Policy {
 	p := r.originalCopy
 	if p.Breaker != nil {

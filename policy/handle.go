@@ -171,6 +171,7 @@ func (rc *Recycler) take() *guard {
 		rc.free[n-1] = nil
 		rc.free = rc.free[:n-1]
 		if g.idle() {
+			g.warm()
 			return g
 		}
 	}
