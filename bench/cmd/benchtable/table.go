@@ -150,10 +150,17 @@ func table(w io.Writer, s *samples) error {
 	return nil
 }
 
+// churnCell is a churn row's medians over its runs, and the range of its
+// tail ratio if it ran more than once.
 func churnCell(s *samples, name string) string {
 	p50, p999 := s.med(name, "p50-ns"), s.med(name, "p99.9-ns")
-	return fmt.Sprintf("%.0f ns/op, %.0f B/op; p50 %s, p99.9 %s (%.0fx the median)",
-		s.med(name, "ns/op"), s.med(name, "B/op"), dur(p50), dur(p999), s.med(name, "p99.9/p50"))
+	ratio := fmt.Sprintf("%.0fx the median", s.med(name, "p99.9/p50"))
+	if n := s.count(name, "p99.9/p50"); n > 1 {
+		lo, hi := s.span(name, "p99.9/p50")
+		ratio += fmt.Sprintf("; %.0f-%.0fx over %d runs", lo, hi, n)
+	}
+	return fmt.Sprintf("%.0f ns/op, %.0f B/op; p50 %s, p99.9 %s (%s)",
+		s.med(name, "ns/op"), s.med(name, "B/op"), dur(p50), dur(p999), ratio)
 }
 
 func engineCell(s *samples, name string) string {
@@ -252,15 +259,20 @@ func kafkaGroupRow(s *samples) [4]string {
 		return fmt.Sprintf("%.2fx (%.2f-%.2f)", median(r), slices.Min(r), slices.Max(r))
 	}
 	assign := func(name string) float64 { return s.med(name, "from-assign-msgs/s") }
+	kgo := s.paired(kGEngine, kKgo, "msgs/s")
+	head := math.NaN()
+	if len(kgo) > 0 {
+		head = median(kgo)
+	}
 	return [4]string{
-		"Kafka, the same on `kafka.GroupSource` (kgo, cooperative rebalancing), same processes",
+		fmt.Sprintf("Kafka, the same on `kafka.GroupSource` (kgo, cooperative rebalancing): the processes above, and %d more of this row and kgo's alone", s.procs(kGEngine, "msgs/s")-s.procs(kEngine, "msgs/s")),
 		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kGEngine)), cpu(kGEngine)),
 		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the same with `FetchMaxBytes` 1 MiB, the GroupSource's fetch bound, %s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
 			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kKgo1M)), cpu(kKgo1M),
 			thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
-		fmt.Sprintf("from the rows' medians **%.2fx** of kgo, %.2fx of kgo at 1 MiB, %.2fx of the GroupSource; medians of the per-process ratios %s, %s; counted from the partitions' assignment to the last message (`from-assign-msgs/s`: group join left out, kgo's first fetch in) %.2fx of kgo, %.2fx at 1 MiB",
+		fmt.Sprintf("**%.2fx** of kgo, the median of the per-process ratios over %d processes, %s; at 1 MiB %s; from the rows' medians %.2fx of kgo, %.2fx of kgo at 1 MiB, %.2fx of the GroupSource; counted from the partitions' assignment to the last message (`from-assign-msgs/s`: group join left out, kgo's first fetch in) %.2fx of kgo, %.2fx at 1 MiB",
+			head, len(kgo), perProc(kKgo), perProc(kKgo1M),
 			rate(kGEngine)/rate(kKgo), rate(kGEngine)/rate(kKgo1M), rate(kGEngine)/rate(kGSource),
-			perProc(kKgo), perProc(kKgo1M),
 			assign(kGEngine)/assign(kKgo), assign(kGEngine)/assign(kKgo1M)),
 	}
 }

@@ -89,7 +89,30 @@ func TestTableRatios(t *testing.T) {
 		"3.000x from the rows' medians; 3.000 the median of the paired ratios (2.00-4.00)",
 		"3.00x (4.000, 2.000, 3.000)", // the handler's paired ratios, in process order
 		"3 processes x 1", "median of 3",
-		"**3.00x** of kgo, 1.50x of kgo at 1 MiB, 1.00x of the GroupSource; medians of the per-process ratios 3.00x (2.00-4.00), 1.50x (1.00-2.00)",
+		"**3.00x** of kgo, the median of the per-process ratios over 3 processes, 3.00x (2.00-4.00); at 1 MiB 1.50x (1.00-2.00); from the rows' medians 3.00x of kgo",
+		"(10x the median; 10-10x over 3 runs)", // churn: the tail ratio's median and range
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestTableGroupProcesses: processes that ran only the GroupSource engine
+// and kgo's loop count in that row's per-process ratios, and the row says
+// how many there were.
+func TestTableGroupProcesses(t *testing.T) {
+	extra := func(scale float64) string {
+		return fmt.Sprintf("Benchmark%s-2 \t 1\t %v msgs/s 800 cpu-ns/msg %v from-assign-msgs/s\n", kGEngine, 1000*scale, 1000*scale) +
+			fmt.Sprintf("Benchmark%s-2 \t 1\t 1000 msgs/s 800 cpu-ns/msg 1000 from-assign-msgs/s\n", kKgo)
+	}
+	var b strings.Builder
+	if err := table(&b, samplesOf(t, output(4), output(2), output(3), extra(5), extra(6))); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"the processes above, and 2 more of this row and kgo's alone",
+		"**4.00x** of kgo, the median of the per-process ratios over 5 processes, 4.00x (2.00-6.00)",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
