@@ -154,10 +154,10 @@ func table(w io.Writer, s *samples) error {
 // tail ratio if it ran more than once.
 func churnCell(s *samples, name string) string {
 	p50, p999 := s.med(name, "p50-ns"), s.med(name, "p99.9-ns")
-	ratio := fmt.Sprintf("%.0fx the median", s.med(name, "p99.9/p50"))
+	ratio := fmt.Sprintf("%.1fx the median", s.med(name, "p99.9/p50"))
 	if n := s.count(name, "p99.9/p50"); n > 1 {
 		lo, hi := s.span(name, "p99.9/p50")
-		ratio += fmt.Sprintf("; %.0f-%.0fx over %d runs", lo, hi, n)
+		ratio += fmt.Sprintf("; %.1f-%.1fx over %d runs", lo, hi, n)
 	}
 	return fmt.Sprintf("%.0f ns/op, %.0f B/op; p50 %s, p99.9 %s (%s)",
 		s.med(name, "ns/op"), s.med(name, "B/op"), dur(p50), dur(p999), ratio)

@@ -90,7 +90,7 @@ func TestTableRatios(t *testing.T) {
 		"3.00x (4.000, 2.000, 3.000)", // the handler's paired ratios, in process order
 		"3 processes x 1", "median of 3",
 		"**3.00x** of kgo, the median of the per-process ratios over 3 processes, 3.00x (2.00-4.00); at 1 MiB 1.50x (1.00-2.00); from the rows' medians 3.00x of kgo",
-		"(10x the median; 10-10x over 3 runs)", // churn: the tail ratio's median and range
+		"(10.0x the median; 10.0-10.0x over 3 runs)", // churn: the tail ratio's median and range
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
