@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/metrics"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,7 +69,7 @@ type started struct {
 
 // startConsumer builds a consumer of group on topic with h and sink, runs
 // it, and returns once the source has its first partition.
-func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, sc Scenario, h consumer.Handler, sink dlq.Sink, onEvent func(consumer.Event), trips func(string), rc runConfig) (*started, error) {
+func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, sc Scenario, h consumer.Handler, sink dlq.Sink, onEvent func(consumer.Event), trips func(key string, stalled bool), rc runConfig) (*started, error) {
 	tenantFn := topic.Tenant()
 	if mode == Shared {
 		// One key for every message: one guard, one breaker, one lane per
@@ -77,11 +78,7 @@ func startConsumer(ctx context.Context, topic Topic, group string, mode Mode, sc
 	}
 	opts := scope.Options[string]{}
 	if trips != nil {
-		opts.OnEvent = func(key string, e policy.Event) {
-			if e.Kind == policy.EventBreakerOpened {
-				trips(key)
-			}
-		}
+		opts.OnEvent = tripCounter(trips)
 	}
 	var spill consumer.SpillLog
 	if st, ok := topic.(spillTopic); ok && mode != Shared {
@@ -162,9 +159,11 @@ func runMode(ctx context.Context, p *plan, g groups, mode Mode, rc runConfig) (R
 	defer topic.Close()
 
 	st := newRunState(p, g, mode, name)
-	trips := func(key string) {
-		v, _ := st.trips.LoadOrStore(key, new(atomic.Int64))
-		v.(*atomic.Int64).Add(1)
+	trips := func(key string, stalled bool) {
+		count(&st.trips, key)
+		if stalled {
+			count(&st.stallTrips, key)
+		}
 	}
 	onEvent := st.onEvent
 	if rc.onEvent != nil {
@@ -377,6 +376,7 @@ loop:
 		if mode != Shared {
 			tr.MaxParked = maxParked[i]
 			tr.Trips = st.tripsOf(p.tenants[i])
+			tr.StallTrips = countOf(&st.stallTrips, p.tenants[i])
 		}
 		res.Tenants = append(res.Tenants, tr)
 	}
@@ -436,8 +436,28 @@ func (st *runState) timeline(deadline, drainEnd time.Duration, lag []lagSample, 
 	return tl
 }
 
-func (st *runState) tripsOf(key string) int {
-	if v, ok := st.trips.Load(key); ok {
+// tripCounter is a run's scope OnEvent: it reports each breaker opening of
+// a key to trips, and whether a stall caused it: a slow call, or a call
+// past the policy's Deadline.
+func tripCounter(trips func(key string, stalled bool)) func(string, policy.Event) {
+	return func(key string, e policy.Event) {
+		if e.Kind == policy.EventBreakerOpened {
+			trips(key, errors.Is(e.Err, policy.ErrSlowCall) || errors.Is(e.Err, context.DeadlineExceeded))
+		}
+	}
+}
+
+func (st *runState) tripsOf(key string) int { return countOf(&st.trips, key) }
+
+// count adds one to key's count in m (engine key -> *atomic.Int64).
+func count(m *sync.Map, key string) {
+	v, _ := m.LoadOrStore(key, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+// countOf is key's count in m.
+func countOf(m *sync.Map, key string) int {
+	if v, ok := m.Load(key); ok {
 		return int(v.(*atomic.Int64).Load())
 	}
 	return 0

@@ -34,6 +34,10 @@ type TenantResult struct {
 	MaxParked int
 	// Trips counts breaker openings of this tenant's guard (-1: Shared).
 	Trips int
+	// StallTrips counts those whose last outcome was a stall: a slow call
+	// (a success over the slow-call threshold, see policy.SlowCall) or a
+	// call past the policy's Deadline. A dependency, or a machine, stalled.
+	StallTrips int
 }
 
 // RunResult is the outcome of one run: its figures (see figures) and the
@@ -124,6 +128,7 @@ type runState struct {
 	badParks                   atomic.Int64
 	lastLag                    atomic.Int64
 	trips                      sync.Map // engine key -> *atomic.Int64
+	stallTrips                 sync.Map // the same, of trips on a stall (TenantResult.StallTrips)
 
 	mu        sync.Mutex
 	reordered []msgRef // EventReordered of the bad tenant (at most maxReordered)
