@@ -371,7 +371,7 @@ loop:
 		tr := TenantResult{
 			Tenant: p.tenants[i], Role: p.role(i), Partition: g.part[i], Mate: g.mates[i],
 			Handled: c.Handled, InWindow: c.InWindow, DeadLettered: c.DeadLettered,
-			MaxParked: -1, Trips: -1,
+			MaxParked: -1, Trips: -1, StallTrips: -1,
 		}
 		if mode != Shared {
 			tr.MaxParked = maxParked[i]

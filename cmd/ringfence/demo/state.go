@@ -36,7 +36,8 @@ type TenantResult struct {
 	Trips int
 	// StallTrips counts those whose last outcome was a stall: a slow call
 	// (a success over the slow-call threshold, see policy.SlowCall) or a
-	// call past the policy's Deadline. A dependency, or a machine, stalled.
+	// call past the policy's Deadline. A dependency, or a machine, stalled
+	// (-1: Shared).
 	StallTrips int
 }
 
