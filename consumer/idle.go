@@ -284,9 +284,8 @@ func (c *Consumer) overTracked() bool { return c.ntenants.Load() > 2*int64(c.max
 // tenants, and the tenants of the messages it holds, the guardless ones
 // forgotten at once past that count, see idleIfDone): a test at that same
 // count would hold for only part of the stream, and the rest of its keys
-// would each build a guard for nothing (a fifth of them in
-// BenchmarkEngine's distinct-keys row, which guards this). Read without
-// tmu.
+// would each build a guard for nothing (BenchmarkEngine's distinct-keys
+// row shows it). Read without tmu.
 func (c *Consumer) loneTracked() bool {
 	return c.ntenants.Load() > int64(c.maxIdle)+int64(c.maxIdle/2)
 }

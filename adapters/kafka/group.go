@@ -439,25 +439,20 @@ func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
 	}
 	ps.restBytes += n
 	s.kept += n
+	s.boundKept(ps)
+}
+
+// boundKept stops kgo from fetching ps if the partitions keep back more
+// than keepBackFetches fetches. Called with deliverMu held.
+func (s *GroupSource) boundKept(ps *groupPart) {
 	if s.kept > keepBackFetches*int64(s.cfg.maxBytes) {
 		s.pauseFetching(ps)
 	}
 }
 
-// takeRest empties what ps keeps back and returns it, with the poll it
-// came from. Called with deliverMu held.
-func (s *GroupSource) takeRest(ps *groupPart) ([]*kgo.Record, int64) {
-	rest, seq := ps.rest, ps.restSeq
-	s.kept -= ps.restBytes
-	ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
-	return rest, seq
-}
-
-// dropRest drops the first n records ps keeps back, handed over (and
-// recycled) meanwhile, which held size in recordBytes. If ps is paused
-// again and the partitions still keep back more than keepBackFetches
-// fetches, kgo stops fetching it, as keepBack would. Called with deliverMu
-// held.
+// dropRest drops the first n records ps keeps back (handed over, or of a
+// revoked partition), which held size in recordBytes. If some are left, the
+// keep-back bound applies as in keepBack. Called with deliverMu held.
 func (s *GroupSource) dropRest(ps *groupPart, n int, size int64) {
 	clear(ps.rest[:n])
 	ps.rest = ps.rest[n:]
@@ -467,9 +462,7 @@ func (s *GroupSource) dropRest(ps *groupPart, n int, size int64) {
 		ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
 		return
 	}
-	if s.kept > keepBackFetches*int64(s.cfg.maxBytes) {
-		s.pauseFetching(ps)
-	}
+	s.boundKept(ps)
 }
 
 // pauseFetching tells kgo to stop fetching ps while the engine has it
@@ -527,7 +520,7 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 	s.deliverMu.Lock()
 	for _, ps := range gone {
 		d.Revoked(ps.id)
-		s.takeRest(ps) // never delivered: the partition is gone
+		s.dropRest(ps, len(ps.rest), ps.restBytes) // never delivered: the partition is gone
 		// A kgo pause persists through a later assignment of the
 		// partition; the engine's pause ended with Revoked.
 		ps.pauseMu.Lock()

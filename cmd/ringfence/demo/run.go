@@ -375,13 +375,13 @@ loop:
 		}
 		if mode != Shared {
 			tr.MaxParked = maxParked[i]
-			tr.Trips = st.tripsOf(p.tenants[i])
+			tr.Trips = countOf(&st.trips, p.tenants[i])
 			tr.StallTrips = countOf(&st.stallTrips, p.tenants[i])
 		}
 		res.Tenants = append(res.Tenants, tr)
 	}
 	if mode == Shared {
-		res.SharedTrips = st.tripsOf(sharedKey)
+		res.SharedTrips = countOf(&st.trips, sharedKey)
 	}
 	return res, nil
 }
@@ -446,8 +446,6 @@ func tripCounter(trips func(key string, stalled bool)) func(string, policy.Event
 		}
 	}
 }
-
-func (st *runState) tripsOf(key string) int { return countOf(&st.trips, key) }
 
 // count adds one to key's count in m (engine key -> *atomic.Int64).
 func count(m *sync.Map, key string) {
