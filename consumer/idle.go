@@ -9,39 +9,86 @@ import "sync/atomic"
 // messages in the engine is bounded by the message bounds instead.
 
 // idleList is the engine's tracked tenants that have no lane on any
-// partition and nothing in flight, the least recently released first: an
-// intrusive list through tenant.idlePrev/idleNext, guarded by
-// Consumer.tmu. Such a tenant holds nothing but its counters and its scope
-// pin, so the first may be forgotten at any moment (see idleIfDone).
+// partition and nothing in flight, the least recently released first,
+// guarded by Consumer.tmu. Such a tenant holds nothing but its counters
+// and its scope pin, so the first may be forgotten at any moment (see
+// idleIfDone).
+//
+// It is a queue of references, not a list through the tenants: a tenant
+// that leaves it (a message of it came back) only marks itself, and its
+// entry, stale from then on, is skipped when it reaches the front or
+// dropped when the queue is compacted. Unlinking a tenant from a list
+// would write its two neighbours, tenants released long before and after
+// it: with many tenants, two cache misses for every tenant that comes back
+// (BenchmarkEngine at 100,000 tenants guards this). push compacts the
+// queue once it holds 2*n+idleSlack entries, and n is at most
+// MaxIdleTenants+1, so the queue holds at most 2*MaxIdleTenants+idleSlack+2.
 type idleList struct {
-	head, tail *tenant
-	n          int
+	q fifo[idleRef]
+	n int // tenants listed (onIdle)
 }
+
+// idleRef is an entry of the idle list: live while its tenant is listed
+// and seq is the tenant's current idleSeq.
+type idleRef struct {
+	t   *tenant
+	seq uint32
+}
+
+func (r idleRef) live() bool { return r.t.onIdle && r.t.idleSeq == r.seq }
+
+// idleSlack is how many stale entries the idle list's queue holds beyond
+// twice its listed tenants before push compacts it: a compaction then
+// reads at most two entries for each push since the last.
+const idleSlack = 256
 
 func (l *idleList) push(t *tenant) {
-	t.idlePrev, t.idleNext, t.onIdle = l.tail, nil, true
-	if l.tail != nil {
-		l.tail.idleNext = t
-	} else {
-		l.head = t
-	}
-	l.tail = t
+	t.idleSeq++
+	t.onIdle = true
 	l.n++
+	if l.q.len() >= 2*l.n+idleSlack {
+		l.compact()
+	}
+	l.q.push(idleRef{t: t, seq: t.idleSeq})
 }
 
+// remove unlists t, which is listed; its entry goes stale.
 func (l *idleList) remove(t *tenant) {
-	if t.idlePrev != nil {
-		t.idlePrev.idleNext = t.idleNext
-	} else {
-		l.head = t.idleNext
-	}
-	if t.idleNext != nil {
-		t.idleNext.idlePrev = t.idlePrev
-	} else {
-		l.tail = t.idlePrev
-	}
-	t.idlePrev, t.idleNext, t.onIdle = nil, nil, false
+	t.onIdle = false
 	l.n--
+}
+
+// oldest unlists and returns the tenant listed longest. The list must not
+// be empty.
+func (l *idleList) oldest() *tenant {
+	for {
+		if r := l.q.pop(); r.live() {
+			l.remove(r.t)
+			return r.t
+		}
+	}
+}
+
+// compact drops the stale entries, keeping the others in order.
+func (l *idleList) compact() {
+	q := &l.q
+	keep := q.buf[:0]
+	for _, r := range q.buf[q.head:] {
+		if r.live() {
+			keep = append(keep, r)
+		}
+	}
+	clear(q.buf[len(keep):])
+	q.buf, q.head = keep, 0
+}
+
+// each calls f for each listed tenant, the longest listed first.
+func (l *idleList) each(f func(*tenant)) {
+	for i := range l.q.len() {
+		if r := l.q.at(i); r.live() {
+			f(r.t)
+		}
+	}
 }
 
 // idleIfDone lists t as idle if it has no lane and nothing in flight, and
@@ -71,9 +118,7 @@ func (c *Consumer) idleIfDone(t *tenant) (forgotten *tenant) {
 	if c.idle.n <= c.maxIdle {
 		return nil
 	}
-	f := c.idle.head
-	c.idle.remove(f)
-	return c.forget(f)
+	return c.forget(c.idle.oldest())
 }
 
 // forget takes f, which is not listed idle, out of the tenant table.

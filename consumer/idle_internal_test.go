@@ -128,9 +128,11 @@ func TestForgottenTenantIsNotListedAgain(t *testing.T) {
 	c.zombieDone(a)
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
-	if a.onIdle || c.idle.n != 1 || c.idle.head != b || c.tenants.get("a", keyHash("a")) != nil {
-		t.Fatalf("after a late job end of forgotten a: a listed %v, %d idle (head %v), a in the table %v; want only b",
-			a.onIdle, c.idle.n, c.idle.head == b, c.tenants.get("a", keyHash("a")) != nil)
+	var listed []*tenant
+	c.idle.each(func(t *tenant) { listed = append(listed, t) })
+	if a.onIdle || c.idle.n != 1 || len(listed) != 1 || listed[0] != b || c.tenants.get("a", keyHash("a")) != nil {
+		t.Fatalf("after a late job end of forgotten a: a listed %v, %d idle (%d in the queue), a in the table %v; want only b",
+			a.onIdle, c.idle.n, len(listed), c.tenants.get("a", keyHash("a")) != nil)
 	}
 }
 
@@ -228,5 +230,47 @@ func TestLoneFromOneAndAHalfTimesMaxIdle(t *testing.T) {
 	fresh.handled.Add(1)
 	if c.loneOK(fresh) {
 		t.Fatal("a tenant that had a message handled runs lone")
+	}
+}
+
+// The idle list forgets in the order tenants were released, whatever
+// tenants left it and came back meanwhile, and its queue of entries stays
+// within its bound however often tenants come and go.
+func TestIdleListOrderAndBound(t *testing.T) {
+	var l idleList
+	ts := make([]*tenant, 50)
+	for i := range ts {
+		ts[i] = &tenant{key: fmt.Sprint(i)}
+	}
+	want := map[*tenant]int{} // tenant -> its last release
+	tick := 0
+	for round := range 2000 {
+		// Tenants 0-9 come back and go idle again every round; the others
+		// once in a while.
+		for i, x := range ts {
+			if i >= 10 && (round+i)%37 != 0 {
+				continue
+			}
+			if x.onIdle {
+				l.remove(x)
+			}
+			tick++
+			l.push(x)
+			want[x] = tick
+		}
+		if max := 2*len(ts) + idleSlack; l.q.len() > max {
+			t.Fatalf("round %d: %d entries for %d tenants, more than %d", round, l.q.len(), l.n, max)
+		}
+	}
+	if l.n != len(ts) {
+		t.Fatalf("%d listed, want %d", l.n, len(ts))
+	}
+	last := 0
+	for l.n > 0 {
+		x := l.oldest()
+		if x.onIdle || want[x] <= last {
+			t.Fatalf("oldest gave %s (released at %d, listed %v) after one released at %d", x.key, want[x], x.onIdle, last)
+		}
+		last = want[x]
 	}
 }

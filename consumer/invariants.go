@@ -262,14 +262,14 @@ func (c *Consumer) checkInvariants() error {
 		bad("lanes or set-aside messages of tenant %q (none=%v) that the tenant table does not hold", t.key, t.none)
 	}
 	n := 0
-	for t := c.idle.head; t != nil && n <= c.tenants.len(); t = t.idleNext {
-		if !t.onIdle || c.tenants.get(t.key, keyHash(t.key)) != t {
-			bad("idle list holds tenant %q, not marked idle (%v) or not in the table", t.key, t.onIdle)
-		}
-		if (t.idleNext == nil) != (c.idle.tail == t) || (t.idleNext != nil && t.idleNext.idlePrev != t) {
-			bad("idle list broken at tenant %q", t.key)
+	c.idle.each(func(t *tenant) {
+		if c.tenants.get(t.key, keyHash(t.key)) != t {
+			bad("idle list holds tenant %q, not in the table", t.key)
 		}
 		n++
+	})
+	if c.idle.q.len() > 2*(c.maxIdle+1)+idleSlack {
+		bad("idle list's queue holds %d entries, MaxIdleTenants is %d", c.idle.q.len(), c.maxIdle)
 	}
 	if n != c.idle.n || idle != c.idle.n {
 		bad("idle list counts %d tenants, holds %d, the table marks %d", c.idle.n, n, idle)

@@ -61,8 +61,8 @@ type tenant struct {
 	// BenchmarkEngine at 100,000 tenants guards the gain).
 	key string // owned copy: in keyBuf if it fits (see ownKey)
 	// lanes counts the tenant's lanes; onIdle marks it listed in
-	// Consumer.idle (no lane, nothing in flight), through idlePrev and
-	// idleNext. Guarded by Consumer.tmu.
+	// Consumer.idle (no lane, nothing in flight). Guarded by
+	// Consumer.tmu.
 	lanes  int32
 	onIdle bool
 	// gone: forgotten (out of the tenants map). A job of a lane dropped
@@ -78,9 +78,10 @@ type tenant struct {
 	// the scope's Shape hook), by the first goroutine that needs it (once).
 	guardP   atomic.Pointer[policy.Guard]
 	inflight atomic.Int32 // messages of this tenant being handled (bulkhead)
-	// zombies counts in-flight slots held by jobs of lanes dropped while
-	// they ran (a revoked partition): released when those jobs finish.
-	zombies atomic.Int32
+	// idleSeq counts the times it was listed idle: the idle list's entry
+	// that carries the current count is its live one (see idleList).
+	// Guarded by Consumer.tmu.
+	idleSeq uint32
 
 	// The second line holds what the rest of a lane's turn reads or
 	// writes: its control, its counts of handled messages and blocked
@@ -100,8 +101,10 @@ type tenant struct {
 	openSince atomic.Int64
 	dwell     dwellHist // its settles by time since produce
 
-	idlePrev, idleNext *tenant
-	once               sync.Once
+	// zombies counts in-flight slots held by jobs of lanes dropped while
+	// they ran (a revoked partition): released when those jobs finish.
+	zombies atomic.Int32
+	once    sync.Once
 
 	bmu     sync.Mutex // guards blocked
 	blocked []*lane    // lanes waiting for the bulkhead, FIFO
@@ -124,7 +127,7 @@ type tenant struct {
 }
 
 // tenantPad pads a tenant to 448 bytes (see TestTenantLayout).
-const tenantPad = 56
+const tenantPad = 72
 
 // guard returns the tenant's guard, pinning it in the scope on first use.
 // Called with no engine lock held.
