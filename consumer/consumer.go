@@ -438,10 +438,10 @@ func (c *Consumer) Revoked(p Partition) {
 	sh.refreshCommit(c.clock(), true) // the source commits it as Revoked returns
 	sh.dead = true
 	for l := range sh.lanes.all() {
-		forget = append(forget, c.dropLane(l))
+		forget = append(forget, c.dropLane(l, false))
 	}
 	if sh.none != nil {
-		c.dropLane(sh.none)
+		c.dropLane(sh.none, false)
 	}
 	sh.lanes.reset()
 	sh.sweep.q.reset()
@@ -484,9 +484,19 @@ func (c *Consumer) Revoked(p Partition) {
 }
 
 // dropLane forgets a lane (its partition was revoked, or the lane swept,
-// see sweepLanes) and releases its tenant. Called with sh.mu held; returns
-// the tenant this forgot, if any, whose pin must be released (unpin).
-func (c *Consumer) dropLane(l *lane) *tenant {
+// see sweepLanes) and releases its tenant. Called with sh.mu held, and
+// with tmu if held is set; returns the tenant this forgot, if any, whose
+// pin must be released (unpin).
+func (c *Consumer) dropLane(l *lane, held bool) *tenant {
+	c.unhook(l)
+	if held {
+		return c.releaseLocked(l.t)
+	}
+	return c.releaseTenant(l.t)
+}
+
+// unhook is dropLane but for the release of the lane's tenant.
+func (c *Consumer) unhook(l *lane) {
 	l.dead = true
 	if l.state == laneRunning && !l.t.none {
 		l.t.zombies.Add(1)
@@ -506,7 +516,6 @@ func (c *Consumer) dropLane(l *lane) *tenant {
 	l.spill.refed.reset()
 	l.spill.commit.stopped.Store(true)
 	c.recount(l)
-	return c.releaseTenant(l.t)
 }
 
 // yield waits a little while another goroutine finishes a call (a Settle,

@@ -161,7 +161,7 @@ func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
 	}
 	a.spill.commit.done.Store(3)
 	b.spill.wait = false
-	c.sweepLanes(sh, sweepChunk, sweepChunk, 0, c.laneBound())
+	c.sweepLanes(sh, sweepChunk, sweepChunk, 0, c.laneBound(), false)
 	if !a.dead || !b.dead {
 		t.Fatalf("lanes done with their spill logs not dropped: a dead %v, b dead %v", a.dead, b.dead)
 	}

@@ -153,12 +153,17 @@ func (sh *shard) heldRefs(into []heldRef) []heldRef {
 
 // laneFor returns the lane of key, whose hash is h (keyHash), in sh,
 // making it on first sight. Called with sh.mu held; it takes the tenant
-// table's lock when it makes a lane.
+// table's lock when it makes a lane, once for finding the tenant and for
+// the sweep that may drop other lanes (releasing their tenants).
 func (sh *shard) laneFor(key string, h uint64) *lane {
 	if l := sh.lanes.get(key, h); l != nil {
 		return l
 	}
-	return sh.addLane(sh.c.tenantFor(key, h), h)
+	c := sh.c
+	c.tmu.Lock()
+	l := sh.addLane(c.tenantLocked(key, h), h)
+	c.tmu.Unlock()
+	return l
 }
 
 // noneLane returns sh's lane of the no-tenant bucket, making it on first

@@ -211,6 +211,11 @@ func (t *tenant) unblockOne() *lane {
 func (c *Consumer) tenantFor(key string, h uint64) *tenant {
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
+	return c.tenantLocked(key, h)
+}
+
+// tenantLocked is tenantFor with tmu held.
+func (c *Consumer) tenantLocked(key string, h uint64) *tenant {
 	t := c.tenants.get(key, h)
 	switch {
 	case t == nil:
@@ -258,6 +263,11 @@ func (t *tenant) ownKey(key string) {
 func (c *Consumer) releaseTenant(t *tenant) (forgotten *tenant) {
 	c.tmu.Lock()
 	defer c.tmu.Unlock()
+	return c.releaseLocked(t)
+}
+
+// releaseLocked is releaseTenant with tmu held.
+func (c *Consumer) releaseLocked(t *tenant) (forgotten *tenant) {
 	t.lanes--
 	return c.idleIfDone(t)
 }
