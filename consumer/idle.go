@@ -22,7 +22,9 @@ import "sync/atomic"
 // it: with many tenants, two cache misses for every tenant that comes back
 // (BenchmarkEngine at 100,000 tenants guards this). push compacts the
 // queue once it holds 2*n+idleSlack entries, and n is at most
-// MaxIdleTenants+1, so the queue holds at most 2*MaxIdleTenants+idleSlack+2.
+// MaxIdleTenants+1, so the queue holds at most 2*MaxIdleTenants+idleSlack+2;
+// a stale entry keeps its tenant's memory (not its guard: a forgotten
+// tenant's pin is released) until it leaves the queue.
 type idleList struct {
 	q fifo[idleRef]
 	n int // tenants listed (onIdle)
@@ -303,8 +305,8 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int, held bool)
 // its hard bound, where every new key sweeps it whole. A lane a worker
 // retires stays in the sweep's queue, dead, until the sweep passes it and
 // reuses its memory. Called with sh.mu held, and tmu if held is set; it
-// returns the tenant forgotten, if any, whose pin the caller releases with no lock held
-// (unpin).
+// returns the tenant forgotten, if any, whose pin the caller releases with
+// no lock held (unpin).
 func (c *Consumer) retire(sh *shard, l *lane, held bool) *tenant {
 	sh.lanes.del(l, l.h)
 	q := l.q.buf // empty: the lane holds nothing

@@ -258,8 +258,8 @@ func TestIdleListOrderAndBound(t *testing.T) {
 			l.push(x)
 			want[x] = tick
 		}
-		if max := 2*len(ts) + idleSlack; l.q.len() > max {
-			t.Fatalf("round %d: %d entries for %d tenants, more than %d", round, l.q.len(), l.n, max)
+		if bound := 2*len(ts) + idleSlack; l.q.len() > bound {
+			t.Fatalf("round %d: %d entries for %d tenants, more than %d", round, l.q.len(), l.n, bound)
 		}
 	}
 	if l.n != len(ts) {
