@@ -438,10 +438,10 @@ func (c *Consumer) Revoked(p Partition) {
 	sh.refreshCommit(c.clock(), true) // the source commits it as Revoked returns
 	sh.dead = true
 	for l := range sh.lanes.all() {
-		forget = append(forget, c.dropLane(l, false))
+		forget = append(forget, c.dropLane(l))
 	}
 	if sh.none != nil {
-		c.dropLane(sh.none, false)
+		c.dropLane(sh.none)
 	}
 	sh.lanes.reset()
 	sh.sweep.q.reset()
@@ -483,19 +483,17 @@ func (c *Consumer) Revoked(p Partition) {
 	c.emit(Event{Kind: EventRevoked, Partition: p})
 }
 
-// dropLane forgets a lane (its partition was revoked, or the lane swept,
-// see sweepLanes) and releases its tenant. Called with sh.mu held, and
-// with tmu if held is set; returns the tenant this forgot, if any, whose
+// dropLane forgets a lane of a revoked partition and releases its tenant.
+// Called with sh.mu held; returns the tenant this forgot, if any, whose
 // pin must be released (unpin).
-func (c *Consumer) dropLane(l *lane, held bool) *tenant {
+func (c *Consumer) dropLane(l *lane) *tenant {
 	c.unhook(l)
-	if held {
-		return c.releaseLocked(l.t)
-	}
 	return c.releaseTenant(l.t)
 }
 
-// unhook is dropLane but for the release of the lane's tenant.
+// unhook forgets a lane (its partition was revoked, or the lane retired),
+// but for the release of its tenant, which the caller makes under the lock
+// it holds (releaseTenant, releaseLocked). Called with sh.mu held.
 func (c *Consumer) unhook(l *lane) {
 	l.dead = true
 	if l.state == laneRunning && !l.t.none {

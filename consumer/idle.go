@@ -210,7 +210,7 @@ func (sh *shard) addLane(t *tenant, h uint64) *lane {
 	if sw := &sh.sweep; sw.q.len() >= bound {
 		if sw.skip > 0 {
 			sw.skip--
-		} else if idle, busy := c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, bound-1, bound, true); idle == 0 {
+		} else if idle, busy := c.sweepLanes(sh, sweepPerLane, sweepPerLane*sweepBusy, bound-1, bound); idle == 0 {
 			sw.skip = busy
 		}
 	}
@@ -248,9 +248,9 @@ func (sh *shard) addLane(t *tenant, h uint64) *lane {
 // tenants' messages makes as many busy lanes, which cannot go);
 // housekeeping does sweepChunk of each per tick while sh.sweep.due is set,
 // for lanes that went idle after their keys stopped coming. Called with
-// sh.mu held, and tmu if held is set; the tenants it forgets wait in
-// sh.sweep.forgot for their pins to be released with no lock held. It
-// returns how many idle and busy lanes it looked at.
+// sh.mu and tmu held; the tenants it forgets wait in sh.sweep.forgot for
+// their pins to be released with no lock held. It returns how many idle
+// and busy lanes it looked at.
 //
 // A partition holding more lanes with messages than laneBound (a backlog
 // of many tenants, or keys each seen once) has them all at the front: a
@@ -258,7 +258,7 @@ func (sh *shard) addLane(t *tenant, h uint64) *lane {
 // next ones made skip their look, as many as it passed (see
 // laneSweep.skip), so that a message costs one look at a lane, not
 // sweepPerLane*sweepBusy (BenchmarkConsumeTenants guards this).
-func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int, held bool) (looked, passed int) {
+func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, passed int) {
 	sw := &sh.sweep
 	for idle > 0 && busy > 0 && sw.q.len() > keep {
 		l := sw.q.pop()
@@ -282,7 +282,8 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int, held bool)
 			sw.q.push(l)
 			continue
 		}
-		if t := c.retire(sh, l, held); t != nil {
+		c.retire(sh, l)
+		if t := c.releaseLocked(l.t); t != nil {
 			sw.forgot = append(sw.forgot, t)
 		}
 		sh.freeLane(l)
@@ -304,15 +305,14 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int, held bool)
 // their tenants and their tenants' scope pins: enough to fill the scope to
 // its hard bound, where every new key sweeps it whole. A lane a worker
 // retires stays in the sweep's queue, dead, until the sweep passes it and
-// reuses its memory. Called with sh.mu held, and tmu if held is set; it
-// returns the tenant forgotten, if any, whose pin the caller releases with
-// no lock held (unpin).
-func (c *Consumer) retire(sh *shard, l *lane, held bool) *tenant {
+// reuses its memory. Called with sh.mu held; the caller then releases the
+// lane's tenant (releaseTenant, or releaseLocked with tmu held) and the
+// scope pin of the tenant that forgets, if any, with no lock held (unpin).
+func (c *Consumer) retire(sh *shard, l *lane) {
 	sh.lanes.del(l, l.h)
 	q := l.q.buf // empty: the lane holds nothing
-	t := c.dropLane(l, held)
+	c.unhook(l)
 	l.q.buf = q[:0]
-	return t
 }
 
 // overTracked reports whether the engine tracks more than twice
@@ -360,7 +360,9 @@ func (c *Consumer) sweepTick(sh *shard) {
 	sh.mu.Lock()
 	if !sh.dead {
 		bound := c.laneBound()
-		c.sweepLanes(sh, sweepChunk, sweepChunk, bound, bound, false)
+		c.tmu.Lock()
+		c.sweepLanes(sh, sweepChunk, sweepChunk, bound, bound)
+		c.tmu.Unlock()
 	}
 	forgot := sh.takeForgotten()
 	sh.mu.Unlock()

@@ -161,7 +161,9 @@ func TestSweepKeepsLaneWithSpillCursorToCommit(t *testing.T) {
 	}
 	a.spill.commit.done.Store(3)
 	b.spill.wait = false
-	c.sweepLanes(sh, sweepChunk, sweepChunk, 0, c.laneBound(), false)
+	c.tmu.Lock()
+	c.sweepLanes(sh, sweepChunk, sweepChunk, 0, c.laneBound())
+	c.tmu.Unlock()
 	if !a.dead || !b.dead {
 		t.Fatalf("lanes done with their spill logs not dropped: a dead %v, b dead %v", a.dead, b.dead)
 	}

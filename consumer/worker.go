@@ -491,7 +491,8 @@ func (c *Consumer) moveOn(sh *shard, w *worker) bool {
 	}
 	c.releaseSlot(w, t)
 	if !t.none && l.state == laneIdle && l.hits <= 1 && (sh.lanes.len() > c.laneBound() || c.overTracked()) && l.idle() {
-		w.gone = c.retire(sh, l, false)
+		c.retire(sh, l)
+		w.gone = c.releaseTenant(t)
 	}
 	if c.draining.Load() || w.turn >= shardTurn {
 		return false
