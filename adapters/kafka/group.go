@@ -148,13 +148,20 @@ type groupPart struct {
 	pauseMu sync.Mutex
 	// fetchPaused says kgo was told to stop fetching the partition.
 	fetchPaused bool
-	// rest is what a poll returned of the partition after the engine
-	// paused it, to deliver first once it is resumed, and restSeq the
-	// poll it came from (-1 if from more than one), and restBytes their
-	// recordBytes; guarded by GroupSource.deliverMu.
+	// rest is what polls returned of the partition after the engine
+	// paused it, to deliver first once it is resumed; restPolls says which
+	// poll each run of it came from, in order, and restBytes what it holds
+	// in recordBytes. Guarded by GroupSource.deliverMu.
 	rest      []*kgo.Record
-	restSeq   int64
+	restPolls []pollRun
 	restBytes int64
+}
+
+// pollRun is a run of n kept-back records of one poll, seq: each run is
+// handed over sharing its own poll's response (see sharing).
+type pollRun struct {
+	seq int64
+	n   int
 }
 
 // NewGroupSource returns a GroupSource for topic in consumer group group,
@@ -363,8 +370,14 @@ func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *
 			s.keepBack(ps, recs, seq) // still paused after a poll that returned more
 			return
 		}
-		n, size := s.send(ps, ps.rest, ps.restSeq, true, sb, d)
-		s.dropRest(ps, n, size)
+		for len(ps.rest) > 0 {
+			run := ps.restPolls[0]
+			n, size := s.send(ps, ps.rest[:run.n], run.seq, true, sb, d)
+			s.dropRest(ps, n, size)
+			if n < run.n {
+				break // paused again
+			}
+		}
 		if len(ps.rest) > 0 {
 			s.keepBack(ps, recs, seq)
 			return
@@ -374,9 +387,9 @@ func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *
 	s.keepBack(ps, recs[n:], seq)
 }
 
-// send hands recs, of poll seq (-1: of more than one), to the engine in
-// slices until the engine pauses ps, and returns how many it handed over
-// and, if sized, what they held in recordBytes. Called with deliverMu held.
+// send hands recs, of poll seq, to the engine in slices until the engine
+// pauses ps, and returns how many it handed over and, if sized, what they
+// held in recordBytes. Called with deliverMu held.
 func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sized bool, sb *recordSlicer, d consumer.Dispatcher) (n int, size int64) {
 	for n < len(recs) {
 		if ps.paused.Load() {
@@ -423,13 +436,13 @@ func recordBytes(r *kgo.Record) int64 {
 // and stops kgo from fetching ps if the partitions now keep back more than
 // keepBackFetches fetches. Called with deliverMu held.
 func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
-	switch {
-	case len(recs) == 0:
+	if len(recs) == 0 {
 		return
-	case len(ps.rest) == 0:
-		ps.restSeq = seq
-	case ps.restSeq != seq:
-		ps.restSeq = -1 // of two polls: copied (see sharing)
+	}
+	if k := len(ps.restPolls) - 1; k >= 0 && ps.restPolls[k].seq == seq {
+		ps.restPolls[k].n += len(recs)
+	} else {
+		ps.restPolls = append(ps.restPolls, pollRun{seq: seq, n: len(recs)})
 	}
 	ps.rest = append(ps.rest, recs...)
 	s.keptRecords += int64(len(recs))
@@ -459,8 +472,16 @@ func (s *GroupSource) dropRest(ps *groupPart, n int, size int64) {
 	ps.restBytes -= size
 	s.kept -= size
 	if len(ps.rest) == 0 {
-		ps.rest, ps.restSeq, ps.restBytes = nil, 0, 0
+		ps.rest, ps.restPolls, ps.restBytes = nil, nil, 0
 		return
+	}
+	for n > 0 {
+		if run := &ps.restPolls[0]; run.n > n {
+			run.n -= n
+			break
+		}
+		n -= ps.restPolls[0].n
+		ps.restPolls = ps.restPolls[1:]
 	}
 	s.boundKept(ps)
 }

@@ -119,3 +119,65 @@ func TestGroupAssignsDuringCommit(t *testing.T) {
 	}
 	free()
 }
+
+// pausingBatches records the slices it is given and pauses its partition
+// after the first.
+type pausingBatches struct {
+	ps     *groupPart
+	slices [][]*consumer.Message
+}
+
+func (d *pausingBatches) Assigned(consumer.Partition) {}
+func (d *pausingBatches) Revoked(consumer.Partition)  {}
+func (d *pausingBatches) Deliver(m *consumer.Message) { d.DeliverBatch([]*consumer.Message{m}) }
+func (d *pausingBatches) DeliverBatch(ms []*consumer.Message) {
+	d.slices = append(d.slices, ms)
+	d.ps.paused.Store(true)
+}
+
+// Records kept back over a pause from two polls are handed over sharing
+// each its own poll's response, and in order, however the pauses cut the
+// runs of each poll.
+func TestGroupKeptBackPollsShareTheirResponses(t *testing.T) {
+	s := &GroupSource{cfg: defaultSourceConfig()}
+	ps := &groupPart{id: consumer.Partition{Topic: "t", ID: 0}}
+	s.parts.Store(&map[int32]*groupPart{0: ps})
+	d := &pausingBatches{ps: ps}
+	records := func(from, n int) []*kgo.Record {
+		rs := make([]*kgo.Record, n)
+		for i := range rs {
+			rs[i] = &kgo.Record{Offset: int64(from + i), Key: []byte("k"), Value: []byte{byte(from + i)}}
+		}
+		return rs
+	}
+	first, second := records(0, deliverSlice+10), records(deliverSlice+10, 2*deliverSlice)
+	var sb recordSlicer
+	s.deliverMu.Lock()
+	s.deliver(ps, first, 1, &sb, d) // one slice, then paused: the rest kept back
+	s.deliver(ps, second, 2, &sb, d)
+	s.deliverMu.Unlock()
+	if got := ps.restPolls; len(got) != 2 || got[0] != (pollRun{1, 10}) || got[1] != (pollRun{2, 2 * deliverSlice}) {
+		t.Fatalf("kept back as %v, want 10 records of poll 1 then %d of poll 2", got, 2*deliverSlice)
+	}
+	for len(ps.rest) > 0 {
+		ps.paused.Store(false)
+		s.deliverRests(&sb, d)
+	}
+	all := append(first, second...)
+	var off int
+	for _, ms := range d.slices {
+		for _, m := range ms {
+			r := all[off]
+			if m.Offset != r.Offset {
+				t.Fatalf("message %d has offset %d, want %d", off, m.Offset, r.Offset)
+			}
+			if &m.Value[0] != &r.Value[0] {
+				t.Fatalf("message at offset %d was copied, want it to share its poll's response", m.Offset)
+			}
+			off++
+		}
+	}
+	if off != len(all) || ps.restPolls != nil {
+		t.Fatalf("%d messages handed over, want %d; %v still kept back", off, len(all), ps.restPolls)
+	}
+}
