@@ -14,7 +14,7 @@ import (
 //
 // The table is an immutable map swapped atomically; each tenant holds a
 // pointer to its entry (tenant.ctl), set under tmu by SetControls for the
-// tenants the engine has and by tenantFor for those it makes. The engine
+// tenants the engine has and by tenantLocked for those it makes. The engine
 // reads it once per lane scheduling (take, and moveOn when a lane keeps its
 // worker), never per message: a control that changes ends the runs under
 // way (Consumer.runGen), and each run's next scheduling reads it.
@@ -205,8 +205,8 @@ func (c *Consumer) Controls() map[string]Control {
 }
 
 // controlOf returns key's control in the current table, or nil. Called
-// under tmu by tenantFor, so that SetControls, which swaps the table before
-// it takes tmu, finds every tenant made with the old one.
+// under tmu by tenantLocked, so that SetControls, which swaps the table
+// before it takes tmu, finds every tenant made with the old one.
 func (c *Consumer) controlOf(key string) *Control {
 	if tab := c.ctls.Load(); tab != nil {
 		return (*tab)[key]

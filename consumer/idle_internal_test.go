@@ -11,6 +11,14 @@ import (
 
 // newTestConsumer is a Consumer that is never run, for tests of its
 // bookkeeping.
+// tenantFor is tenantLocked taking tmu itself: a tenant holding one lane
+// count, as a lane of it would.
+func (c *Consumer) tenantFor(key string, h uint64) *tenant {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	return c.tenantLocked(key, h)
+}
+
 func newTestConsumer(t *testing.T, cfg Config) *Consumer {
 	t.Helper()
 	cfg.Handler = HandlerFunc(func(context.Context, *Message) error { return nil })

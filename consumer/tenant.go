@@ -46,7 +46,7 @@ func FromKey() TenantFunc {
 }
 
 // bytesView is a string sharing b's memory. Valid only while b is not
-// changed; the engine clones it before keeping it (see tenantFor).
+// changed; the engine clones it before keeping it (see tenantLocked).
 func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // tenant is the engine's state of one tenant across its partitions. The
@@ -203,18 +203,11 @@ func (t *tenant) unblockOne() *lane {
 	return l
 }
 
-// tenantFor returns the tenant of key, whose hash is h (keyHash), making
-// it on first sight (a forgotten tenant's key gets a fresh one); the lane
-// count it returns the tenant with is incremented, so that it is not
-// forgotten meanwhile. key may share memory with a message: it is cloned
-// when kept.
-func (c *Consumer) tenantFor(key string, h uint64) *tenant {
-	c.tmu.Lock()
-	defer c.tmu.Unlock()
-	return c.tenantLocked(key, h)
-}
-
-// tenantLocked is tenantFor with tmu held.
+// tenantLocked returns the tenant of key, whose hash is h (keyHash),
+// making it on first sight (a forgotten tenant's key gets a fresh one);
+// the lane count it returns the tenant with is incremented, so that it is
+// not forgotten meanwhile. key may share memory with a message: it is
+// cloned when kept. Called with tmu held.
 func (c *Consumer) tenantLocked(key string, h uint64) *tenant {
 	t := c.tenants.get(key, h)
 	switch {
