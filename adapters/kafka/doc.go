@@ -22,8 +22,10 @@
 // by the package itself (message format v2, Kafka 0.11 and later), so that
 // one partition can be paused while the others flow and a parked message
 // holds back its partition's commit, not its consumption. NewGroupSource
-// returns the same source on franz-go's kgo instead, with cooperative
-// rebalancing (see "Scaling out"); it takes the same options.
+// returns the same source with the group run by franz-go's kgo instead,
+// with cooperative rebalancing (see "Scaling out"), each partition fetched
+// over a kgo client of its own and decoded by kgo; it takes the same
+// options.
 //
 // # Commits
 //

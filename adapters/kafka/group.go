@@ -35,41 +35,42 @@ import (
 // use the same protocol: a Source (kafka-go, eager) and a GroupSource in
 // one group do not agree on a balancer, and the later member's join fails.
 //
-// Rebalance callbacks and polls gate each other (kgo's
-// BlockRebalanceOnPoll, and a lock of the source's around each delivery):
-// a revocation runs only between deliveries, and no record of a revoked
-// partition is delivered after it. Each revoked partition's watermark is
-// committed synchronously in the callback, once a commit in flight (which
-// may include it) has ended; commits never overlap, and no later one
-// includes the partition, so no commit of a partition lands after its
-// revocation returned. No lock is held across a commit's network call. A
-// lost partition (the member was evicted) is dropped without a commit.
+// kgo runs the group; each assigned partition has a fetcher of its own
+// (group_fetch.go), which sends its own Fetch requests to the partition's
+// leader over a kgo client of its own (the options given with
+// WithClientOptions apply: dialer, TLS, SASL), resuming from the group's
+// committed offset, or from WithStartOffset if it has none. kgo itself
+// never fetches the topic. A fetcher has its next request in flight while
+// the engine handles what the last one returned, and its own connection, so
+// that a partition read to its end (its Fetch held by the broker for
+// WithMaxWait) holds up no other.
 //
-// Records are polled with kgo's own fetching (one Fetch per broker for all
-// its partitions) and handed to the engine with DeliverBatch, per
-// partition in offset order, in slices of at most 64 messages. A message
-// of an uncompressed batch shares its key, value and header values with
-// the fetch response kgo decoded it from (kgo never reuses a response),
-// as long as the messages the engine has not yet committed past share
-// the responses of at most three polls: a message held for long (a parked
-// tenant's, a hanging call) so keeps at most three polls' fetches alive,
-// whatever flows meanwhile. Past that bound, and for compressed batches
-// (decompressed into buffers the source lends kgo and takes back), records
-// are copied out as Source does, and a message kept for long pins only
-// its slice's small neighbours. kgo decodes later fetches into the slabs
-// of the records built from (kgo.WithPools). Once the engine pauses a
-// partition, the rest of the poll's records of that partition are kept
-// back and delivered first after Resume (which wakes the poll loop), and
-// so are later polls' records of a partition still paused. Only once the
-// paused partitions together keep back more than keepBackFetches fetches
-// of WithMaxBytes (8 MiB by default; records counted with their kgo
-// structs) is kgo told to stop fetching a paused partition that a poll
-// returned more of (kgo drops what it had buffered of it then, to fetch it
-// again after Resume). The engine's short pauses (read-ahead) so never
-// stop kgo's fetching: a resumed partition whose fetching was stopped
-// waits for the fetch kgo has in flight to that broker, up to
-// WithMaxWait when the broker's other partitions have nothing new. The
-// engine's per-partition bounds hold within one slice.
+// A revocation stops the fetchers of the partitions that move and then
+// takes a lock of the source's that each delivery holds: it runs only
+// between deliveries, and no record of a revoked partition is delivered
+// after it. Each revoked partition's watermark is committed synchronously
+// in the callback, once a commit in flight (which may include it) has
+// ended; commits never overlap, and no later one includes the partition,
+// so no commit of a partition lands after its revocation returned. No lock
+// is held across a network call. A lost partition (the member was
+// evicted) is dropped without a commit.
+//
+// Records are handed to the engine with DeliverBatch, per partition in
+// offset order, in slices of at most 64 messages. A message of an
+// uncompressed batch shares its key, value and header values with the
+// fetch response kgo decoded it from (a response is never reused), as
+// long as the messages the engine has not yet committed past share at
+// most three fetch responses: a message held for long (a parked tenant's,
+// a hanging call) so keeps at most three fetches alive, whatever flows
+// meanwhile. Past that bound, and for compressed batches (decompressed
+// into buffers the source lends kgo and takes back), records are copied
+// out as Source does, and a message kept for long pins only its slice's
+// small neighbours. Later fetches are decoded into the slabs of the
+// records built from (kgo.PoolRecords). Once the engine pauses a
+// partition, the rest of the fetch's records of that partition are kept
+// back, and its fetcher fetches no more until Resume: it then delivers
+// what it kept back first. The engine's per-partition bounds hold within
+// one slice.
 //
 // Offsets are committed only as the engine reports them (kgo's autocommit
 // is off): every CommitInterval, on revocation and on shutdown. After Run
@@ -107,20 +108,27 @@ type GroupSource struct {
 	// rebalance callbacks revoke, so that no record of a partition is
 	// delivered after its Revoked. It guards groupPart.rest.
 	deliverMu sync.Mutex
-	// shared bounds the polls whose responses delivered messages keep
+	// shared bounds the fetches whose responses delivered messages keep
 	// alive; guarded by deliverMu.
 	shared sharing
-	// kept is what every partition's rest holds, in recordBytes; guarded
-	// by deliverMu. Past keepBackFetches fetches, kgo stops fetching the
-	// paused partitions a poll returns more of.
-	kept int64
 	// keptRecords counts the records kept back (tests read it); guarded by
 	// deliverMu.
 	keptRecords int64
-	// wake (with woken set first) asks the poll loop to stop waiting and
-	// deliver what resumed partitions kept back.
-	wake  chan struct{}
-	woken atomic.Bool
+	// fetching counts the partitions' fetchers (group_fetch.go); once
+	// noFetch is set (under commitMu, when Run's context ended) no new one
+	// starts.
+	fetching sync.WaitGroup
+	noFetch  bool
+	// fetchSeq numbers the fetch responses, for the sharing bound.
+	fetchSeq atomic.Int64
+	// runCtx is Run's context, the parent of every fetcher's.
+	runCtx context.Context
+	// pools lends kgo the slabs the fetchers' responses are decoded into
+	// (see kgoPools); decomp decompresses into its buffers. iso is the
+	// isolation level of the client's options.
+	pools  *kgoPools
+	decomp kgo.Decompressor
+	iso    kgo.IsolationLevel
 	// stopping is set once Run's context ended: the revocation of every
 	// partition that leaving the group brings commits but does not revoke
 	// (the engine drains and commits after Run returns).
@@ -139,27 +147,29 @@ type groupPart struct {
 	// done is the last offset committed; guarded by GroupSource.commitMu,
 	// written only by the commit in flight.
 	done int64
-	// paused is set by Pause and read by the poll loop; changed under
-	// pauseMu.
+	// paused is set by Pause and read by the fetcher.
 	paused atomic.Bool
-	// pauseMu orders the engine's Pause and Resume with the poll loop's
-	// pausing of kgo's fetching, so that no kgo pause outlives a Resume.
-	// It guards fetchPaused. No network call is made under it.
-	pauseMu sync.Mutex
-	// fetchPaused says kgo was told to stop fetching the partition.
-	fetchPaused bool
-	// rest is what polls returned of the partition after the engine
-	// paused it, to deliver first once it is resumed; restPolls says which
-	// poll each run of it came from, in order, and restBytes what it holds
+	// wake is signalled by Resume, for the fetcher waiting to deliver
+	// what it kept back.
+	wake chan struct{}
+	// stop ends the partition's fetcher.
+	stop context.CancelFunc
+	// fetches counts the Fetch requests sent, and waiting says the fetcher
+	// waits for Resume to deliver what it kept back (tests read both).
+	fetches atomic.Int64
+	waiting atomic.Bool
+	// rest is what fetches returned of the partition after the engine
+	// paused it, to deliver first once it is resumed; restRuns says which
+	// fetch each run of it came from, in order, and restBytes what it holds
 	// in recordBytes. Guarded by GroupSource.deliverMu.
 	rest      []*kgo.Record
-	restPolls []pollRun
+	restRuns  []fetchRun
 	restBytes int64
 }
 
-// pollRun is a run of n kept-back records of one poll, seq: each run is
-// handed over sharing its own poll's response (see sharing).
-type pollRun struct {
+// fetchRun is a run of n kept-back records of one fetch, seq: each run is
+// handed over sharing its own fetch's response (see sharing).
+type fetchRun struct {
 	seq int64
 	n   int
 }
@@ -199,8 +209,9 @@ func NewGroupSource(brokers []string, topic, group string, opts ...SourceOption)
 		log:     cfg.logger.With("topic", topic, "group", group),
 		watch:   topicWatch{grace: cfg.topicGrace},
 		left:    make(chan struct{}),
-		wake:    make(chan struct{}, 1),
+		pools:   &kgoPools{},
 	}
+	s.decomp = kgo.DefaultDecompressor(s.pools)
 	empty := map[int32]*groupPart{}
 	s.parts.Store(&empty)
 	return s, nil
@@ -237,6 +248,7 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.fatal.cancel = cancel
+	s.runCtx = ctx
 
 	reset := kgo.NewOffset().AtStart()
 	if s.cfg.startOffset == kafkago.LastOffset {
@@ -247,7 +259,6 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 		kgo.ConsumeTopics(s.topic),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(reset),
 		kgo.FetchMaxWait(s.cfg.maxWait),
 		kgo.FetchMaxPartitionBytes(int32(min(s.cfg.maxBytes, 1<<30))),
@@ -255,7 +266,6 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 		kgo.HeartbeatInterval(s.cfg.heartbeatInterval),
 		kgo.SessionTimeout(s.cfg.sessionTimeout),
 		kgo.RebalanceTimeout(s.cfg.rebalanceTimeout),
-		kgo.WithPools(&kgoPools{}),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { s.assigned(m[s.topic], d) }),
 		kgo.OnPartitionsRevoked(func(cctx context.Context, _ *kgo.Client, m map[string][]int32) {
 			s.revoked(cctx, m[s.topic], d, true)
@@ -268,14 +278,23 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 	if err != nil {
 		return invalid("kgo client: %v", err)
 	}
+	// kgo never fetches the topic: each partition's fetcher does.
+	cl.PauseFetchTopics(s.topic)
+	if iso, ok := cl.OptValue(kgo.FetchIsolationLevel).(kgo.IsolationLevel); ok {
+		s.iso = iso
+	}
 	s.cl.Store(cl)
 
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); s.commitLoop(ctx) }()
 	go func() { defer wg.Done(); s.watchTopic(ctx, cl) }()
-	s.poll(ctx, cl, d)
+	<-ctx.Done()
 	wg.Wait()
+	s.commitMu.Lock()
+	s.noFetch = true
+	s.commitMu.Unlock()
+	s.fetching.Wait()
 
 	// Shutdown: commit what was settled, then leave. Leaving revokes every
 	// partition; the callback commits what was settled since (stopping),
@@ -292,74 +311,7 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 	return s.fatal.get()
 }
 
-// poll delivers every polled record until ctx ends.
-func (s *GroupSource) poll(ctx context.Context, cl *kgo.Client, d consumer.Dispatcher) {
-	var sb recordSlicer
-	// The waker cancels the current poll when Resume leaves records of a
-	// partition to deliver (see Resume).
-	var cur atomic.Pointer[context.CancelFunc]
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-s.wake:
-				if c := cur.Load(); c != nil {
-					(*c)()
-				}
-			}
-		}
-	}()
-	for seq := int64(0); ctx.Err() == nil; seq++ {
-		s.woken.Store(false)
-		s.deliverRests(&sb, d)
-		pctx, cancel := context.WithCancel(ctx)
-		cur.Store(&cancel)
-		if s.woken.Load() {
-			cancel()
-		}
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			cl.AllowRebalance()
-			return
-		}
-		fs.EachError(func(topic string, p int32, err error) {
-			if pctx.Err() == nil && !s.failed(err) {
-				s.log.Warn("kafka: fetch failed; kgo retries", "partition", p, "err", err)
-			}
-		})
-		s.deliverMu.Lock()
-		parts := *s.parts.Load()
-		s.shared.release(parts)
-		fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-			if ftp.Topic != s.topic || len(ftp.Records) == 0 {
-				return
-			}
-			if ps := parts[ftp.Partition]; ps != nil {
-				s.deliver(ps, ftp.Records, seq, &sb, d)
-			}
-		})
-		s.deliverMu.Unlock()
-		cl.AllowRebalance()
-	}
-}
-
-// deliverRests delivers what partitions that are no longer paused kept
-// back.
-func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
-	s.deliverMu.Lock()
-	defer s.deliverMu.Unlock()
-	parts := *s.parts.Load()
-	s.shared.release(parts)
-	for _, ps := range parts {
-		if len(ps.rest) > 0 && !ps.paused.Load() {
-			s.deliver(ps, nil, -1, sb, d)
-		}
-	}
-}
-
-// deliver hands what ps kept back and then recs, of poll seq, to the engine
+// deliver hands what ps kept back and then recs, of fetch seq, to the engine
 // in slices, and keeps back the rest once the engine paused ps. What was
 // kept back and is not handed over stays where it is, ahead of recs: a
 // record waits through as many pauses as the engine makes, and is kept
@@ -367,11 +319,11 @@ func (s *GroupSource) deliverRests(sb *recordSlicer, d consumer.Dispatcher) {
 func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *recordSlicer, d consumer.Dispatcher) {
 	if len(ps.rest) > 0 {
 		if len(recs) > 0 && ps.paused.Load() {
-			s.keepBack(ps, recs, seq) // still paused after a poll that returned more
+			s.keepBack(ps, recs, seq) // still paused after a fetch that returned more
 			return
 		}
 		for len(ps.rest) > 0 {
-			run := ps.restPolls[0]
+			run := ps.restRuns[0]
 			n, size := s.send(ps, ps.rest[:run.n], run.seq, true, sb, d)
 			s.dropRest(ps, n, size)
 			if n < run.n {
@@ -387,7 +339,7 @@ func (s *GroupSource) deliver(ps *groupPart, recs []*kgo.Record, seq int64, sb *
 	s.keepBack(ps, recs[n:], seq)
 }
 
-// send hands recs, of poll seq, to the engine in slices until the engine
+// send hands recs, of fetch seq, to the engine in slices until the engine
 // pauses ps, and returns how many it handed over and, if sized, what they
 // held in recordBytes. Called with deliverMu held.
 func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sized bool, sb *recordSlicer, d consumer.Dispatcher) (n int, size int64) {
@@ -412,18 +364,11 @@ func (s *GroupSource) send(ps *groupPart, recs []*kgo.Record, seq int64, sized b
 	return n, size
 }
 
-// keepBackFetches bounds what the partitions the engine paused keep back
-// before kgo is told to stop fetching them, in fetches of WithMaxBytes.
-// Stopping kgo's fetching costs a resumed partition a fetch again, behind
-// the one kgo has in flight (up to WithMaxWait on a quiet broker), so it is
-// kept for pauses that outlast several polls.
-const keepBackFetches = 8
-
 // recordOverhead is what a kept-back record holds beyond its bytes: its
 // kgo struct.
 const recordOverhead = int64(unsafe.Sizeof(kgo.Record{}))
 
-// recordBytes is what keeping r back holds, for keepBackFetches.
+// recordBytes is what keeping r back holds (groupPart.restBytes).
 func recordBytes(r *kgo.Record) int64 {
 	n := int64(len(r.Key)+len(r.Value)) + recordOverhead
 	for _, h := range r.Headers {
@@ -432,17 +377,16 @@ func recordBytes(r *kgo.Record) int64 {
 	return n
 }
 
-// keepBack appends recs, of poll seq, to what ps keeps back until Resume,
-// and stops kgo from fetching ps if the partitions now keep back more than
-// keepBackFetches fetches. Called with deliverMu held.
+// keepBack appends recs, of fetch seq, to what ps keeps back until Resume.
+// Called with deliverMu held.
 func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
 	if len(recs) == 0 {
 		return
 	}
-	if k := len(ps.restPolls) - 1; k >= 0 && ps.restPolls[k].seq == seq {
-		ps.restPolls[k].n += len(recs)
+	if k := len(ps.restRuns) - 1; k >= 0 && ps.restRuns[k].seq == seq {
+		ps.restRuns[k].n += len(recs)
 	} else {
-		ps.restPolls = append(ps.restPolls, pollRun{seq: seq, n: len(recs)})
+		ps.restRuns = append(ps.restRuns, fetchRun{seq: seq, n: len(recs)})
 	}
 	ps.rest = append(ps.rest, recs...)
 	s.keptRecords += int64(len(recs))
@@ -451,49 +395,26 @@ func (s *GroupSource) keepBack(ps *groupPart, recs []*kgo.Record, seq int64) {
 		n += recordBytes(r)
 	}
 	ps.restBytes += n
-	s.kept += n
-	s.boundKept(ps)
-}
-
-// boundKept stops kgo from fetching ps if the partitions keep back more
-// than keepBackFetches fetches. Called with deliverMu held.
-func (s *GroupSource) boundKept(ps *groupPart) {
-	if s.kept > keepBackFetches*int64(s.cfg.maxBytes) {
-		s.pauseFetching(ps)
-	}
 }
 
 // dropRest drops the first n records ps keeps back (handed over, or of a
-// revoked partition), which held size in recordBytes. If some are left, the
-// keep-back bound applies as in keepBack. Called with deliverMu held.
+// revoked partition), which held size in recordBytes. Called with
+// deliverMu held.
 func (s *GroupSource) dropRest(ps *groupPart, n int, size int64) {
 	clear(ps.rest[:n])
 	ps.rest = ps.rest[n:]
 	ps.restBytes -= size
-	s.kept -= size
 	if len(ps.rest) == 0 {
-		ps.rest, ps.restPolls, ps.restBytes = nil, nil, 0
+		ps.rest, ps.restRuns, ps.restBytes = nil, nil, 0
 		return
 	}
 	for n > 0 {
-		if run := &ps.restPolls[0]; run.n > n {
+		if run := &ps.restRuns[0]; run.n > n {
 			run.n -= n
 			break
 		}
-		n -= ps.restPolls[0].n
-		ps.restPolls = ps.restPolls[1:]
-	}
-	s.boundKept(ps)
-}
-
-// pauseFetching tells kgo to stop fetching ps while the engine has it
-// paused.
-func (s *GroupSource) pauseFetching(ps *groupPart) {
-	ps.pauseMu.Lock()
-	defer ps.pauseMu.Unlock()
-	if ps.paused.Load() && !ps.fetchPaused {
-		ps.fetchPaused = true
-		s.cl.Load().PauseFetchPartitions(map[string][]int32{s.topic: {ps.id.ID}})
+		n -= ps.restRuns[0].n
+		ps.restRuns = ps.restRuns[1:]
 	}
 }
 
@@ -504,16 +425,31 @@ func (s *GroupSource) assigned(ids []int32, d consumer.Dispatcher) {
 	}
 	s.commitMu.Lock()
 	parts := maps(*s.parts.Load())
+	var fresh []*groupPart
 	for _, id := range ids {
-		ps := &groupPart{id: consumer.Partition{Topic: s.topic, ID: id}, done: -1}
+		ps := &groupPart{id: consumer.Partition{Topic: s.topic, ID: id}, done: -1, wake: make(chan struct{}, 1)}
 		ps.want.Store(-1)
 		parts[id] = ps
+		fresh = append(fresh, ps)
 	}
 	s.parts.Store(&parts)
+	start := !s.noFetch
+	if start {
+		s.fetching.Add(len(fresh))
+	}
 	s.commitMu.Unlock()
 	s.log.Debug("kafka: partitions assigned", "partitions", ids)
-	for _, id := range ids {
-		d.Assigned(parts[id].id)
+	for _, ps := range fresh {
+		d.Assigned(ps.id)
+	}
+	if !start {
+		return
+	}
+	cl := s.cl.Load()
+	for _, ps := range fresh {
+		var fctx context.Context
+		fctx, ps.stop = context.WithCancel(s.runCtx)
+		go s.fetchPart(fctx, cl, ps, d)
 	}
 }
 
@@ -538,19 +474,15 @@ func (s *GroupSource) revoked(ctx context.Context, ids []int32, d consumer.Dispa
 		}
 		return
 	}
+	for _, ps := range gone {
+		if ps.stop != nil {
+			ps.stop() // its fetcher delivers nothing once it left the table
+		}
+	}
 	s.deliverMu.Lock()
 	for _, ps := range gone {
 		d.Revoked(ps.id)
 		s.dropRest(ps, len(ps.rest), ps.restBytes) // never delivered: the partition is gone
-		// A kgo pause persists through a later assignment of the
-		// partition; the engine's pause ended with Revoked.
-		ps.pauseMu.Lock()
-		ps.paused.Store(false)
-		if ps.fetchPaused {
-			ps.fetchPaused = false
-			s.cl.Load().ResumeFetchPartitions(map[string][]int32{s.topic: {ps.id.ID}})
-		}
-		ps.pauseMu.Unlock()
 	}
 	s.commitMu.Lock()
 	parts := maps(*s.parts.Load())
@@ -767,31 +699,22 @@ func (s *GroupSource) lookup(p consumer.Partition) *groupPart {
 	return (*s.parts.Load())[p.ID]
 }
 
-// Pause stops delivering p: the records of p that polls return are kept
-// back until Resume, and kgo stops fetching p once a second poll returned
-// some (see GroupSource).
+// Pause stops delivering p: the rest of the records of p being delivered
+// are kept back until Resume, and p's fetcher fetches no more meanwhile
+// (see GroupSource).
 func (s *GroupSource) Pause(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
-		ps.pauseMu.Lock()
 		ps.paused.Store(true)
-		ps.pauseMu.Unlock()
 	}
 }
 
-// Resume undoes Pause. What p kept back is delivered first, by the poll
-// loop, which Resume wakes.
+// Resume undoes Pause. What p kept back is delivered first, by p's
+// fetcher, which Resume wakes.
 func (s *GroupSource) Resume(p consumer.Partition) {
 	if ps := s.lookup(p); ps != nil {
-		ps.pauseMu.Lock()
 		ps.paused.Store(false)
-		if ps.fetchPaused {
-			ps.fetchPaused = false
-			s.cl.Load().ResumeFetchPartitions(map[string][]int32{s.topic: {p.ID}})
-		}
-		ps.pauseMu.Unlock()
-		s.woken.Store(true)
 		select {
-		case s.wake <- struct{}{}:
+		case ps.wake <- struct{}{}:
 		default:
 		}
 	}

@@ -8,8 +8,9 @@ import (
 )
 
 // kgoPools lends kgo the slabs it decodes fetched records into and the
-// buffers it decompresses batches into (kgo.WithPools). The GroupSource
-// copies every record into engine messages before it recycles it
+// buffers it decompresses batches into (the GroupSource's fetchers pass it
+// to kgo.ProcessFetchPartition and kgo.DefaultDecompressor). The
+// GroupSource builds engine messages of every record before it recycles it
 // (recordSlicer), and kgo takes a slab and its buffer back only once every
 // record of the batch was recycled, so nothing a message holds is ever
 // reused. A record never recycled (its partition was revoked while it was

@@ -20,7 +20,7 @@ import (
 // bytes, and every record's when it may not share, are copied into an arena
 // for the slice (each over largeValue gets its own allocation), as Source
 // does, and a message kept for long then pins only its slice's small
-// neighbours. How many polls' responses shared messages may pin is bounded
+// neighbours. How many fetch responses shared messages may pin is bounded
 // (see sharing).
 type recordSlicer struct{}
 
@@ -83,61 +83,61 @@ func (recordSlicer) build(p consumer.Partition, recs []*kgo.Record, share bool) 
 // rather than writing over the bytes that follow it in the response.
 func capped(v []byte) []byte { return v[:len(v):len(v)] }
 
-// maxSharedPolls bounds the polls whose fetch responses messages that share
+// maxSharedFetches bounds the fetches whose responses messages that share
 // their records' bytes may keep alive (see sharing).
-const maxSharedPolls = 3
+const maxSharedFetches = 3
 
-// sharing tracks the polls whose responses shared messages keep alive, so
-// that their number stays within maxSharedPolls: a poll is released once
+// sharing tracks the fetches whose responses shared messages keep alive, so
+// that their number stays within maxSharedFetches: a fetch is released once
 // every partition's commit point passed the last message it shared from it
 // (the engine no longer holds any of them), or the partition was revoked.
-// While maxSharedPolls polls are held, the records of any other poll are
+// While maxSharedFetches fetches are held, the records of any other fetch are
 // copied. A message the engine holds for long (a parked tenant's, a call
-// that hangs) thus pins at most maxSharedPolls polls' responses, whatever
-// else flows meanwhile. Used by the poll loop only, under deliverMu.
+// that hangs) thus pins at most maxSharedFetches fetches' responses, whatever
+// else flows meanwhile. Used under deliverMu.
 type sharing struct {
-	polls []pinnedPoll
-	// copied counts the slices copied because maxSharedPolls polls were
+	pinned []pinnedFetch
+	// copied counts the slices copied because maxSharedFetches fetches were
 	// held (tests read it).
 	copied int
 }
 
-// pinnedPoll is a poll some messages share the response of.
-type pinnedPoll struct {
+// pinnedFetch is a fetch some messages share the response of.
+type pinnedFetch struct {
 	seq   int64
 	parts []pinnedPart
 }
 
-// pinnedPart is a partition that messages sharing a poll's response are
+// pinnedPart is a partition that messages sharing a fetch's response are
 // of, and the offset past the last of them.
 type pinnedPart struct {
 	ps  *groupPart
 	end int64
 }
 
-// admit reports whether messages may share the response of poll seq.
+// admit reports whether messages may share the response of fetch seq.
 func (sh *sharing) admit(seq int64) bool {
 	if seq < 0 {
 		return false
 	}
-	for i := range sh.polls {
-		if sh.polls[i].seq == seq {
+	for i := range sh.pinned {
+		if sh.pinned[i].seq == seq {
 			return true
 		}
 	}
-	if len(sh.polls) < maxSharedPolls {
-		sh.polls = append(sh.polls, pinnedPoll{seq: seq})
+	if len(sh.pinned) < maxSharedFetches {
+		sh.pinned = append(sh.pinned, pinnedFetch{seq: seq})
 		return true
 	}
 	sh.copied++
 	return false
 }
 
-// note records that messages of ps up to end share poll seq's response
+// note records that messages of ps up to end share fetch seq's response
 // (admitted).
 func (sh *sharing) note(seq int64, ps *groupPart, end int64) {
-	for i := range sh.polls {
-		sp := &sh.polls[i]
+	for i := range sh.pinned {
+		sp := &sh.pinned[i]
 		if sp.seq != seq {
 			continue
 		}
@@ -150,11 +150,11 @@ func (sh *sharing) note(seq int64, ps *groupPart, end int64) {
 	}
 }
 
-// release drops the polls that no message the engine holds shares any
+// release drops the fetches that no message the engine holds shares any
 // more; parts is the table of assigned partitions.
 func (sh *sharing) release(parts map[int32]*groupPart) {
-	kept := sh.polls[:0]
-	for _, sp := range sh.polls {
+	kept := sh.pinned[:0]
+	for _, sp := range sh.pinned {
 		live := sp.parts[:0]
 		for _, pp := range sp.parts {
 			if parts[pp.ps.id.ID] == pp.ps && pp.ps.want.Load() < pp.end {
@@ -167,6 +167,6 @@ func (sh *sharing) release(parts map[int32]*groupPart) {
 			kept = append(kept, sp)
 		}
 	}
-	clear(sh.polls[len(kept):])
-	sh.polls = kept
+	clear(sh.pinned[len(kept):])
+	sh.pinned = kept
 }

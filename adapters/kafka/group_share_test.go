@@ -16,17 +16,17 @@ import (
 	"github.com/ringfence/ringfence/consumer/consumertest"
 )
 
-// sharingState reads src's sharing bookkeeping: the polls held and the
-// slices copied because maxSharedPolls were.
+// sharingState reads src's sharing bookkeeping: the fetches held and the
+// slices copied because maxSharedFetches were.
 func sharingState(src *GroupSource) (held, copied int) {
 	src.deliverMu.Lock()
 	defer src.deliverMu.Unlock()
-	return len(src.shared.polls), src.shared.copied
+	return len(src.shared.pinned), src.shared.copied
 }
 
-// Messages that are never settled keep at most maxSharedPolls polls'
-// responses alive: the records of later polls are copied. Once the
-// commit point passed them, the polls are released and later records
+// Messages that are never settled keep at most maxSharedFetches fetches'
+// responses alive: the records of later fetches are copied. Once the
+// commit point passed them, the fetches are released and later records
 // share their responses again.
 func TestGroupSharingIsBounded(t *testing.T) {
 	t.Parallel()
@@ -37,8 +37,8 @@ func TestGroupSharingIsBounded(t *testing.T) {
 	consumertest.StartSource(t, src, k)
 	consumertest.Eventually(t, "every message", func() bool { return k.len() >= total })
 	held, copied := sharingState(src)
-	if held > maxSharedPolls || copied == 0 {
-		t.Fatalf("%d polls shared by unsettled messages (at most %d), %d slices copied (want some)", held, maxSharedPolls, copied)
+	if held > maxSharedFetches || copied == 0 {
+		t.Fatalf("%d fetches shared by unsettled messages (at most %d), %d slices copied (want some)", held, maxSharedFetches, copied)
 	}
 
 	p := consumer.Partition{Topic: topic, ID: 0}
@@ -49,7 +49,7 @@ func TestGroupSharingIsBounded(t *testing.T) {
 	consumertest.Eventually(t, "the message produced after the commit", func() bool { return k.len() >= total+1 })
 	held, after := sharingState(src)
 	if after != copied || held != 1 {
-		t.Fatalf("after the commit: %d polls shared, %d slices copied since; want 1 and none", held, after-copied)
+		t.Fatalf("after the commit: %d fetches shared, %d slices copied since; want 1 and none", held, after-copied)
 	}
 }
 
@@ -135,10 +135,10 @@ func (d *pausingBatches) DeliverBatch(ms []*consumer.Message) {
 	d.ps.paused.Store(true)
 }
 
-// Records kept back over a pause from two polls are handed over sharing
-// each its own poll's response, and in order, however the pauses cut the
-// runs of each poll.
-func TestGroupKeptBackPollsShareTheirResponses(t *testing.T) {
+// Records kept back over a pause from two fetches are handed over sharing
+// each its own fetch's response, and in order, however the pauses cut the
+// runs of each fetch.
+func TestGroupKeptBackFetchesShareTheirResponses(t *testing.T) {
 	s := &GroupSource{cfg: defaultSourceConfig()}
 	ps := &groupPart{id: consumer.Partition{Topic: "t", ID: 0}}
 	s.parts.Store(&map[int32]*groupPart{0: ps})
@@ -156,12 +156,14 @@ func TestGroupKeptBackPollsShareTheirResponses(t *testing.T) {
 	s.deliver(ps, first, 1, &sb, d) // one slice, then paused: the rest kept back
 	s.deliver(ps, second, 2, &sb, d)
 	s.deliverMu.Unlock()
-	if got := ps.restPolls; len(got) != 2 || got[0] != (pollRun{1, 10}) || got[1] != (pollRun{2, 2 * deliverSlice}) {
-		t.Fatalf("kept back as %v, want 10 records of poll 1 then %d of poll 2", got, 2*deliverSlice)
+	if got := ps.restRuns; len(got) != 2 || got[0] != (fetchRun{1, 10}) || got[1] != (fetchRun{2, 2 * deliverSlice}) {
+		t.Fatalf("kept back as %v, want 10 records of fetch 1 then %d of fetch 2", got, 2*deliverSlice)
 	}
 	for len(ps.rest) > 0 {
 		ps.paused.Store(false)
-		s.deliverRests(&sb, d)
+		s.deliverMu.Lock()
+		s.deliver(ps, nil, -1, &sb, d)
+		s.deliverMu.Unlock()
 	}
 	all := append(first, second...)
 	var off int
@@ -172,12 +174,12 @@ func TestGroupKeptBackPollsShareTheirResponses(t *testing.T) {
 				t.Fatalf("message %d has offset %d, want %d", off, m.Offset, r.Offset)
 			}
 			if &m.Value[0] != &r.Value[0] {
-				t.Fatalf("message at offset %d was copied, want it to share its poll's response", m.Offset)
+				t.Fatalf("message at offset %d was copied, want it to share its fetch's response", m.Offset)
 			}
 			off++
 		}
 	}
-	if off != len(all) || ps.restPolls != nil {
-		t.Fatalf("%d messages handed over, want %d; %v still kept back", off, len(all), ps.restPolls)
+	if off != len(all) || ps.restRuns != nil {
+		t.Fatalf("%d messages handed over, want %d; %v still kept back", off, len(all), ps.restRuns)
 	}
 }

@@ -132,10 +132,10 @@ func (c *pausingGroup) DeliverBatch(ms []*consumer.Message) {
 	c.paused <- ms[0].Partition
 }
 
-// A partition the engine pauses mid-poll goes on, once resumed, from the
-// records that poll returned: every record once, in order, in slices of at
+// A partition the engine pauses mid-fetch goes on, once resumed, from the
+// records that fetch returned: every record once, in order, in slices of at
 // most deliverSlice.
-func TestGroupResumeGoesOnFromThePoll(t *testing.T) {
+func TestGroupResumeGoesOnFromTheFetch(t *testing.T) {
 	t.Parallel()
 	const total = 900
 	src, _, _ := seededGroup(t, "grest", total, numbered(total, ""))
@@ -318,7 +318,7 @@ func (k *keeper) len() int {
 // Messages keep nothing kgo reuses: kgo decodes later fetches into the
 // same pooled slabs and decompression buffers (kgoPools), and every message
 // kept from the first fetches, whether it shares its fetch response or was
-// copied (kept, none is settled: past maxSharedPolls polls they are
+// copied (kept, none is settled: past maxSharedFetches fetches they are
 // copied), still reads as produced, null and empty apart, and appending to
 // its bytes writes over nothing else.
 func TestGroupMessagesOutliveRecycledRecords(t *testing.T) {
@@ -442,7 +442,7 @@ func (c *holdingGroup) given(src *GroupSource, p consumer.Partition) (given, kep
 }
 
 // resumeAll resumes p and fails unless col then gets every one of total
-// records once, in offset order, and kgo fetches every partition again.
+// records once, in offset order.
 func (c *holdingGroup) resumeAll(t *testing.T, src *GroupSource, p consumer.Partition, total int) {
 	t.Helper()
 	src.Resume(p)
@@ -451,9 +451,6 @@ func (c *holdingGroup) resumeAll(t *testing.T, src *GroupSource, p consumer.Part
 		defer c.mu.Unlock()
 		return len(c.offs) >= total
 	})
-	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
-		t.Fatalf("kgo still paused %v after Resume", got)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, off := range c.offs {
@@ -466,49 +463,23 @@ func (c *holdingGroup) resumeAll(t *testing.T, src *GroupSource, p consumer.Part
 	}
 }
 
-// A partition paused for long keeps back what the poll loop holds, and kgo
-// stops fetching it once a later poll returned more of it; after Resume
-// every record comes once, in order.
-func TestGroupLongPauseStopsFetching(t *testing.T) {
+// A paused partition keeps back the rest of the fetch it was delivering
+// and fetches no more until Resume; after Resume every record comes once,
+// in order.
+func TestGroupPauseStopsFetching(t *testing.T) {
 	t.Parallel()
 	const total = 2000
 	// Batches of 50: a fetch of 4 KiB takes a few.
-	src, _, topic := seededGroup(t, "hold", 50, numbered(total, ""), WithMaxBytes(4<<10))
+	src, _, _ := seededGroup(t, "hold", 50, numbered(total, ""), WithMaxBytes(4<<10))
 	col, p := holdFirst(t, src)
-	consumertest.Eventually(t, "kgo's fetch pause", func() bool {
-		return len(src.cl.Load().PauseFetchPartitions(nil)[topic]) == 1
-	})
-	if given, kept := col.given(src, p); kept+given >= total {
-		t.Fatalf("%d kept back and %d delivered of %d: the fetch pause did not hold", kept, given, total)
+	ps := src.lookup(p)
+	consumertest.Eventually(t, "the fetcher waiting for Resume", ps.waiting.Load)
+	given, kept := col.given(src, p)
+	if kept == 0 || kept+given >= total {
+		t.Fatalf("%d kept back and %d delivered of %d: want the rest of one fetch kept back", kept, given, total)
 	}
-	col.resumeAll(t, src, p, total)
-}
-
-// A pause through a few polls keeps their records back without stopping
-// kgo's fetching (a resumed partition then waits for no fetch), and after
-// Resume every record comes once, in order.
-func TestGroupShortPauseKeepsFetching(t *testing.T) {
-	t.Parallel()
-	const total = 40
-	ms := numbered(total, "")
-	for i := range ms {
-		ms[i].Value = append(ms[i].Value, bytes.Repeat([]byte{'x'}, 2<<10)...)
-	}
-	// Batches of 4: a fetch of 16 KiB takes one or two. What 40 records of
-	// 2 KiB keep back is well under keepBackFetches fetches of 16 KiB, and
-	// more than one fetch.
-	src, _, _ := seededGroup(t, "short", 4, ms, WithMaxBytes(16<<10))
-	col, p := holdFirst(t, src)
-	consumertest.Eventually(t, "every record fetched", func() bool {
-		given, kept := col.given(src, p)
-		return given+kept == total
-	})
-	given, _ := col.given(src, p)
-	if given == total || given > 8 {
-		t.Fatalf("%d of %d delivered before Resume: want one fetch's worth, the rest kept back", given, total)
-	}
-	if got := src.cl.Load().PauseFetchPartitions(nil); len(got) != 0 {
-		t.Fatalf("kgo paused %v for a pause that kept back %d records, under the bound", got, total-given)
+	if f := ps.fetches.Load(); f != 1 {
+		t.Fatalf("%d fetches made while paused after the first, want none", f-1)
 	}
 	col.resumeAll(t, src, p, total)
 }
