@@ -40,10 +40,11 @@ import (
 // leader over a kgo client of its own (the options given with
 // WithClientOptions apply: dialer, TLS, SASL), resuming from the group's
 // committed offset, or from WithStartOffset if it has none. kgo itself
-// never fetches the topic. A fetcher has its next request in flight while
-// the engine handles what the last one returned, and its own connection, so
-// that a partition read to its end (its Fetch held by the broker for
-// WithMaxWait) holds up no other.
+// never fetches the topic. A fetcher sends its next request as soon as it
+// has handed the engine what the last one returned, while the engine's
+// workers handle that, and has its own connection, so that a partition
+// read to its end (its Fetch held by the broker for WithMaxWait) holds up
+// no other.
 //
 // A revocation stops the fetchers of the partitions that move and then
 // takes a lock of the source's that each delivery holds: it runs only
@@ -260,9 +261,6 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.ConsumeResetOffset(reset),
-		kgo.FetchMaxWait(s.cfg.maxWait),
-		kgo.FetchMaxPartitionBytes(int32(min(s.cfg.maxBytes, 1<<30))),
-		kgo.FetchMaxBytes(int32(min(s.cfg.maxBytes, 1<<30))),
 		kgo.HeartbeatInterval(s.cfg.heartbeatInterval),
 		kgo.SessionTimeout(s.cfg.sessionTimeout),
 		kgo.RebalanceTimeout(s.cfg.rebalanceTimeout),

@@ -4,14 +4,15 @@ package kafka
 // the cooperative-sticky assignment, heartbeats, commits) and never fetches
 // the topic: it is paused in kgo from the start. Each assigned partition has
 // a fetcher of its own, a goroutine that sends its own Fetch requests to the
-// partition's leader over kgo's connection to that broker (kgo's dialer,
-// TLS and SASL apply), has kgo decode each response
+// partition's leader over a kgo client of its own (one connection; the
+// source's kgo options apply: dialer, TLS, SASL), has kgo decode each
+// response
 // (kgo.ProcessFetchPartition, into the source's pooled slabs) and delivers
-// the records under deliverMu. kgo keeps one fetch in flight per broker, so
-// that its fetching waits for each response to be taken before it asks for
-// more; here each partition has its request in flight while the engine
-// handles what the last one returned (BenchmarkConsume guards the
-// difference).
+// the records under deliverMu. kgo's own fetching keeps one Fetch in
+// flight per broker and asks for more only once a poll took what the last
+// one returned; here each partition asks again as soon as it has handed
+// the engine what it got, while the engine's workers handle that
+// (BenchmarkConsume guards the difference).
 //
 // A fetcher stops when its partition is revoked (revoked cancels it before
 // it takes deliverMu, and a fetcher delivers only while its partition is
