@@ -84,9 +84,9 @@ func benchTopic(b *testing.B, msgs, tenants int) (addrs []string, topic string) 
 // PollFetches loop, committed by kgo's default autocommit: every 5s, only
 // what earlier polls returned, so a record is committed only once the loop
 // has handled it and polled again; once with its defaults and once with
-// FetchMaxBytes 1 MiB, the bound the GroupSource sets), and
-// kafka.GroupSource (built on kgo)
-// alone and under the engine, to read against kgo's own loop. One op is
+// FetchMaxBytes 1 MiB), and kafka.GroupSource (the group run by kgo, each
+// partition fetched on a kgo client of its own) alone and under the
+// engine, to read against kgo's own loop. One op is
 // the whole topic, group join and shutdown included; msgs/s is the figure
 // to compare. The topic is large enough that an op measures each client's
 // sustained rate rather than its start (group join, first fetch, the heap
@@ -376,10 +376,10 @@ func benchConsume(b *testing.B, msgs, tenants int, only ...string) {
 		}}
 	}
 	rows = append(rows, kgoRow("franz-go-kgo"))
-	// The same with a fetch bounded as the GroupSource bounds it
-	// (WithMaxBytes, 1 MiB): kgo's default of 50 MiB makes a fetch one
-	// response of every partition's 1 MiB, which costs the process far more
-	// page faults and misses; read the GroupSource against both.
+	// The same with a fetch of 1 MiB in all: kgo's default of 50 MiB makes
+	// a fetch one response of every partition's 1 MiB, which costs the
+	// process far more page faults and misses; read the GroupSource (a
+	// fetch of at most WithMaxBytes, 1 MiB, per partition) against both.
 	rows = append(rows, kgoRow("franz-go-kgo-1mib", kgo.FetchMaxBytes(1<<20)))
 	// Two reads of the topic first, not measured: whichever row runs first
 	// in a process reads far slower in its first ops (the process's heap

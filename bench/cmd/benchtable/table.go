@@ -245,9 +245,9 @@ func kafkaTenantsRow(s *samples) [4]string {
 	}
 }
 
-// kafkaGroupRow is the engine on kafka.GroupSource (kgo underneath) beside
-// kgo's own poll loop, with its defaults and with the fetch bound the
-// GroupSource sets, and the kafka-go source's engine row beside them.
+// kafkaGroupRow is the engine on kafka.GroupSource (the group run by kgo)
+// beside kgo's own poll loop, with its defaults and with a fetch of 1 MiB
+// in all, and the kafka-go source's engine row beside them.
 func kafkaGroupRow(s *samples) [4]string {
 	rate := func(name string) float64 { return s.med(name, "msgs/s") }
 	cpu := func(name string) string { return thousands(s.med(name, "cpu-ns/msg")) }
@@ -265,9 +265,9 @@ func kafkaGroupRow(s *samples) [4]string {
 		head = median(kgo)
 	}
 	return [4]string{
-		fmt.Sprintf("Kafka, the same on `kafka.GroupSource` (kgo, cooperative rebalancing): the processes above, and %d more of this row and kgo's alone", s.procs(kGEngine, "msgs/s")-s.procs(kEngine, "msgs/s")),
+		fmt.Sprintf("Kafka, the same on `kafka.GroupSource` (the group on kgo, cooperative rebalancing; each partition fetched on a client of its own): the processes above, and %d more of this row and kgo's alone", s.procs(kGEngine, "msgs/s")-s.procs(kEngine, "msgs/s")),
 		fmt.Sprintf("%s msg/s; %s ns of CPU a message", thousands(rate(kGEngine)), cpu(kGEngine)),
-		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the same with `FetchMaxBytes` 1 MiB, the GroupSource's fetch bound, %s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
+		fmt.Sprintf("franz-go `kgo` group `PollFetches` %s msg/s (%s ns CPU); the same with `FetchMaxBytes` 1 MiB %s (%s ns CPU); the GroupSource alone %s (%s ns CPU); the kafka-go source's engine %s (%s ns CPU)",
 			thousands(rate(kKgo)), cpu(kKgo), thousands(rate(kKgo1M)), cpu(kKgo1M),
 			thousands(rate(kGSource)), cpu(kGSource), thousands(rate(kEngine)), cpu(kEngine)),
 		fmt.Sprintf("**%.2fx** of kgo, the median of the per-process ratios over %d processes, %s; at 1 MiB %s; from the rows' medians %.2fx of kgo, %.2fx of kgo at 1 MiB, %.2fx of the GroupSource; counted from the partitions' assignment to the last message (`from-assign-msgs/s`: group join left out, kgo's first fetch in) %.2fx of kgo, %.2fx at 1 MiB",
