@@ -483,3 +483,38 @@ func TestGroupPauseStopsFetching(t *testing.T) {
 	}
 	col.resumeAll(t, src, p, total)
 }
+
+// A partition read to its end has its Fetch held by the broker for
+// WithMaxWait; the other partitions do not wait behind it. Here the
+// broker holds partition 0's one Fetch for longer than the test waits,
+// while partition 1 is fed three times, each taking a fetch of its own.
+func TestGroupIdlePartitionHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	topic := uniq("idle")
+	c := startCluster(t, kfake.SeedTopics(2, topic))
+	src, err := NewGroupSource(c.Addrs(), topic, uniq("g"), groupOpts(WithMaxWait(5*time.Minute))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(false)
+	consumertest.StartSource(t, src, col)
+	idle, busy := consumer.Partition{Topic: topic, ID: 0}, consumer.Partition{Topic: topic, ID: 1}
+	consumertest.Eventually(t, "both partitions fetching", func() bool {
+		i, b := src.lookup(idle), src.lookup(busy)
+		return i != nil && b != nil && i.fetches.Load() == 1 && b.fetches.Load() == 1
+	})
+	for i := range 3 {
+		produce(t, c.Addrs(), topic, kafkago.Message{Partition: 1, Value: []byte(fmt.Sprintf("v-%d", i))})
+		consumertest.Eventually(t, fmt.Sprintf("partition 1's record %d", i), func() bool {
+			col.mu.Lock()
+			defer col.mu.Unlock()
+			return len(col.byPart[1]) == i+1
+		})
+	}
+	if f := src.lookup(idle).fetches.Load(); f != 1 {
+		t.Fatalf("partition 0 sent %d fetches, want its first still held", f)
+	}
+	if f := src.lookup(busy).fetches.Load(); f < 4 {
+		t.Fatalf("partition 1 sent %d fetches for three records fed one at a time, want at least 4", f)
+	}
+}

@@ -142,13 +142,9 @@ func WithMaxWait(d time.Duration) SourceOption {
 	}
 }
 
-// WithMaxBytes sets the most bytes one fetch of one partition returns. A
-// GroupSource also bounds a whole fetch from one broker by it (kgo's
-// FetchMaxBytes, 50 MiB by default): what kgo decodes and holds ahead of the
-// engine per broker, and the size of the buffer each fetch response is read
-// into: a response of several partitions' worth is a fresh multi-MiB
-// allocation per fetch, which costs the process page faults and cache
-// misses a 1 MiB one does not. Default: 1 MiB.
+// WithMaxBytes sets the most bytes one fetch of one partition returns:
+// what a partition's fetcher holds ahead of the engine, and the size of the
+// buffer each fetch response is read into. Default: 1 MiB.
 func WithMaxBytes(n int) SourceOption {
 	return func(c *sourceConfig) error {
 		if n < 1 {
@@ -201,12 +197,12 @@ func WithLogger(l *slog.Logger) SourceOption {
 	}
 }
 
-// WithClientOptions adds options to the kgo client of a GroupSource:
-// connections (kgo.Dialer, kgo.DialTLSConfig, kgo.SASL), kgo.ClientID,
-// kgo.InstanceID and the like. Options that would change how the group is
-// consumed (balancers, autocommit, rebalance blocking, the callbacks) are
-// set by the source after these and win. A Source refuses this option.
-// Default: none.
+// WithClientOptions adds options to the kgo clients of a GroupSource (the
+// group's, and each partition fetcher's): connections (kgo.Dialer,
+// kgo.DialTLSConfig, kgo.SASL), kgo.ClientID, kgo.InstanceID and the like.
+// Options that would change how the group is consumed (balancers,
+// autocommit, the callbacks) are set by the source after these and win.
+// A Source refuses this option. Default: none.
 func WithClientOptions(opts ...kgo.Opt) SourceOption {
 	return func(c *sourceConfig) error {
 		for _, o := range opts {
