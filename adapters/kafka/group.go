@@ -125,11 +125,9 @@ type GroupSource struct {
 	// runCtx is Run's context, the parent of every fetcher's.
 	runCtx context.Context
 	// pools lends kgo the slabs the fetchers' responses are decoded into
-	// (see kgoPools); decomp decompresses into its buffers. iso is the
-	// isolation level of the client's options.
+	// (see kgoPools); decomp decompresses into its buffers.
 	pools  *kgoPools
 	decomp kgo.Decompressor
-	iso    kgo.IsolationLevel
 	// stopping is set once Run's context ended: the revocation of every
 	// partition that leaving the group brings commits but does not revoke
 	// (the engine drains and commits after Run returns).
@@ -264,11 +262,18 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 		kgo.HeartbeatInterval(s.cfg.heartbeatInterval),
 		kgo.SessionTimeout(s.cfg.sessionTimeout),
 		kgo.RebalanceTimeout(s.cfg.rebalanceTimeout),
-		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { s.assigned(m[s.topic], d) }),
-		kgo.OnPartitionsRevoked(func(cctx context.Context, _ *kgo.Client, m map[string][]int32) {
+		// The callbacks may run before NewClient has returned: each
+		// stores the client it is given if Run has not yet.
+		kgo.OnPartitionsAssigned(func(_ context.Context, cl *kgo.Client, m map[string][]int32) {
+			s.cl.CompareAndSwap(nil, cl)
+			s.assigned(cl, m[s.topic], d)
+		}),
+		kgo.OnPartitionsRevoked(func(cctx context.Context, cl *kgo.Client, m map[string][]int32) {
+			s.cl.CompareAndSwap(nil, cl)
 			s.revoked(cctx, m[s.topic], d, true)
 		}),
-		kgo.OnPartitionsLost(func(cctx context.Context, _ *kgo.Client, m map[string][]int32) {
+		kgo.OnPartitionsLost(func(cctx context.Context, cl *kgo.Client, m map[string][]int32) {
+			s.cl.CompareAndSwap(nil, cl)
 			s.revoked(cctx, m[s.topic], d, false)
 		}),
 	)
@@ -276,11 +281,9 @@ func (s *GroupSource) Run(ctx context.Context, d consumer.Dispatcher) error {
 	if err != nil {
 		return invalid("kgo client: %v", err)
 	}
-	// kgo never fetches the topic: each partition's fetcher does.
+	// kgo never fetches the topic: each partition's fetcher does (assigned
+	// pauses it too, in case an assignment came first).
 	cl.PauseFetchTopics(s.topic)
-	if iso, ok := cl.OptValue(kgo.FetchIsolationLevel).(kgo.IsolationLevel); ok {
-		s.iso = iso
-	}
 	s.cl.Store(cl)
 
 	var wg sync.WaitGroup
@@ -416,11 +419,13 @@ func (s *GroupSource) dropRest(ps *groupPart, n int, size int64) {
 	}
 }
 
-// assigned records newly assigned partitions and announces them.
-func (s *GroupSource) assigned(ids []int32, d consumer.Dispatcher) {
+// assigned records newly assigned partitions, announces them and starts
+// their fetchers. cl is the group's client.
+func (s *GroupSource) assigned(cl *kgo.Client, ids []int32, d consumer.Dispatcher) {
 	if len(ids) == 0 {
 		return
 	}
+	cl.PauseFetchTopics(s.topic) // pausedMu only: safe in the callback
 	s.commitMu.Lock()
 	parts := maps(*s.parts.Load())
 	var fresh []*groupPart
@@ -443,7 +448,6 @@ func (s *GroupSource) assigned(ids []int32, d consumer.Dispatcher) {
 	if !start {
 		return
 	}
-	cl := s.cl.Load()
 	for _, ps := range fresh {
 		var fctx context.Context
 		fctx, ps.stop = context.WithCancel(s.runCtx)

@@ -44,7 +44,8 @@ type partFetch struct {
 	leader  int32
 	epoch   int32 // the leader's epoch, -1 if unknown
 	topicID [16]byte
-	cl      *kgo.Client // the fetches' own client
+	cl      *kgo.Client        // the fetches' own client
+	iso     kgo.IsolationLevel // of the source's kgo options
 }
 
 // fetchPart fetches ps and delivers what it returns, in offset order, until
@@ -62,6 +63,9 @@ func (s *GroupSource) fetchPart(ctx context.Context, cl *kgo.Client, ps *groupPa
 	}
 	defer fcl.Close()
 	f := partFetch{offset: -1, leader: -1, epoch: -1, cl: fcl}
+	if iso, ok := fcl.OptValue(kgo.FetchIsolationLevel).(kgo.IsolationLevel); ok {
+		f.iso = iso
+	}
 	var sb recordSlicer
 	for attempt := 0; ; {
 		if !s.deliverKept(ctx, ps, &sb, d) {
@@ -148,7 +152,7 @@ func (s *GroupSource) deliverFetched(ps *groupPart, recs []*kgo.Record, seq int6
 func (s *GroupSource) fetchOnce(ctx context.Context, cl *kgo.Client, ps *groupPart, f *partFetch) ([]*kgo.Record, int64, error) {
 	id := ps.id.ID
 	if f.offset < 0 {
-		off, err := s.startOffset(ctx, cl, id)
+		off, err := s.startOffset(ctx, cl, id, f.iso)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -164,7 +168,7 @@ func (s *GroupSource) fetchOnce(ctx context.Context, cl *kgo.Client, ps *groupPa
 	req.MaxWaitMillis = int32(s.cfg.maxWait.Milliseconds())
 	req.MinBytes = 1
 	req.MaxBytes = int32(min(s.cfg.maxBytes, 1<<30))
-	if s.iso == kgo.ReadCommitted() {
+	if f.iso == kgo.ReadCommitted() {
 		req.IsolationLevel = 1
 	}
 	req.SessionEpoch = -1 // no fetch session
@@ -205,7 +209,7 @@ func (s *GroupSource) fetchOnce(ctx context.Context, cl *kgo.Client, ps *groupPa
 		switch {
 		case errors.Is(err, kerr.OffsetOutOfRange):
 			s.log.Warn("kafka: offset out of range", "partition", id, "offset", f.offset)
-			off, rerr := s.resolveOffset(ctx, cl, id, f.offset)
+			off, rerr := s.resolveOffset(ctx, cl, id, f.offset, f.iso)
 			if rerr == nil {
 				f.offset = off
 			}
@@ -216,7 +220,7 @@ func (s *GroupSource) fetchOnce(ctx context.Context, cl *kgo.Client, ps *groupPa
 	}
 	fp, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
 		Offset:         f.offset,
-		IsolationLevel: s.iso,
+		IsolationLevel: f.iso,
 		Topic:          s.topic,
 		Partition:      id,
 		Pools:          []kgo.Pool{s.pools},
@@ -272,7 +276,7 @@ func (s *GroupSource) findLeader(ctx context.Context, cl *kgo.Client, id int32, 
 // startOffset returns where the group resumes partition id: its committed
 // offset, or the start or end of the log (WithStartOffset) if the group has
 // committed none, or one outside the log.
-func (s *GroupSource) startOffset(ctx context.Context, cl *kgo.Client, id int32) (int64, error) {
+func (s *GroupSource) startOffset(ctx context.Context, cl *kgo.Client, id int32, iso kgo.IsolationLevel) (int64, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group = s.group
 	rt := kmsg.NewOffsetFetchRequestTopic()
@@ -300,18 +304,18 @@ func (s *GroupSource) startOffset(ctx context.Context, cl *kgo.Client, id int32)
 			committed = p.Offset
 		}
 	}
-	return s.resolveOffset(ctx, cl, id, committed)
+	return s.resolveOffset(ctx, cl, id, committed, iso)
 }
 
 // resolveOffset turns offset (-1: none committed) into the offset to fetch:
 // the log's start or end for none (WithStartOffset), the start for an
 // offset below it, the end for one past it.
-func (s *GroupSource) resolveOffset(ctx context.Context, cl *kgo.Client, id int32, offset int64) (int64, error) {
-	first, err := s.listOffset(ctx, cl, id, -2)
+func (s *GroupSource) resolveOffset(ctx context.Context, cl *kgo.Client, id int32, offset int64, iso kgo.IsolationLevel) (int64, error) {
+	first, err := s.listOffset(ctx, cl, id, -2, iso)
 	if err != nil {
 		return -1, err
 	}
-	last, err := s.listOffset(ctx, cl, id, -1)
+	last, err := s.listOffset(ctx, cl, id, -1, iso)
 	if err != nil {
 		return -1, err
 	}
@@ -326,11 +330,12 @@ func (s *GroupSource) resolveOffset(ctx context.Context, cl *kgo.Client, id int3
 	return offset, nil
 }
 
-// listOffset returns partition id's log start (ts -2) or end (ts -1).
-func (s *GroupSource) listOffset(ctx context.Context, cl *kgo.Client, id int32, ts int64) (int64, error) {
+// listOffset returns partition id's log start (ts -2) or end (ts -1, the
+// last stable offset under read_committed).
+func (s *GroupSource) listOffset(ctx context.Context, cl *kgo.Client, id int32, ts int64, iso kgo.IsolationLevel) (int64, error) {
 	req := kmsg.NewPtrListOffsetsRequest()
 	req.ReplicaID = -1
-	if s.iso == kgo.ReadCommitted() {
+	if iso == kgo.ReadCommitted() {
 		req.IsolationLevel = 1
 	}
 	rt := kmsg.NewListOffsetsRequestTopic()

@@ -109,7 +109,7 @@ func TestGroupAssignsDuringCommit(t *testing.T) {
 	}
 	assigned := make(chan struct{})
 	go func() {
-		src.assigned([]int32{1}, d)
+		src.assigned(src.cl.Load(), []int32{1}, d)
 		close(assigned)
 	}()
 	select {
