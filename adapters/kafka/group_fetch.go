@@ -6,9 +6,8 @@ package kafka
 // a fetcher of its own, a goroutine that sends its own Fetch requests to the
 // partition's leader over a kgo client of its own (one connection; the
 // source's kgo options apply: dialer, TLS, SASL), has kgo decode each
-// response
-// (kgo.ProcessFetchPartition, into the source's pooled slabs) and delivers
-// the records under deliverMu. kgo's own fetching keeps one Fetch in
+// response (kgo.ProcessFetchPartition, into the source's pooled slabs) and
+// delivers the records under deliverMu. kgo's own fetching keeps one Fetch in
 // flight per broker and asks for more only once a poll took what the last
 // one returned; here each partition asks again as soon as it has handed
 // the engine what it got, while the engine's workers handle that
