@@ -274,7 +274,8 @@ func (s *GroupSource) findLeader(ctx context.Context, cl *kgo.Client, id int32, 
 
 // startOffset returns where the group resumes partition id: its committed
 // offset, or the start or end of the log (WithStartOffset) if the group has
-// committed none, or one outside the log.
+// committed none. A committed offset outside the log is resolved by the
+// OffsetOutOfRange its first fetch gets, as Source does.
 func (s *GroupSource) startOffset(ctx context.Context, cl *kgo.Client, id int32, iso kgo.IsolationLevel) (int64, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group = s.group
@@ -302,6 +303,9 @@ func (s *GroupSource) startOffset(ctx context.Context, cl *kgo.Client, id int32,
 			}
 			committed = p.Offset
 		}
+	}
+	if committed >= 0 {
+		return committed, nil
 	}
 	return s.resolveOffset(ctx, cl, id, committed, iso)
 }
