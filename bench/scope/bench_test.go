@@ -206,7 +206,8 @@ func zipfKeys(n, universe int, exp float64, seed uint64) []int32 {
 // with MaxKeys 1024, so that sweeps run all the time, and reports the
 // median and 99.9th percentile of For latency (each call timed with
 // time.Now), their ratio, the hit ratio, the number of sweeps and the page
-// faults of the timed loop. s=1.01 is
+// faults of the timed loop; a serial row also reports the host's floor
+// (floor-p99.9-ns, see spinLike), to read its tail against. s=1.01 is
 // the usual cache-benchmark skew (most lookups miss: the median is a miss);
 // s=1.2 is more skewed (the median is a hit).
 func BenchmarkChurn(b *testing.B) {
@@ -368,7 +369,8 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 		b.Run(store.name+"/serial", func(b *testing.B) {
 			lookup, stats := store.open()
 			stats = warmUp(lookup, stats, keys, seq)
-			l := new(latencies)
+			spin := spinLike(lookup, keys, seq)
+			l, floor := new(latencies), new(hist)
 			b.ReportAllocs()
 			cpu, faults := cputime.Process(), cputime.Faults()
 			i := 0
@@ -386,6 +388,11 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 			reportCPU(b, cpu)
 			b.ReportMetric(float64(cputime.Faults()-faults), "faults")
 			report(b, l, stats)
+			for range max(b.N/floorEvery, 1) {
+				floor.add(spin())
+			}
+			b.ReportMetric(floor.quantile(0.5), "floor-p50-ns")
+			b.ReportMetric(floor.quantile(0.999), "floor-p99.9-ns")
 		})
 		b.Run(store.name+"/parallel", func(b *testing.B) {
 			lookup, stats := store.open()
@@ -420,4 +427,51 @@ func churn(b *testing.B, keys *packed, seq []int32) {
 			report(b, total, stats)
 		})
 	}
+}
+
+// A serial churn row times its spin loop (see spinLike) once for every
+// floorEvery lookups it timed, right after them.
+const floorEvery = 4
+
+// spinSink keeps the spin loop's work.
+var spinSink uint64
+
+// spinLike returns a loop of pure computation, touching no memory, that
+// takes about as long as lookup's median miss, and times it as the churn
+// rows time a lookup. Its p99.9 (floor-p99.9-ns) is what the host and the
+// runtime alone do to an operation of a miss's length: on a VM whose vCPUs
+// are interrupted or descheduled, a tail percentile of anything that long
+// is at least that, whatever the operation does. (The host's interruptions
+// come and go over minutes: a run's floor is measured right after its
+// lookups.)
+func spinLike(lookup lookupFunc, keys *packed, seq []int32) func() time.Duration {
+	var misses hist
+	for _, k := range seq[:min(len(seq), 200_000)] {
+		if _, took, hit := lookup(keys.at(k)); !hit {
+			misses.add(took)
+		}
+	}
+	want := misses.quantile(0.5)
+	loop := func(n int) time.Duration {
+		t := time.Now()
+		x := spinSink
+		for i := range n {
+			x = x*6364136223846793005 + uint64(i)
+		}
+		spinSink = x
+		return time.Since(t)
+	}
+	// The loop's median over a few hundred runs, per length, until it is
+	// at least the miss median.
+	n := 1
+	for ; n < 1<<20; n *= 2 {
+		var h hist
+		for range 301 {
+			h.add(loop(n))
+		}
+		if h.quantile(0.5) >= want {
+			break
+		}
+	}
+	return func() time.Duration { return loop(n) }
 }

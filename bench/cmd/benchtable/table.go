@@ -159,8 +159,11 @@ func churnCell(s *samples, name string) string {
 		lo, hi := s.span(name, "p99.9/p50")
 		ratio += fmt.Sprintf("; %.1f-%.1fx over %d runs", lo, hi, n)
 	}
-	return fmt.Sprintf("%.0f ns/op, %.0f B/op; p50 %s, p99.9 %s (%s)",
+	cell := fmt.Sprintf("%.0f ns/op, %.0f B/op; p50 %s, p99.9 %s (%s)",
 		s.med(name, "ns/op"), s.med(name, "B/op"), dur(p50), dur(p999), ratio)
+	lo, hi := s.span(name, "floor-p99.9-ns")
+	return cell + fmt.Sprintf("; the host's floor, a computation as long as the median miss timed the same way: p99.9 %s (%s-%s)",
+		dur(s.med(name, "floor-p99.9-ns")), dur(lo), dur(hi))
 }
 
 func engineCell(s *samples, name string) string {
