@@ -443,6 +443,10 @@ func (c *Consumer) Revoked(p Partition) {
 	if sh.none != nil {
 		c.dropLane(sh.none)
 	}
+	for _, t := range sh.released {
+		forget = append(forget, c.releaseTenant(t))
+	}
+	sh.released = nil
 	sh.lanes.reset()
 	sh.sweep.q.reset()
 	sh.sweep.skip = 0

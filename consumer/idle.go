@@ -306,8 +306,9 @@ func (c *Consumer) sweepLanes(sh *shard, idle, busy, keep, bound int) (looked, p
 // its hard bound, where every new key sweeps it whole. A lane a worker
 // retires stays in the sweep's queue, dead, until the sweep passes it and
 // reuses its memory. Called with sh.mu held; the caller then releases the
-// lane's tenant (releaseTenant, or releaseLocked with tmu held) and the
-// scope pin of the tenant that forgets, if any, with no lock held (unpin).
+// lane's tenant (releaseLocked with tmu held, or later through
+// shard.released, see worker.release) and the scope pin of the tenant that
+// forgets, if any, with no lock held (unpin).
 func (c *Consumer) retire(sh *shard, l *lane) {
 	sh.lanes.del(l, l.h)
 	q := l.q.buf // empty: the lane holds nothing

@@ -73,6 +73,9 @@ func (c *Consumer) checkInvariants() error {
 			}
 			swept[l] = true
 		}
+		for _, t := range sh.released {
+			at(t).lanes++ // a retired lane's hold, not dropped yet
+		}
 		if live := countLive(swept); live != sh.lanes.len() {
 			bad("%v: the sweep's queue holds %d lanes, the partition %d", sh.p, live, sh.lanes.len())
 		}

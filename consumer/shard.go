@@ -69,6 +69,13 @@ type shard struct {
 	readyHint atomic.Bool
 	gate      settleGate // Source.Settle calls in progress
 	_         [64]byte
+
+	// released: the tenants of lanes workers retired after their last job
+	// (see moveOn), whose holds the next worker to leave the shard drops
+	// (worker.release); each still counts the lane until then, and so do
+	// the partition's stats (PartitionStats.Lanes). Guarded by mu; last,
+	// so that it moves none of the fields above off their lines.
+	released []*tenant
 }
 
 func newShard(c *Consumer, p Partition, gen uint64, maxQueued int) *shard {

@@ -108,7 +108,9 @@ type PartitionStats struct {
 	Oldest       time.Duration
 	OldestTenant string
 	TimeLag      time.Duration
-	// Lanes is how many tenants it has lanes for.
+	// Lanes is how many tenants it has lanes for (a lane dropped after
+	// its last message counts until its tenant's hold on it is released,
+	// a worker's turn on the partition later at most).
 	Lanes int
 	// QuickWorkers is how many workers hold a quick lane of it now (a
 	// tenant whose calls take under 5µs by its guard's estimate). Once
@@ -239,7 +241,7 @@ func (c *Consumer) Stats() Stats {
 	for _, sh := range c.shards() {
 		ps := PartitionStats{Partition: sh.p, Committed: sh.commit.src.done.Load()}
 		sh.mu.Lock()
-		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.count.queued, sh.commit.unsettled, sh.commit.next, sh.lanes.len()
+		ps.Queued, ps.Unsettled, ps.Next, ps.Lanes = sh.count.queued, sh.commit.unsettled, sh.commit.next, sh.lanes.len()+len(sh.released)
 		ps.QuickWorkers, ps.Rescues, ps.QuickQueued = sh.quick, sh.rescues, sh.count.quickQueued
 		ps.PauseReason = sh.pause.reason
 		ps.Paused = sh.pause.reason != 0

@@ -62,7 +62,7 @@ type worker struct {
 	spills  []*lane   // lanes whose spill job must be queued
 	chain   int       // lanes still ready when this worker took one
 	zombie  *tenant   // tenant of a dropped lane whose job ended: it may be idle now
-	gone    *tenant   // tenant forgotten as the lane of its last job retired (see retire): its pin to release
+	forgot  []*tenant // tenants forgotten as their lanes were released (see release): their pins to release
 	// searching: woken from the scheduler's wait and not yet holding a
 	// lane (see sched). Only this worker reads or writes it.
 	searching bool
@@ -227,6 +227,9 @@ func (c *Consumer) work(w *worker) {
 			c.settleRun(w)
 			sh.mu.Lock()
 			has = c.finish(sh, w)
+			if n := len(sh.released); n > 0 && (!has || n >= releaseBatch) {
+				w.release(sh)
+			}
 			sh.mu.Unlock()
 			w.flush()
 		}
@@ -492,7 +495,7 @@ func (c *Consumer) moveOn(sh *shard, w *worker) bool {
 	c.releaseSlot(w, t)
 	if !t.none && l.state == laneIdle && l.hits <= 1 && (sh.lanes.len() > c.laneBound() || c.overTracked()) && l.idle() {
 		c.retire(sh, l)
-		w.gone = c.releaseTenant(t)
+		sh.released = append(sh.released, t)
 	}
 	if c.draining.Load() || w.turn >= shardTurn {
 		return false
@@ -617,6 +620,11 @@ func (c *Consumer) creditOf(t *tenant, ct *Control) (credit int, quick bool) {
 	return w, false
 }
 
+// releaseBatch is how many tenants of retired lanes a shard holds before
+// the next worker to finish a job there drops their holds (release), even
+// if it stays on the shard.
+const releaseBatch = 32
+
 // slowTurn is how long, by its guard's latency estimate, the turn of a lane
 // whose calls are not quick may take: as many calls as fit (up to
 // shardTurn), one at the least (see creditOf).
@@ -654,10 +662,32 @@ func (w *worker) flush() {
 		c.zombieDone(w.zombie)
 		w.zombie = nil
 	}
-	if w.gone != nil {
-		c.unpin(w.gone)
-		w.gone = nil
+	for i, f := range w.forgot {
+		c.unpin(f)
+		w.forgot[i] = nil
 	}
+	w.forgot = w.forgot[:0]
+}
+
+// release drops the holds of the tenants of lanes retired after their
+// last job (see moveOn), which wait in sh.released, under one hold of the
+// tenant table's lock: with a stream of keys each seen once, a hold of it
+// per lane made the deliveries, which take it to make lanes, and the
+// workers wait for each other (BenchmarkEngine's distinct-keys row guards
+// this). The tenants it forgets wait in w.forgot for flush to release
+// their pins. Called with sh.mu held, by a worker that leaves sh or finds
+// releaseBatch waiting.
+func (w *worker) release(sh *shard) {
+	c := w.c
+	c.tmu.Lock()
+	for i, t := range sh.released {
+		if f := c.releaseLocked(t); f != nil {
+			w.forgot = append(w.forgot, f)
+		}
+		sh.released[i] = nil
+	}
+	c.tmu.Unlock()
+	sh.released = sh.released[:0]
 }
 
 // unblock moves blocked lanes of t back to their ready queues while t has
