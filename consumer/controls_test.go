@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ringfence/ringfence/consumer"
 	"github.com/ringfence/ringfence/consumer/consumertest"
+	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/policy"
 )
 
@@ -512,5 +514,52 @@ func TestTripBreakersOpensExistingGuards(t *testing.T) {
 	}
 	if _, ok := e.c.Tenant("unknown"); ok {
 		t.Fatal("TripBreakers made a tenant")
+	}
+}
+
+// A message judged for the DLQ while the DLQ is down keeps its verdict when
+// its tenant is quarantined and its messages spill: once released, its
+// re-fed copy goes to the DLQ as soon as the DLQ takes it, although the
+// messages whose success convicted it were handled long before and nothing
+// is left behind it to judge it by again.
+func TestQuarantineKeepsAPendingDeadLetter(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	h.S.SetDown(true)
+	log := newCallLog()
+	var failedDLQ atomic.Int32
+	var verdict atomic.Value // the reason of its refused dead letter
+	e := run(t, h, fastPolicy(), consumer.Config{
+		Spill: h.Sp, DLQRetry: time.Millisecond, DLQProbe: 2 * time.Millisecond,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			tn := log.call(m)
+			if strings.HasSuffix(string(m.Value), "poison") {
+				return errors.New("cannot be processed")
+			}
+			log.handled(tn, m)
+			return nil
+		}),
+		OnEvent: func(ev consumer.Event) {
+			if ev.Kind == consumer.EventDLQFailed && ev.Tenant == "a" {
+				verdict.Store(ev.Reason)
+				failedDLQ.Add(1)
+			}
+		},
+	})
+	produceValues(h, "a", 0, "a/poison", "a/1", "a/2")
+	consumertest.Eventually(t, "a's poison message judged, its dead letter refused", func() bool {
+		return len(log.handledOf("a")) == 2 && failedDLQ.Load() > 0
+	})
+	e.c.SetControls(map[string]consumer.Control{"a": {Quarantine: true}})
+	consumertest.Eventually(t, "a's poison message spilled", func() bool { return tenantStats(t, e.c, "a").Spilled == 1 })
+	calls := log.callsOf("a")
+	h.S.SetDown(false)
+	e.c.SetControls(nil)
+	consumertest.Eventually(t, "the poison message dead-lettered", func() bool { return len(h.S.Records("a", false)) == 1 })
+	if n := log.callsOf("a") - calls; n != 0 {
+		t.Fatalf("the re-fed poison message was called %d times: its verdict was lost in the spill log", n)
+	}
+	if r, want := h.S.Records("a", false)[0], verdict.Load().(dlq.Reason); string(r.Value) != "a/poison" || r.Reason != want {
+		t.Fatalf("dead letter %q for %q, want a/poison for %q, the reason it was refused for", r.Value, r.Reason, want)
 	}
 }

@@ -158,6 +158,9 @@ type laneSpill struct {
 	// time is not known yet, and is no older).
 	out  int
 	born int64
+	// kept is what the engine knew against the head it spilled, for that
+	// message's re-fed copy (see spillVerdict); nil: nothing.
+	kept *spillVerdict
 }
 
 // fifo is a queue that can also take out an element in the middle (a

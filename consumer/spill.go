@@ -3,6 +3,8 @@ package consumer
 import (
 	"sync"
 	"time"
+
+	"github.com/ringfence/ringfence/dlq"
 )
 
 // spillWorkers is how many goroutines run spill jobs (appends, re-feed
@@ -127,6 +129,7 @@ func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
 		var moved []*Message
 		moved = l.q.takeFrom(i, moved)
 		if i == 0 {
+			l.spill.kept = keepVerdict(l, moved[0])
 			l.judge, l.judgeSpan = "", 0
 		}
 		if l.parked {
@@ -402,6 +405,10 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 		}
 		m.Refed = true
 		m.st = msgState{lane: l, fail: m.st.fail, msgScalars: msgScalars{gen: uint32(sh.gen), at: now, traced: m.st.traced}}
+		if v := l.spill.kept; v != nil && m.Offset == v.off {
+			l.spill.kept = nil
+			restoreVerdict(l, m, v)
+		}
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
 		sh.count.queued++
@@ -418,6 +425,46 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 		c.makeReady(l)
 	}
 	return dups
+}
+
+// spillVerdict is what a lane knew against the head it spilled: a dead
+// letter waiting for the DLQ to take it, or a judge round's evidence (a
+// later message succeeded where it failed). The spill log holds the message
+// alone: without this, its re-fed copy would be judged again from nothing,
+// and if the messages that convicted it were handled meanwhile, nothing
+// behind it could convict it again: it would wait, probing, until its
+// tenant's next message on the partition. Kept in memory only: a copy re-fed
+// after a restart or a rebalance is judged afresh.
+type spillVerdict struct {
+	off   int64      // the message's offset
+	judge dlq.Reason // the lane's judge of it
+	span  int        // and the judge's span
+	fail  failState  // its failure state, without its span
+}
+
+// keepVerdict returns what l knows against m, its head, which it is about
+// to spill, or nil if nothing. Called with l's shard mu held.
+func keepVerdict(l *lane, m *Message) *spillVerdict {
+	f := m.st.failed()
+	if f == nil || (f.dlqReason == "" && !f.evidence) {
+		return nil
+	}
+	v := &spillVerdict{off: m.Offset, judge: l.judge, span: l.judgeSpan, fail: *f}
+	v.fail.span, v.fail.tparked = nil, false
+	return v
+}
+
+// restoreVerdict gives m, the re-fed copy of the head l spilled, what l
+// knew against the original (see spillVerdict), and l its judge if m is
+// its head. Called with l's shard mu held, before m is queued.
+func restoreVerdict(l *lane, m *Message, v *spillVerdict) {
+	f := m.st.wr()
+	span := f.span // a traced copy's span, kept in its failure state
+	*f = v.fail
+	f.span = span
+	if l.q.len() == 0 && v.judge != "" {
+		l.judge, l.judgeSpan = v.judge, max(v.span, 1)
+	}
 }
 
 // spillRetryMax caps the wait before a failed spill-log call is made
