@@ -80,4 +80,4 @@ func (s *Scope[K]) Waiting() int {
 }
 
 // Step does one step of sweep work, as an inserting lookup does.
-func (s *Scope[K]) Step() { s.help(false) }
+func (s *Scope[K]) Step() { s.help(false, nil) }

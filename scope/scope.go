@@ -400,7 +400,7 @@ func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 		}
 		if int(s.size.Load()) >= s.bound {
 			s.mu.Unlock()
-			s.help(true)
+			s.help(true, nil)
 			continue
 		}
 		e := &entry[K]{hash: h, key: key}
@@ -413,7 +413,7 @@ func (s *Scope[K]) slow(key K, h uint64) (*policy.Guard, *entry[K]) {
 
 		g := s.build(e)
 		if due || s.sweeping.Load() {
-			s.help(false)
+			s.help(false, e)
 		}
 		return g, e
 	}

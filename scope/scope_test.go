@@ -814,3 +814,19 @@ func TestLookupWaitsForBuildInProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestNewKeySurvivesItsOwnStep: the lookup that inserts a key and then does
+// a step of the sweep never evicts that key in that step, so the guard it
+// returns is the key's (a failure recorded on it counts). With MaxKeys 4 a
+// step scans the whole table, and every key is new: the seen keys a sweep
+// keeps are full before it reaches many of them.
+func TestNewKeySurvivesItsOwnStep(t *testing.T) {
+	t.Parallel()
+	s := scope.New(policy.Default(), scope.Options[int]{MaxKeys: 4})
+	for i := range 5000 {
+		g := s.For(i)
+		if got, ok := s.Peek(i); !ok || got != g {
+			t.Fatalf("key %d evicted by the lookup that inserted it (%d sweeps so far)", i, s.Stats().Sweeps)
+		}
+	}
+}

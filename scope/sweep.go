@@ -33,6 +33,9 @@ type sweep[K comparable] struct {
 	force []*entry[K]     // protected beyond the ceiling: evicted even if pinned
 	keys  []K             // evicted keys, for OnEvict
 	gone  []*policy.Guard // guards of evicted keys, to retire
+	// self is the entry that the lookup doing this step inserted (see
+	// help), or nil.
+	self *entry[K]
 }
 
 // victim is an entry a sweep found cold. An entry found unseen (recheck)
@@ -45,8 +48,10 @@ type victim[K comparable] struct {
 
 // help does a step of sweep work if no other goroutine is doing one. If
 // wait is set (the scope is at its hard bound) it waits for sweepMu and
-// runs a whole sweep instead.
-func (s *Scope[K]) help(wait bool) {
+// runs a whole sweep instead. self is the entry the calling lookup just
+// inserted, or nil: the step keeps it, as it keeps an entry still being
+// built, so that the guard the lookup returns is its key's.
+func (s *Scope[K]) help(wait bool, self *entry[K]) {
 	if wait {
 		s.sweepMu.Lock()
 		if !s.sweeping.Load() {
@@ -67,7 +72,9 @@ func (s *Scope[K]) help(wait bool) {
 	if s.sweeping.Load() {
 		// Scan more per step in a table grown for protected keys, so that
 		// a sweep still ends within the inserts that make the next one due.
+		s.sw.self = self
 		evicted = s.work(max(stepSlots, 4*len(s.tab.Load().slots)/s.maxKeys), true)
+		s.sw.self = nil
 	}
 	s.sweepMu.Unlock()
 	s.notify(evicted)
@@ -184,7 +191,7 @@ func (s *Scope[K]) classify(e *entry[K]) {
 	switch {
 	case st < 0:
 		return
-	case st&builtBit == 0: // still being built: brand new
+	case st&builtBit == 0 || e == sw.self: // still being built, or just built: brand new
 		sw.seen++
 		sw.kept++
 	case st&pinMask > 0:
