@@ -345,6 +345,9 @@ type msgScalars struct {
 	// even while failSet is false. Set where the message reaches the
 	// engine, before it is queued.
 	traced bool
+	// noted: fail holds the message's spill note (see Message.SpillNote),
+	// even while failSet is false.
+	noted bool
 }
 
 // failState is the part of a message's state that only a message that
@@ -364,7 +367,8 @@ type failState struct {
 	tparked    bool // its span's last park event has no resume yet (see tracePark)
 	dlqReason  dlq.Reason
 	dlqFails   int
-	asideAt    int64 // engine clock of its last set-aside write
+	asideAt    int64  // engine clock of its last set-aside write
+	note       []byte // the spill note, while msgScalars.noted
 	// span is the message's process span (see msgScalars.traced).
 	span trace.Span
 }

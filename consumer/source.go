@@ -45,6 +45,36 @@ type Message struct {
 	st msgState // engine bookkeeping; see msgState
 }
 
+// SpillNote returns the engine's note on m, a message it spills (nil if
+// none): what it already knows against the message (a dead-letter verdict
+// waiting for the DLQ, or a judge round's evidence), printable ASCII of at
+// most [MaxSpillNote] bytes. A [SpillLog] stores it with the message and
+// sets it back, byte for byte, on the copy Read returns (SetSpillNote), so
+// that the copy is judged on it in whatever process re-feeds it. Opaque to
+// everyone else.
+func (m *Message) SpillNote() []byte {
+	if m.st.noted {
+		return m.st.fail.note
+	}
+	return nil
+}
+
+// SetSpillNote sets the note that SpillNote returns; it is for
+// [SpillLog.Read], on the messages it returns. The engine reads a note only
+// on a message read back from a spill log: on one delivered by a Source it
+// is dropped. A note the engine did not write is ignored (the copy is
+// judged afresh).
+func (m *Message) SetSpillNote(note []byte) {
+	if len(note) == 0 {
+		m.st.noted = false
+		return
+	}
+	if !m.st.noted && !m.st.traced && !m.st.failSet {
+		m.st.fail = new(failState)
+	}
+	m.st.fail.note, m.st.noted = note, true
+}
+
 // Header returns the value of the first header named key, and whether there
 // was one.
 func (m *Message) Header(key string) ([]byte, bool) {
@@ -172,9 +202,9 @@ type SpillLog interface {
 	// Read returns up to max entries of lane's log at positions >= from, in
 	// order; fewer, or none, when the log has no more now. from < 0 means
 	// from the oldest entry not yet committed. Each message carries the
-	// original's Key, Value, Headers, Topic, Stream, Time, Partition and
-	// Offset, with Refed set and SpillPos its position (strictly increasing
-	// within the log).
+	// original's Key, Value, Headers, Topic, Stream, Time, Partition,
+	// Offset and SpillNote (set with SetSpillNote), with Refed set and
+	// SpillPos its position (strictly increasing within the log).
 	Read(ctx context.Context, lane SpillLane, from int64, max int) ([]*Message, error)
 
 	// Commit removes lane's entries at positions below next, all settled

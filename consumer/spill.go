@@ -128,15 +128,19 @@ func (c *Consumer) enterSpill(l *lane, ev *[]Event) {
 	if n := l.q.len() - i; n > 0 {
 		var moved []*Message
 		moved = l.q.takeFrom(i, moved)
+		for _, m := range moved {
+			m.st.spilled, m.st.noted = true, false
+		}
 		if i == 0 {
-			l.spill.kept = keepVerdict(l, moved[0])
+			if v := keepVerdict(l, moved[0]); v != nil {
+				l.spill.kept = v
+				f := moved[0].st.fail // keepVerdict found it failed
+				f.note, moved[0].st.noted = encodeNote(v), true
+			}
 			l.judge, l.judgeSpan = "", 0
 		}
 		if l.parked {
 			c.addParked(l, -n)
-		}
-		for _, m := range moved {
-			m.st.spilled = true
 		}
 		l.pend.pushFront(moved)
 	}
@@ -308,6 +312,7 @@ func (c *Consumer) spillWork(l *lane) {
 				c.spillFailed(l, "read", err, &ev)
 				return
 			}
+			notes := readNotes(msgs)
 			if c.tr != nil {
 				for _, m := range msgs {
 					m.st = msgState{}
@@ -341,7 +346,7 @@ func (c *Consumer) spillWork(l *lane) {
 				sh.mu.Unlock()
 				return
 			}
-			dups := c.refeed(l, msgs)
+			dups := c.refeed(l, msgs, notes)
 			sh.mu.Unlock()
 			for _, m := range dups {
 				traceDropped(m, "duplicate")
@@ -387,10 +392,10 @@ func (c *Consumer) refeedRoom(l *lane) int {
 // messages re-fed already (a crash or a failed append may have written one
 // twice); it returns the traced copies it dropped, whose spans the caller
 // ends. Called with l's shard mu held.
-func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
+func (c *Consumer) refeed(l *lane, msgs []*Message, notes []*spillVerdict) (dups []*Message) {
 	sh, t := l.sh, l.t
 	now := c.clock()
-	for _, m := range msgs {
+	for i, m := range msgs {
 		if m.SpillPos >= l.spill.readPos {
 			l.spill.readPos = m.SpillPos + 1
 		}
@@ -408,6 +413,8 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 		if v := l.spill.kept; v != nil && m.Offset == v.off {
 			l.spill.kept = nil
 			restoreVerdict(l, m, v)
+		} else if notes != nil && notes[i] != nil {
+			restoreVerdict(l, m, notes[i]) // spilled by another process
 		}
 		l.spill.refed.pushBack(m)
 		l.q.push(m)
@@ -429,12 +436,13 @@ func (c *Consumer) refeed(l *lane, msgs []*Message) (dups []*Message) {
 
 // spillVerdict is what a lane knew against the head it spilled: a dead
 // letter waiting for the DLQ to take it, or a judge round's evidence (a
-// later message succeeded where it failed). The spill log holds the message
-// alone: without this, its re-fed copy would be judged again from nothing,
-// and if the messages that convicted it were handled meanwhile, nothing
-// behind it could convict it again: it would wait, probing, until its
-// tenant's next message on the partition. Kept in memory only: a copy re-fed
-// after a restart or a rebalance is judged afresh.
+// later message succeeded where it failed). Without it, the re-fed copy
+// would be judged again from nothing, and if the messages that convicted it
+// were handled meanwhile, nothing behind it could convict it again: it
+// would wait, probing, until its tenant's next message on the partition.
+// The lane keeps it in memory for its own re-feed, and the spill log carries
+// it with the message as its spill note (see encodeNote), for a copy re-fed
+// by another process (after a restart or a rebalance).
 type spillVerdict struct {
 	off   int64      // the message's offset
 	judge dlq.Reason // the lane's judge of it
@@ -450,8 +458,31 @@ func keepVerdict(l *lane, m *Message) *spillVerdict {
 		return nil
 	}
 	v := &spillVerdict{off: m.Offset, judge: l.judge, span: l.judgeSpan, fail: *f}
-	v.fail.span, v.fail.tparked = nil, false
+	v.fail.span, v.fail.tparked, v.fail.note = nil, false, nil
 	return v
+}
+
+// readNotes decodes the spill notes of msgs, read from a spill log: nil if
+// none has one, else the verdict of each (nil where none). A note that does
+// not decode is dropped: its message is judged afresh.
+func readNotes(msgs []*Message) []*spillVerdict {
+	var out []*spillVerdict
+	for i, m := range msgs {
+		note := m.SpillNote()
+		if note == nil {
+			continue
+		}
+		m.SetSpillNote(nil)
+		v, err := decodeNote(note)
+		if err != nil {
+			continue
+		}
+		if out == nil {
+			out = make([]*spillVerdict, len(msgs))
+		}
+		out[i] = v
+	}
+	return out
 }
 
 // restoreVerdict gives m, the re-fed copy of the head l spilled, what l

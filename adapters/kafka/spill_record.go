@@ -42,6 +42,9 @@ const (
 	// SpillHeaderID is the dedupe id, "<topic>/<partition>/<offset>" of the
 	// original: copies of one message (a re-appended batch) share it.
 	SpillHeaderID = "ringfence-spill-id"
+	// SpillHeaderNote is the engine's note on the message (see
+	// consumer.Message.SpillNote); absent when it has none.
+	SpillHeaderNote = "ringfence-spill-note"
 	// SpillHeaderCount is how many of the record's headers, from the first,
 	// are the original's, in decimal. It is the last header.
 	SpillHeaderCount = "ringfence-spill-headers"
@@ -63,7 +66,7 @@ func encodeSpill(m *consumer.Message, group, tenant string, named bool) spillRec
 	if topic == "" {
 		topic = m.Partition.Topic
 	}
-	hs := make([]kafkago.Header, 0, len(m.Headers)+9)
+	hs := make([]kafkago.Header, 0, len(m.Headers)+10)
 	for _, h := range m.Headers {
 		hs = append(hs, kafkago.Header{Key: h.Key, Value: h.Value})
 	}
@@ -83,6 +86,9 @@ func encodeSpill(m *consumer.Message, group, tenant string, named bool) spillRec
 	hs = append(hs, kafkago.Header{Key: SpillHeaderGroup, Value: []byte(group)})
 	if named {
 		hs = append(hs, kafkago.Header{Key: SpillHeaderTenant, Value: []byte(tenant)})
+	}
+	if note := m.SpillNote(); note != nil {
+		hs = append(hs, kafkago.Header{Key: SpillHeaderNote, Value: note})
 	}
 	hs = append(hs,
 		kafkago.Header{Key: SpillHeaderID, Value: []byte(topic + "/" + part + "/" + off)},
@@ -115,6 +121,7 @@ func decodeSpill(f *fetched, source string) (s spilled, ok bool) {
 	}
 	m := &consumer.Message{}
 	var havePart, haveOff bool
+	var note []byte
 	for _, h := range hs[n : len(hs)-1] {
 		if !strings.HasPrefix(h.Key, SpillHeaderPrefix) {
 			return s, false
@@ -149,6 +156,8 @@ func decodeSpill(f *fetched, source string) (s spilled, ok bool) {
 			s.tenant, s.named = v, true
 		case SpillHeaderID:
 			s.id = v
+		case SpillHeaderNote:
+			note = h.Value
 		}
 		// Other ringfence-spill- headers (a later version's) are ignored.
 	}
@@ -162,6 +171,7 @@ func decodeSpill(f *fetched, source string) (s spilled, ok bool) {
 	}
 	m.Refed = true
 	m.SpillPos = f.offset
+	m.SetSpillNote(note)
 	s.msg = m
 	return s, true
 }

@@ -418,8 +418,8 @@ func TestSpillTopicIsMadeLikeItsSource(t *testing.T) {
 	}
 }
 
-// The spill record codec round-trips any message and never panics on
-// foreign headers.
+// The spill record codec round-trips any message, its spill note
+// included, and never panics on foreign headers.
 func FuzzSpillRecord(f *testing.F) {
 	f.Add([]byte("k"), []byte("v"), "h", []byte(""), int32(3), int64(42), "acme", int64(1700000000123456789))
 	f.Add([]byte(nil), []byte(nil), SpillHeaderCount, []byte(nil), int32(0), int64(0), strings.Repeat("x", 300), int64(0))
@@ -434,6 +434,7 @@ func FuzzSpillRecord(f *testing.F) {
 		if nanos != 0 {
 			m.Time = time.Unix(0, nanos)
 		}
+		m.SetSpillNote(hv) // any bytes: the codec carries a note without reading it
 		r := encodeSpill(m, "g", hashedTenant(tenant), hashedTenant(tenant) != "")
 		f := &fetched{offset: 9, key: r.key, value: r.value, headers: fromKafkaHeaders(r.headers)}
 		sp, ok := decodeSpill(f, "orders")
@@ -443,6 +444,9 @@ func FuzzSpillRecord(f *testing.F) {
 		g := sp.msg
 		if !bytes.Equal(g.Key, key) || !bytes.Equal(g.Value, value) || g.Offset != off || g.Partition != m.Partition || !g.Time.Equal(m.Time) || g.SpillPos != 9 || !g.Refed {
 			t.Fatalf("round trip: %+v, want %+v", g, m)
+		}
+		if !bytes.Equal(g.SpillNote(), m.SpillNote()) {
+			t.Fatalf("note %q, want %q", g.SpillNote(), m.SpillNote())
 		}
 		if len(g.Headers) != 1 || g.Headers[0].Key != hk || !bytes.Equal(g.Headers[0].Value, hv) || (g.Headers[0].Value == nil) != (hv == nil) {
 			t.Fatalf("headers %q, want [%q=%q]", g.Headers, hk, hv)

@@ -59,7 +59,7 @@
 //	c, _ := consumer.New(consumer.Config{Tenant: nats.FromSubjectToken(1), Spill: spill, ...})
 //
 // A spill record is the original message with ringfence-spill- headers
-// (original subject, stream, sequence, time, tenant) and its "Nats-"
+// (original subject, stream, sequence, time, tenant, the engine's note) and its "Nats-"
 // headers renamed so the stream does not act on them; its Nats-Msg-Id,
 // made of the tenant token, stream, durable and sequence, makes the stream
 // drop a second copy of the same original within its duplicate window. A

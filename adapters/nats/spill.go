@@ -48,7 +48,8 @@ var ErrNotSpill = errors.New("nats: not a ringfence spill stream")
 // wildcard. It is safe for concurrent use.
 //
 // A record is the original message with headers ringfence-spill-subject,
-// -stream, -seq (the original's stream sequence), -time and -tenant, and
+// -stream, -seq (the original's stream sequence), -time, -tenant and -note
+// (the engine's, see consumer.Message.SpillNote), and
 // the original's "Nats-" headers renamed "ringfence-spill-h-Nats-...". Its
 // Nats-Msg-Id ("ringfence-spill:<token>:<stream>/<durable>/0/<sequence>")
 // makes the stream drop a second copy of the same original within its

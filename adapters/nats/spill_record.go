@@ -27,6 +27,9 @@ const (
 	hdrSpillStream  = "ringfence-spill-stream"
 	hdrSpillSeq     = "ringfence-spill-seq"
 	hdrSpillTime    = "ringfence-spill-time"
+	// hdrSpillNote is the engine's note on the message (see
+	// consumer.Message.SpillNote); absent when it has none.
+	hdrSpillNote = "ringfence-spill-note"
 	// hdrSpillBody names the object ("<bucket>/<object>") holding a record
 	// stored out of line.
 	hdrSpillBody = "ringfence-spill-body"
@@ -49,7 +52,7 @@ const (
 func spillHeaders(tenant, tok string, m *consumer.Message) (nats.Header, bool) {
 	_, exactTok, _ := dlq.ParseTenantToken(tok)
 	tenantInline := exactValue(tenant) && len(tenant) <= maxInlineTenant
-	h := make(nats.Header, len(m.Headers)+7)
+	h := make(nats.Header, len(m.Headers)+8)
 	setExact(h, hdrSpillSubject, m.Topic)
 	if m.Stream != "" {
 		setExact(h, hdrSpillStream, m.Stream)
@@ -58,6 +61,9 @@ func spillHeaders(tenant, tok string, m *consumer.Message) (nats.Header, bool) {
 	h[hdrSpillTime] = []string{m.Time.UTC().Format(time.RFC3339Nano)}
 	if tenantInline {
 		h[hdrSpillTenant] = []string{tenant}
+	}
+	if note := m.SpillNote(); note != nil {
+		setExact(h, hdrSpillNote, string(note))
 	}
 	if id := spillMsgID(tok, m); exactValue(id) {
 		h[jetstream.MsgIDHeader] = []string{id}
@@ -148,6 +154,13 @@ func restoreRecord(h nats.Header, data []byte, p consumer.Partition) (*consumer.
 	}
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrSpillTime)); err == nil {
 		m.Time = t
+	}
+	note, err := getExact(h, hdrSpillNote)
+	if err != nil {
+		return nil, "", err
+	}
+	if note != "" {
+		m.SetSpillNote([]byte(note))
 	}
 	if ref := h.Get(hdrSpillBody); ref != "" {
 		return m, ref, nil

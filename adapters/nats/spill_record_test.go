@@ -32,8 +32,8 @@ func wireHeader(t *testing.T, h nats.Header) nats.Header {
 	return out
 }
 
-// FuzzSpillRecord: any message and tenant key (outside input) is restored
-// exactly from its spill record: inline, through NATS's header encoding,
+// FuzzSpillRecord: any message, tenant key (outside input) and spill note
+// is restored exactly from its spill record: inline, through NATS's header encoding,
 // or out of line, through the body codec.
 func FuzzSpillRecord(f *testing.F) {
 	f.Add("acme", "orders.acme", []byte("v"), false, []byte(nil), "trace", []byte("t1"), "Nats-Msg-Id", []byte("x"), int64(7))
@@ -52,6 +52,7 @@ func FuzzSpillRecord(f *testing.F) {
 				m.Key = []byte{}
 			}
 		}
+		m.SetSpillNote(v2) // any bytes: the codec carries a note without reading it
 		tok := dlq.TenantToken(tenant)
 		h, inline := spillHeaders(tenant, tok, m)
 		var got *consumer.Message
@@ -83,6 +84,9 @@ func FuzzSpillRecord(f *testing.F) {
 		}
 		if !got.Refed || got.Partition != p || got.Offset != off || got.Topic != topic || got.Stream != "SRC" || !got.Time.Equal(m.Time) {
 			t.Fatalf("restored %+v, want %+v", got, m)
+		}
+		if !bytes.Equal(got.SpillNote(), m.SpillNote()) {
+			t.Fatalf("note %q, want %q", got.SpillNote(), m.SpillNote())
 		}
 		if (got.Key == nil) != (m.Key == nil) || !bytes.Equal(got.Key, m.Key) || !bytes.Equal(got.Value, m.Value) {
 			t.Fatalf("key %q value %q, want %q %q", got.Key, got.Value, m.Key, m.Value)

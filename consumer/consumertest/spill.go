@@ -26,8 +26,14 @@ type Spill struct {
 
 type memLog struct {
 	base    int64 // position of entries[0]
-	entries []consumer.Message
+	entries []memEntry
 	cursor  int64 // committed: entries below are removed
+}
+
+// memEntry is a stored message and its spill note.
+type memEntry struct {
+	msg  consumer.Message
+	note []byte
 }
 
 // NewSpill returns an empty, working spill log.
@@ -99,9 +105,12 @@ func (s *Spill) Append(ctx context.Context, lane consumer.SpillLane, msgs []*con
 	}
 	l := s.log(lane)
 	for _, m := range msgs[:n] {
-		l.entries = append(l.entries, consumer.Message{
-			Key: m.Key, Value: m.Value, Headers: slices.Clone(m.Headers), Topic: m.Topic,
-			Partition: m.Partition, Offset: m.Offset, Stream: m.Stream, Time: m.Time,
+		l.entries = append(l.entries, memEntry{
+			msg: consumer.Message{
+				Key: m.Key, Value: m.Value, Headers: slices.Clone(m.Headers), Topic: m.Topic,
+				Partition: m.Partition, Offset: m.Offset, Stream: m.Stream, Time: m.Time,
+			},
+			note: slices.Clone(m.SpillNote()),
 		})
 		s.appended++
 	}
@@ -127,10 +136,14 @@ func (s *Spill) Read(ctx context.Context, lane consumer.SpillLane, from int64, l
 	from = max(from, l.base)
 	var out []*consumer.Message
 	for pos := from; pos < l.base+int64(len(l.entries)) && len(out) < limit; pos++ {
-		m := l.entries[pos-l.base]
-		m.Refed = true
-		m.SpillPos = pos
-		out = append(out, &m)
+		e := &l.entries[pos-l.base]
+		m := &consumer.Message{
+			Key: e.msg.Key, Value: e.msg.Value, Headers: e.msg.Headers, Topic: e.msg.Topic,
+			Partition: e.msg.Partition, Offset: e.msg.Offset, Stream: e.msg.Stream, Time: e.msg.Time,
+			Refed: true, SpillPos: pos,
+		}
+		m.SetSpillNote(e.note)
+		out = append(out, m)
 	}
 	return out, nil
 }

@@ -97,6 +97,11 @@ func spillAppendRead(t *testing.T, h SpillLogHarness) {
 			if off == 0 {
 				m.Value = []byte{0, 0xff, '\n', 'x'} // not UTF-8
 			}
+			if j == 1 {
+				// An engine's note, carried byte for byte (the engine
+				// writes printable ASCII; a log carries any bytes).
+				m.SetSpillNote([]byte(fmt.Sprintf("note-%d \x00\xff", off)))
+			}
 			batch = append(batch, m)
 		}
 		if err := log.Append(context.Background(), lane, batch); err != nil {
@@ -121,6 +126,9 @@ func spillAppendRead(t *testing.T, h SpillLogHarness) {
 		}
 		if !g.Time.Equal(w.Time) {
 			t.Fatalf("entry %d time %v, want %v", i, g.Time, w.Time)
+		}
+		if !bytes.Equal(g.SpillNote(), w.SpillNote()) {
+			t.Fatalf("entry %d spill note %q, want %q", i, g.SpillNote(), w.SpillNote())
 		}
 		if !slices.EqualFunc(g.Headers, w.Headers, func(a, b dlq.Header) bool { return a.Key == b.Key && bytes.Equal(a.Value, b.Value) }) {
 			t.Fatalf("entry %d headers %v, want %v", i, g.Headers, w.Headers)
