@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -615,3 +616,35 @@ func TestRestartKeepsASpilledVerdict(t *testing.T) {
 		t.Fatalf("nothing re-fed in the second process: %+v", st)
 	}
 }
+
+// A spill record whose note does not decode (another writer's, or damaged)
+// still re-feeds its message, judged afresh, with a warning.
+func TestBadSpillNoteKeepsTheMessage(t *testing.T) {
+	t.Parallel()
+	h := consumertest.NewMemHarness(1)
+	p := consumer.Partition{Topic: "orders", ID: 0}
+	m := &consumer.Message{Value: []byte("a/spilled"), Topic: "orders", Partition: p, Offset: 0,
+		Headers: []consumer.Header{{Key: consumertest.TenantHeader, Value: []byte("a")}}}
+	m.SetSpillNote([]byte("not a note the engine wrote"))
+	if err := h.Sp.Append(context.Background(), consumer.SpillLane{Tenant: "a", Partition: p}, []*consumer.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	log := newCallLog()
+	run(t, h, fastPolicy(), consumer.Config{
+		Spill:  h.Sp,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			log.handled(log.call(m), m)
+			return nil
+		}),
+	})
+	consumertest.Eventually(t, "the spilled message handled", func() bool { return len(log.handledOf("a")) == 1 })
+	if got := log.handledOf("a")[0]; got != "a/spilled" {
+		t.Fatalf("handled %q, want a/spilled", got)
+	}
+	if !strings.Contains(logs.String(), "note does not decode") {
+		t.Fatalf("no warning about the bad note in %q", logs.String())
+	}
+}
+

@@ -312,7 +312,7 @@ func (c *Consumer) spillWork(l *lane) {
 				c.spillFailed(l, "read", err, &ev)
 				return
 			}
-			notes := readNotes(msgs)
+			notes := c.readNotes(sl, msgs)
 			if c.tr != nil {
 				for _, m := range msgs {
 					m.st = msgState{}
@@ -462,10 +462,11 @@ func keepVerdict(l *lane, m *Message) *spillVerdict {
 	return v
 }
 
-// readNotes decodes the spill notes of msgs, read from a spill log: nil if
-// none has one, else the verdict of each (nil where none). A note that does
-// not decode is dropped: its message is judged afresh.
-func readNotes(msgs []*Message) []*spillVerdict {
+// readNotes decodes the spill notes of msgs, read from sl's log: nil
+// if none has one, else the verdict of each (nil where none). A note that
+// does not decode is dropped, with a warning: its message is judged afresh.
+// Called with no lock held.
+func (c *Consumer) readNotes(sl SpillLane, msgs []*Message) []*spillVerdict {
 	var out []*spillVerdict
 	for i, m := range msgs {
 		note := m.SpillNote()
@@ -475,6 +476,7 @@ func readNotes(msgs []*Message) []*spillVerdict {
 		m.SetSpillNote(nil)
 		v, err := decodeNote(note)
 		if err != nil {
+			c.log.Warn("consumer: a spill record's note does not decode; its message is judged afresh", "tenant", sl.Tenant, "partition", m.Partition, "offset", m.Offset, "err", err)
 			continue
 		}
 		if out == nil {

@@ -155,11 +155,9 @@ func restoreRecord(h nats.Header, data []byte, p consumer.Partition) (*consumer.
 	if t, err := time.Parse(time.RFC3339Nano, h.Get(hdrSpillTime)); err == nil {
 		m.Time = t
 	}
-	note, err := getExact(h, hdrSpillNote)
-	if err != nil {
-		return nil, "", err
-	}
-	if note != "" {
+	// A note that does not unquote is dropped, not the record: the engine
+	// judges the message afresh.
+	if note, err := getExact(h, hdrSpillNote); err == nil && note != "" {
 		m.SetSpillNote([]byte(note))
 	}
 	if ref := h.Get(hdrSpillBody); ref != "" {
