@@ -647,4 +647,3 @@ func TestBadSpillNoteKeepsTheMessage(t *testing.T) {
 		t.Fatalf("no warning about the bad note in %q", logs.String())
 	}
 }
-
