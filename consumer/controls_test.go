@@ -565,58 +565,6 @@ func TestQuarantineKeepsAPendingDeadLetter(t *testing.T) {
 	}
 }
 
-// The verdict against a spilled head travels in the spill log: a process
-// that re-feeds a copy another process spilled (after a restart) dead-letters
-// it for the reason the first one judged, without calling the handler on it
-// again, though nothing behind it is left to convict it anew.
-func TestRestartKeepsASpilledVerdict(t *testing.T) {
-	t.Parallel()
-	h := consumertest.NewMemHarness(1)
-	h.S.SetDown(true)
-	log := newCallLog()
-	var failedDLQ atomic.Int32
-	var verdict atomic.Value
-	cfg := consumer.Config{
-		Spill: h.Sp, DLQRetry: time.Millisecond, DLQProbe: 2 * time.Millisecond,
-		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
-			tn := log.call(m)
-			if strings.HasSuffix(string(m.Value), "poison") {
-				return errors.New("cannot be processed")
-			}
-			log.handled(tn, m)
-			return nil
-		}),
-		OnEvent: func(ev consumer.Event) {
-			if ev.Kind == consumer.EventDLQFailed && ev.Tenant == "a" {
-				verdict.Store(ev.Reason)
-				failedDLQ.Add(1)
-			}
-		},
-	}
-	first := run(t, h, fastPolicy(), cfg)
-	produceValues(h, "a", 0, "a/poison", "a/1", "a/2")
-	consumertest.Eventually(t, "a's poison message judged, its dead letter refused", func() bool {
-		return len(log.handledOf("a")) == 2 && failedDLQ.Load() > 0
-	})
-	first.c.SetControls(map[string]consumer.Control{"a": {Quarantine: true}})
-	consumertest.Eventually(t, "a's poison message spilled", func() bool { return tenantStats(t, first.c, "a").Spilled == 1 })
-	first.stop()
-	calls := log.callsOf("a")
-
-	h.S.SetDown(false)
-	second := run(t, h, fastPolicy(), cfg)
-	consumertest.Eventually(t, "the poison message dead-lettered by the next process", func() bool { return len(h.S.Records("a", false)) == 1 })
-	if n := log.callsOf("a") - calls; n != 0 {
-		t.Fatalf("the re-fed poison message was called %d times: its verdict did not travel in the spill log", n)
-	}
-	if r, want := h.S.Records("a", false)[0], verdict.Load().(dlq.Reason); string(r.Value) != "a/poison" || r.Reason != want {
-		t.Fatalf("dead letter %q for %q, want a/poison for %q, the reason it was refused for", r.Value, r.Reason, want)
-	}
-	if st := second.c.Stats(); st.Refed == 0 {
-		t.Fatalf("nothing re-fed in the second process: %+v", st)
-	}
-}
-
 // A spill record whose note does not decode (another writer's, or damaged)
 // still re-feeds its message, judged afresh, with a warning.
 func TestBadSpillNoteKeepsTheMessage(t *testing.T) {

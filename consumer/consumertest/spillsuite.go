@@ -3,6 +3,7 @@ package consumertest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -440,4 +441,84 @@ func testStuckHead(t *testing.T, h Harness) {
 		t.Fatalf("the lone message was dead-lettered without evidence")
 	}
 	r.stop(t)
+}
+
+// testSpilledVerdict: a poison message judged while the DLQ refuses its
+// dead letter, then spilled (its tenant quarantined), is dead-lettered by
+// the next process, for the reason first judged and without another call:
+// the verdict travels in its spill record, and nothing behind it is left
+// to convict it anew.
+func testSpilledVerdict(t *testing.T, h Harness) {
+	sp, ok := h.(Spiller)
+	if !ok {
+		t.Skip("harness has no spill log")
+	}
+	const poison = "acme/poison"
+	h.Produce(t, Msg{Tenant: "acme", Partition: 0, Value: []byte(poison)},
+		Msg{Tenant: "acme", Partition: 0, Value: []byte(id("acme", 0, 1))},
+		Msg{Tenant: "acme", Partition: 0, Value: []byte(id("acme", 0, 2))})
+	sink := &switchSink{Sink: h.Sink(t)}
+	sink.down.Store(true)
+	rec := NewRecorder()
+	var poisonCalls atomic.Int32
+	var refused atomic.Value // the reason of the refused dead letter
+	cfg := consumer.Config{
+		DLQ:      sink,
+		DLQProbe: 5 * time.Millisecond,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == poison {
+				poisonCalls.Add(1)
+				return errPoison
+			}
+			tn, err := h.Tenant()(m)
+			if err != nil {
+				return err
+			}
+			rec.Add(tn, string(m.Value))
+			return nil
+		}),
+		OnEvent: func(ev consumer.Event) {
+			if ev.Kind == consumer.EventDLQFailed && ev.Tenant == "acme" {
+				refused.Store(ev.Reason)
+			}
+		},
+	}
+	cfg.Spill = sp.SpillLog(t)
+	r1 := start(t, h, h.NewSource(t), spillConfig(h, cfg))
+	Eventually(t, "the poison message judged, its dead letter refused", func() bool {
+		return rec.Count("acme") == 2 && refused.Load() != nil
+	})
+	r1.c.SetControls(map[string]consumer.Control{"acme": {Quarantine: true}})
+	Eventually(t, "the poison message spilled", func() bool { return r1.c.Stats().Spilled >= 1 })
+	r1.stop(t)
+	calls := poisonCalls.Load()
+
+	sink.down.Store(false)
+	cfg.Spill = sp.SpillLog(t) // the next process's
+	r2 := start(t, h, h.NewSource(t), spillConfig(h, cfg))
+	Eventually(t, "the poison message dead-lettered by the next process", func() bool { return len(h.DeadLetters(t, "acme")) == 1 })
+	if n := poisonCalls.Load() - calls; n != 0 {
+		t.Fatalf("the re-fed poison message was called %d times: its verdict did not travel in its spill record", n)
+	}
+	dl := h.DeadLetters(t, "acme")[0]
+	if want := refused.Load().(dlq.Reason); string(dl.Value) != poison || dl.Reason != want {
+		t.Fatalf("dead letter %q for %q, want %q for %q, the reason it was refused for", dl.Value, dl.Reason, poison, want)
+	}
+	r2.stop(t)
+}
+
+// errPoison is the error of a message that can never be handled.
+var errPoison = errors.New("consumertest: message cannot be processed")
+
+// switchSink is a DLQ that refuses every write while down is set.
+type switchSink struct {
+	dlq.Sink
+	down atomic.Bool
+}
+
+func (s *switchSink) Write(ctx context.Context, r *dlq.Record) error {
+	if s.down.Load() {
+		return ErrSinkDown
+	}
+	return s.Sink.Write(ctx, r)
 }

@@ -56,6 +56,7 @@ func Run(t *testing.T, newHarness func(t testing.TB) Harness) {
 	t.Run("DeadSource", func(t *testing.T) { testDeadSource(t, newHarness(t)) })
 	t.Run("Spill", func(t *testing.T) { testSpill(t, newHarness(t)) })
 	t.Run("SpillRestart", func(t *testing.T) { testSpillRestart(t, newHarness(t)) })
+	t.Run("SpilledVerdictAcrossRestart", func(t *testing.T) { testSpilledVerdict(t, newHarness(t)) })
 	t.Run("StuckHead", func(t *testing.T) { testStuckHead(t, newHarness(t)) })
 }
 
