@@ -155,16 +155,13 @@ func (r *noteReader) uvarint() uint64 {
 	return n
 }
 
+// varint reads what binary.AppendVarint wrote: a zig-zag uvarint.
 func (r *noteReader) varint() int64 {
-	if r.err != nil {
-		return 0
+	u := r.uvarint()
+	n := int64(u >> 1)
+	if u&1 != 0 {
+		n = ^n
 	}
-	n, k := binary.Varint(r.b)
-	if k <= 0 {
-		r.err = fmt.Errorf("%w: truncated", errBadNote)
-		return 0
-	}
-	r.b = r.b[k:]
 	return n
 }
 
