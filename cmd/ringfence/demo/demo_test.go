@@ -166,30 +166,37 @@ func checkRuns(t *testing.T, r *BrokerResult) {
 	// The baseline has no fault: a tenant parks in it only behind a breaker
 	// that a stall tripped (a slow call, or a call past the Deadline), which
 	// only a machine that stalls the handler's millisecond calls past the
-	// slow-call threshold (100ms at least) brings about.
-	stalls := 0
+	// slow-call threshold (100ms at least) brings about. The poison tenant
+	// is left out: its poison messages fail as an outage would until the
+	// message behind one convicts it, and their retries may trip its
+	// breaker, and park it, in any run.
+	stalls, parked := 0, 0
 	for _, tr := range bl.Tenants {
+		if tr.Role == "poison" {
+			continue
+		}
 		stalls += tr.StallTrips
+		parked = max(parked, tr.MaxParked)
 		if tr.Trips != tr.StallTrips || tr.StallTrips == 0 && (tr.MaxParked != 0 || tr.Tenant == r.Bad && bl.BadParked != 0) {
 			t.Errorf("%s %s baseline: %s tripped %d times (%d on a stall), %d parked at most (%s parked %d times)",
 				r.Broker, r.Sc.Kind, tr.Tenant, tr.Trips, tr.StallTrips, tr.MaxParked, r.Bad, bl.BadParked)
 		}
 	}
-	if bl.MaxParked != 0 && stalls == 0 {
-		t.Errorf("%s %s baseline: %d parked at most, and no breaker tripped on a stall", r.Broker, r.Sc.Kind, bl.MaxParked)
+	if parked != 0 && stalls == 0 {
+		t.Errorf("%s %s baseline: %d parked at most, and no breaker tripped on a stall", r.Broker, r.Sc.Kind, parked)
 	}
 	if stalls > 0 {
-		t.Logf("%s %s baseline: %d breaker trips on stalls (the machine stalled the handler's calls), %d parked at most", r.Broker, r.Sc.Kind, stalls, bl.MaxParked)
+		t.Logf("%s %s baseline: %d breaker trips on stalls (the machine stalled the handler's calls), %d parked at most", r.Broker, r.Sc.Kind, stalls, parked)
 	}
 	if r.Sc.Kind.fails() {
 		// A failing dependency must trip the bad tenant's breaker and park
-		// it, and no healthy tenant's.
+		// it, and no healthy tenant's (but on a stall, as in the baseline).
 		for _, tr := range pt.Tenants {
 			switch {
 			case tr.Tenant == r.Bad && (tr.Trips < 1 || tr.MaxParked < 1 || pt.BadParked < 1):
 				t.Errorf("%s: %s tripped %d times, parked %d times, at most %d", r.Broker, r.Bad, tr.Trips, pt.BadParked, tr.MaxParked)
-			case tr.Role == "" && (tr.Trips != 0 || tr.MaxParked != 0):
-				t.Errorf("%s: healthy %s tripped %d times, parked %d", r.Broker, tr.Tenant, tr.Trips, tr.MaxParked)
+			case tr.Role == "" && (tr.Trips != tr.StallTrips || tr.StallTrips == 0 && tr.MaxParked != 0):
+				t.Errorf("%s: healthy %s tripped %d times (%d on a stall), parked %d", r.Broker, tr.Tenant, tr.Trips, tr.StallTrips, tr.MaxParked)
 			}
 		}
 	}
