@@ -137,13 +137,10 @@ func (s *Spill) Read(ctx context.Context, lane consumer.SpillLane, from int64, l
 	var out []*consumer.Message
 	for pos := from; pos < l.base+int64(len(l.entries)) && len(out) < limit; pos++ {
 		e := &l.entries[pos-l.base]
-		m := &consumer.Message{
-			Key: e.msg.Key, Value: e.msg.Value, Headers: e.msg.Headers, Topic: e.msg.Topic,
-			Partition: e.msg.Partition, Offset: e.msg.Offset, Stream: e.msg.Stream, Time: e.msg.Time,
-			Refed: true, SpillPos: pos,
-		}
+		m := e.msg
+		m.Refed, m.SpillPos = true, pos
 		m.SetSpillNote(e.note)
-		out = append(out, m)
+		out = append(out, &m)
 	}
 	return out, nil
 }
