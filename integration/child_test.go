@@ -47,6 +47,9 @@ type childConfig struct {
 	// MaxParkedPerTenant, if set, is the engine's: a parked tenant spills
 	// to its spill log past it.
 	MaxParkedPerTenant int
+	// StuckAfterMs, if set, is the engine's StuckAfter: a tenant whose
+	// oldest message holds its partition's commit that long spills.
+	StuckAfterMs int
 	// Progress, if set, is a file the child rewrites with its progress
 	// (a JSON childProgress) every progressEvery.
 	Progress string
@@ -155,10 +158,11 @@ func (s *handledSink) record(id, tenant string, m *consumer.Message) error {
 
 var errDependencyDown = errors.New("integration: tenant dependency down")
 
-// scenarioHandler fails poison messages for good, fails the fault tenant
+// scenarioHandler fails poison messages for good (recording each call in
+// events, if set, as a poison-called event), fails the fault tenant
 // transiently during its window (or while FaultFile exists), and otherwise
 // works WorkMs and records the message as handled.
-func scenarioHandler(cfg childConfig, sink *handledSink) consumer.HandlerFunc {
+func scenarioHandler(cfg childConfig, sink *handledSink, events *eventSink) consumer.HandlerFunc {
 	var faultStart sync.Once
 	var faultUntil time.Time
 	down := func() bool {
@@ -174,10 +178,13 @@ func scenarioHandler(cfg childConfig, sink *handledSink) consumer.HandlerFunc {
 		if !ok {
 			return policy.Permanent(fmt.Errorf("integration: not a scenario message: %q", m.Value))
 		}
+		tenant := tenantOf(cfg.Broker, m)
 		if poison {
+			if events != nil {
+				events.write("poison-called", tenant, m.Partition.ID, m.Offset)
+			}
 			return policy.Permanent(errors.New("integration: poison message"))
 		}
-		tenant := tenantOf(cfg.Broker, m)
 		if cfg.FaultTenant != "" && tenant == cfg.FaultTenant && down() {
 			return errDependencyDown
 		}
@@ -319,14 +326,6 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 	}
 	defer f.Close()
 	sink := &handledSink{f: f, name: cfg.Name}
-	ccfg := consumer.Config{
-		Scope:              scope.New(testPolicy(), scope.Options[string]{}),
-		Handler:            scenarioHandler(cfg, sink),
-		Group:              cfg.Group,
-		Concurrency:        16,
-		MaxParkedPerTenant: cfg.MaxParkedPerTenant,
-		Logger:             log,
-	}
 	var events *eventSink
 	if cfg.Events != "" {
 		ef, err := os.OpenFile(cfg.Events, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -335,6 +334,17 @@ func runChild(ctx context.Context, cfg childConfig, log *slog.Logger) error {
 		}
 		defer ef.Close()
 		events = &eventSink{f: ef, name: cfg.Name}
+	}
+	ccfg := consumer.Config{
+		Scope:              scope.New(testPolicy(), scope.Options[string]{}),
+		Handler:            scenarioHandler(cfg, sink, events),
+		Group:              cfg.Group,
+		Concurrency:        16,
+		MaxParkedPerTenant: cfg.MaxParkedPerTenant,
+		StuckAfter:         time.Duration(cfg.StuckAfterMs) * time.Millisecond,
+		Logger:             log,
+	}
+	if events != nil {
 		ccfg.OnEvent = events.onEvent
 	}
 	if cfg.Source == "" && len(sourceKinds[cfg.Broker]) > 0 {

@@ -71,6 +71,14 @@
 //     messages first handled in produce order (leaving out what the engine
 //     reported as EventReordered and, on NATS, what the server redelivered
 //     after a kill, whose order JetStream does not keep).
+//   - spilled-verdict-kill: a poison message's dead letter is refused (the
+//     DLQ's broker is paused), so its tenant spills once the message has
+//     held its partition for StuckAfter (1s). The consumer is killed with
+//     SIGKILL once the source has committed past the message, so that only
+//     its spill record holds it; with the DLQ back, the next consumer
+//     re-feeds it and dead-letters it for the first one's reason and
+//     attempts without calling the handler again (its verdict travels in
+//     the spill record's note), and handles everything else.
 //   - fleet: three consumer processes (Kafka on NewGroupSource; NATS as a
 //     partitioned consumer group), each with a fleet.Agent (childConfig.Fleet:
 //     heartbeat 250ms, TTL 3s), over steady traffic of 12 tenants, driven by
@@ -89,8 +97,9 @@
 // RINGFENCE_IT_CHILD set (see TestMain), running the engine with an adapter,
 // its spill log, and a handler that records each handled message id, with
 // its source partition and offset, in an append-only file. The spill-kill
-// children also write their Stats to a file the test polls, and their spill
-// and reorder events to another.
+// and spilled-verdict-kill children also write their Stats to a file the
+// test polls, and their spill and reorder events, and their calls of poison
+// messages, to another.
 //
 // # Reconciliation
 //

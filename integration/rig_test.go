@@ -347,45 +347,53 @@ func (r *rig) handled() []handledLine {
 // deadLetters reads every record of every tenant's DLQ and returns how many
 // times each message id is there.
 func (r *rig) deadLetters(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{}
+	err := r.eachDeadLetter(ctx, func(rec dlq.Record) {
+		if id, _, ok := parsePayload(rec.Value); ok {
+			out[id]++
+		}
+	})
+	return out, err
+}
+
+// eachDeadLetter calls f with every record of every tenant's DLQ.
+func (r *rig) eachDeadLetter(ctx context.Context, f func(dlq.Record)) error {
 	var in dlq.Inspector
 	switch r.kind {
 	case "kafka":
 		ki, err := kafkaad.NewDLQ([]string{r.dlq.Addr}, r.topic)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		defer ki.Close()
 		in = ki
 	case "nats":
 		nc, err := nats.Connect(r.dlq.URL(), nats.Timeout(3*time.Second))
 		if err != nil {
-			return nil, err
+			return err
 		}
 		defer nc.Close()
 		js, _ := jetstream.New(nc)
 		q, err := natsad.NewDLQ(ctx, js)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		in = q
 	}
 	tenants, err := in.Tenants(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := map[string]int{}
 	for _, ts := range tenants {
 		recs, err := in.Peek(ctx, ts.Tenant, 0)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, rec := range recs {
-			if id, _, ok := parsePayload(rec.Value); ok {
-				out[id]++
-			}
+			f(rec)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // handledCount returns how many distinct produced ids were handled.

@@ -72,7 +72,7 @@ func scaleOut(t *testing.T, kind, source string) {
 	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	r := newRigPartitions(t, kind, false, scalePartitions)
 	tenants := tenantNames(scaleTenants)
-	failing := scaleFailingTenant(kind, tenants)
+	failing := crowdedTenant(kind, tenants, scalePartitions)
 	fault := filepath.Join(r.dir, "failing-dependency-down")
 	events := filepath.Join(r.dir, "events.log")
 	mod := func(c *childConfig) {
@@ -280,14 +280,14 @@ func (r *rig) waitCaughtUp(lag, timeout time.Duration) {
 	}
 }
 
-// scaleFailingTenant picks the failing tenant: on Kafka the first of a
-// partition holding the most tenants under the producer's hash balancer, so
-// that it has partition-mates; on NATS the first.
-func scaleFailingTenant(kind string, tenants []string) string {
+// crowdedTenant picks a tenant with partition-mates: on Kafka the first of
+// a partition (of partitions) holding the most tenants under the
+// producer's hash balancer; on NATS the first.
+func crowdedTenant(kind string, tenants []string, partitions int) string {
 	if kind != "kafka" {
 		return tenants[0]
 	}
-	parts := make([]int, scalePartitions)
+	parts := make([]int, partitions)
 	for i := range parts {
 		parts[i] = i
 	}
