@@ -25,8 +25,8 @@ func TestCounterCountsEveryAdd(t *testing.T) {
 }
 
 // TestCounterCollisionMovesSalt: an add whose stripe changed under it is
-// still counted, and moves the salt, which moves the stripe every
-// goroutine draws.
+// still counted, and moves the salt that every goroutine's stripe is drawn
+// from.
 func TestCounterCollisionMovesSalt(t *testing.T) {
 	var c counter
 	salt := c.salt.Load()
