@@ -268,9 +268,15 @@ func readEvents(t *testing.T, path string) []eventLine {
 // spillEvents counts the noisy tenant's events of kind (by proc, or by any
 // when proc is "").
 func (r *rig) spillEvents(path, kind, proc string) int {
+	return r.countEvents(path, kind, spillNoisy, proc)
+}
+
+// countEvents counts the events of kind in path, of tenant and by proc
+// ("" for any).
+func (r *rig) countEvents(path, kind, tenant, proc string) int {
 	n := 0
 	for _, e := range readEvents(r.t, path) {
-		if e.kind == kind && e.tenant == spillNoisy && (proc == "" || e.proc == proc) {
+		if e.kind == kind && (tenant == "" || e.tenant == tenant) && (proc == "" || e.proc == proc) {
 			n++
 		}
 	}

@@ -87,7 +87,7 @@ func spilledVerdictKill(t *testing.T, kind string) {
 		t.Fatalf("waiting for the source to commit past the spilled poison message: %v", err)
 	}
 	c1.kill(t)
-	calls1 := r.poisonCalls(events, "c1")
+	calls1 := r.countEvents(events, "poison-called", "", "c1")
 	phase(fmt.Sprintf("c1 killed after %d calls of the poison message; the DLQ is back", calls1))
 	r.dlq.Unpause(t)
 
@@ -115,20 +115,9 @@ func spilledVerdictKill(t *testing.T, kind string) {
 	if err != nil {
 		t.Fatalf("read dead letters: %v", err)
 	}
-	if calls2 := r.poisonCalls(events, "c2"); calls2 != 0 {
+	if calls2 := r.countEvents(events, "poison-called", "", "c2"); calls2 != 0 {
 		t.Errorf("c2 called the re-fed poison message %d times: its verdict did not travel in its spill record", calls2)
 	}
-}
-
-// poisonCalls counts the calls of poison messages by proc.
-func (r *rig) poisonCalls(events, proc string) int {
-	n := 0
-	for _, e := range readEvents(r.t, events) {
-		if e.kind == "poison-called" && e.proc == proc {
-			n++
-		}
-	}
-	return n
 }
 
 // committedPast returns nil once the consumer group has committed the

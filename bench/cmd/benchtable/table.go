@@ -171,8 +171,8 @@ func engineCell(s *samples, name string) string {
 	xlo, xhi := s.span(name, "xcore-ns")
 	cell := fmt.Sprintf("%.1f ns (%.1f-%.1f), %s allocs; %.0f ns of CPU; `xcore-ns` %.0f-%.0f",
 		s.med(name, "ns/op"), lo, hi, strconv.FormatFloat(s.med(name, "allocs/op"), 'f', 0, 64), s.med(name, "cpu-ns/op"), xlo, xhi)
-	if f := s.med(name, "faults/kmsg"); f >= faultsShown {
-		cell += fmt.Sprintf("; %.0f page faults per 1000 messages", f)
+	if f := faults(s, name); f != "" {
+		cell += "; " + f
 	}
 	return cell
 }
@@ -187,19 +187,23 @@ const faultsShown = 10
 // 1000-tenant row, with the collector off and on.
 func scaleRow(s *samples, name, what string) [4]string {
 	on := name + "/gc=on"
+	onFaults := faults(s, on)
+	if onFaults != "" {
+		onFaults = ", " + onFaults
+	}
 	return [4]string{
 		fmt.Sprintf("engine overhead per message, %s, median of %d", what, s.count(name, "ns/op")),
-		fmt.Sprintf("%s; collector on %.1f ns, %s allocs%s", engineCell(s, name), s.med(on, "ns/op"), strconv.FormatFloat(s.med(on, "allocs/op"), 'f', 0, 64), faultsOn(s, on)),
+		fmt.Sprintf("%s; collector on %.1f ns, %s allocs%s", engineCell(s, name), s.med(on, "ns/op"), strconv.FormatFloat(s.med(on, "allocs/op"), 'f', 0, 64), onFaults),
 		fmt.Sprintf("the 1000-tenant row %.1f ns; collector on %.1f ns", s.med(engine1000, "ns/op"), s.med(engine1000+"/gc=on", "ns/op")),
 		fmt.Sprintf("%.2fx its time; collector on %.2fx", s.med(name, "ns/op")/s.med(engine1000, "ns/op"), s.med(on, "ns/op")/s.med(engine1000+"/gc=on", "ns/op")),
 	}
 }
 
-// faultsOn is a collector-on row's page faults, where engineCell shows
-// them.
-func faultsOn(s *samples, name string) string {
+// faults is name's page faults as a cell says them, or "" below
+// faultsShown.
+func faults(s *samples, name string) string {
 	if f := s.med(name, "faults/kmsg"); f >= faultsShown {
-		return fmt.Sprintf(", %.0f page faults per 1000 messages", f)
+		return fmt.Sprintf("%.0f page faults per 1000 messages", f)
 	}
 	return ""
 }
