@@ -11,13 +11,12 @@ import (
 //
 // A goroutine's stripe comes from its stack's address (Go exposes no
 // processor id), mixed with salt. Two goroutines that count at the same
-// time may still draw the same stripe (stack addresses are far from
-// random: two goroutines of a parallel benchmark did in about one run in
-// four), and would then pass its line back and forth on every add for as
-// long as they run, which made a parallel hit take nearly three times as
-// long. An add that finds its stripe changed under it (its
-// compare-and-swap fails) therefore changes the salt, which moves every
-// goroutine to another stripe.
+// time may still draw the same stripe, far more often than one time in
+// counterStripes (stack addresses are far from random), and would then
+// pass its line back and forth on every add for as long as they run, at
+// several times the cost of a lookup. An add that finds its stripe
+// changed under it (its compare-and-swap fails) therefore changes the
+// salt, which moves every goroutine to another stripe.
 type counter struct {
 	// salt is read by every add and written only on a collision: a line
 	// of its own, so that the adds' writes do not keep taking it away.
