@@ -239,7 +239,7 @@ func (c *Consumer) checkInvariants() error {
 		// HardCeiling the scope evicts pinned keys too (and their pins
 		// with them), so only guards still the scope's count.
 		if g := t.guardP.Load(); g != nil && g != c.fallback {
-			if sg, ok := c.scope.Peek(t.key); ok && sg == g {
+			if sg, ok := c.scope.Peek(t.key); ok && sg == t.scoped {
 				pinned++
 			}
 		}

@@ -32,6 +32,21 @@ type Guard struct {
 	hook func(Event)
 }
 
+// ShareTo makes dst, a zero Guard that was never used, a second handle on
+// h's guard: calls through either run on one breaker, budget, latency
+// estimate and bulkhead, and each handle's Stats count both. It is for an
+// engine that keeps its own per-key state beside the guard (a consumer's
+// tenant): a call through dst, a field of that state, reads no line of h,
+// which with many keys is a cache miss a call. If h's state is retired (its
+// key evicted, see [Recycler.Retire]), each handle moves to a fresh state
+// of its own at its next call, as h alone would. Neither may be copied.
+func (h *Guard) ShareTo(dst *Guard) {
+	// r, hook and gen are written before st is first stored (attach) and
+	// never after; st is read once, so dst owns the life h owned then.
+	dst.r, dst.hook, dst.gen = h.r, h.hook, h.gen
+	dst.st.Store(h.st.Load())
+}
+
 // attach makes g, a state no call is using, a fresh state of policy r and
 // the state of h.
 func (h *Guard) attach(g *guard, r *resolved, onEvent func(Event)) {

@@ -264,3 +264,35 @@ func TestRetiredGuardReadsFresh(t *testing.T) {
 		t.Fatalf("retired guard reads its old state: latency %v, concurrency %d", old.Latency(), old.Concurrency(0))
 	}
 }
+
+func TestShareTo(t *testing.T) {
+	clk, c, rc := newRecycled(t)
+	h := rc.New(c, nil)
+	var d policy.Guard
+	h.ShareTo(&d)
+
+	// One guard behind two handles: a trip through d is h's, a success
+	// through h is counted by d.
+	dirty(t, &d, clk)
+	if h.State() != policy.Open || h.Closed() {
+		t.Fatalf("the trip through the shared handle left h %v", h.State())
+	}
+	if got, want := h.Stats(), d.Stats(); got != want {
+		t.Fatalf("the handles' stats differ: h %+v, shared %+v", got, want)
+	}
+
+	// Retired: each handle moves to a fresh state of its own, and the key
+	// that reuses the old state sees neither.
+	rc.Retire(h)
+	g := rc.New(c, nil) // on h's old state
+	if !d.Closed() || d.Stats() != c.New().Stats() {
+		t.Fatalf("the shared handle still reads the retired state: %+v", d.Stats())
+	}
+	dirty(t, &d, clk)
+	if h.State() != policy.Closed {
+		t.Fatalf("a trip through the shared handle after retirement reached h: %v", h.State())
+	}
+	if g.Stats() != c.New().Stats() {
+		t.Fatalf("the state's next guard saw the shared handle's calls: %+v", g.Stats())
+	}
+}
