@@ -3,7 +3,6 @@ package policy
 import (
 	"errors"
 	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -40,7 +39,7 @@ func (g *guard) retryAfter() time.Duration {
 // State returns the breaker state. A breaker whose open period has ended
 // reports HalfOpen. Without a breaker it is always Closed.
 func (h *Guard) State() State {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	st := g.breakerState()
 	g.exit(sh)
 	return st
@@ -63,7 +62,7 @@ func (h *Guard) Closed() bool {
 // RetryAfter returns how long until the breaker admits a probe: zero unless
 // the breaker is open.
 func (h *Guard) RetryAfter() time.Duration {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	d := g.retryAfter()
 	g.exit(sh)
 	return d

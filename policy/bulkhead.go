@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"math/rand/v2"
 )
 
 // The bulkhead: how many units of work of one guard may be in flight at
@@ -33,7 +32,7 @@ func (h *Guard) Concurrency(def int) int {
 	if h.r.maxConcurrent <= 0 && def > 0 {
 		// The engine's default caps the gradient limit: note it (counted
 		// in, so that a retired guard cannot write to a reused state).
-		g, sh := h.enter(rand.Uint32())
+		g, sh := h.enter(draw())
 		if g.lat.hint.Load() != int64(def) {
 			g.lat.hint.Store(int64(def))
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 )
 
@@ -31,7 +30,7 @@ import (
 // other, and is retried. A panic in fn is recorded as a failure and
 // re-raised.
 func (h *Guard) Run(ctx context.Context, fn func(context.Context) error) error {
-	r := rand.Uint32()
+	r := draw()
 	g, sh := h.enter(r)
 	var err error
 	if g.r.plainRun {
@@ -76,7 +75,7 @@ func (g *guard) run(ctx context.Context, fn func(context.Context) error, r uint3
 		}
 		var p Permit
 		if attempt > 1 {
-			r = rand.Uint32()
+			r = draw()
 		}
 		err := g.acquire(&p, r)
 		if err != nil {

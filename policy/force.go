@@ -3,7 +3,6 @@ package policy
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -47,7 +46,7 @@ func (o Override) String() string {
 // [Recycler] starts without one. A guard without a breaker has nothing to
 // force: Force does nothing.
 func (h *Guard) Force(o Override) {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	defer g.exit(sh)
 	if !g.r.breaker || o > OverrideClosed {
 		return
@@ -92,7 +91,7 @@ func (h *Guard) Force(o Override) {
 
 // Forced returns the breaker's override.
 func (h *Guard) Forced() Override {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	o := Override(g.force.Load())
 	g.exit(sh)
 	return o
@@ -108,7 +107,7 @@ func (h *Guard) Forced() Override {
 // Force), or without a breaker. Its event (EventBreakerOpened) has Forced
 // set.
 func (h *Guard) Trip(until time.Time) {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	defer g.exit(sh)
 	if !g.r.breaker {
 		return

@@ -3,9 +3,11 @@ package policy
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // State is a circuit breaker state.
@@ -127,6 +129,57 @@ type tail struct {
 }
 
 const counterShards = 4 // a power of two
+
+// A call counts on the counter shard of its goroutine: a shard picked from
+// the address of the goroutine's stack, mixed with shardSalt, so that
+// goroutines on different cores calling one guard keep writing lines of
+// their own. (A shard drawn at random per call made both cores write every
+// shard's line in turn, each write a transfer of the line from the other
+// core: the parallel rows of bench/policy.) Two goroutines that draw the
+// same shard and call at the same time find it out at their next count
+// (countOn's compare-and-swap fails) and move the salt, which moves every
+// goroutine to another shard. Which shard a call counts on is otherwise
+// immaterial: every reader sums the shards.
+var shardSalt struct {
+	_ [64]byte
+	v atomic.Uint32
+	_ [60]byte
+}
+
+// draw returns a random number for a call (whether its attempt is a
+// latency sample: see begin) whose low bits, r&(counterShards-1), are the
+// calling goroutine's counter shard.
+func draw() uint32 {
+	return rand.Uint32()&^(counterShards-1) | goroutineShard(shardSalt.v.Load())
+}
+
+// goroutineShard picks a shard from the address of the calling goroutine's
+// stack and salt: stable for a goroutine while the salt is, different
+// across goroutines, and free to compute.
+func goroutineShard(salt uint32) uint32 {
+	p := uint64(uintptr(unsafe.Pointer(&salt)))>>10 ^ uint64(salt) // salt is on the stack
+	return uint32(p * 0x9E3779B97F4A7C15 >> 62)                    // top 2 bits: 4 shards
+}
+
+// countOn adds 1 to a counter of the caller's shard; if another goroutine
+// wrote it meanwhile, it moves the salt (see shardSalt).
+func countOn(c *atomic.Uint64) {
+	if n := c.Load(); !c.CompareAndSwap(n, n+1) {
+		collided()
+		c.Add(1)
+	}
+}
+
+// enterOn is countOn for a shard's count of calls in progress.
+func enterOn(c *atomic.Int64) {
+	if n := c.Load(); !c.CompareAndSwap(n, n+1) {
+		collided()
+		c.Add(1)
+	}
+}
+
+// collided moves the salt: two goroutines counted on one shard at once.
+func collided() { shardSalt.v.Add(1) }
 
 type counterShard struct {
 	// The lead pad puts active and successes at 16 bytes past a line (see

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,7 +70,7 @@ func (h *Guard) enter(r uint32) (g *guard, sh uint8) {
 		return g, 0
 	}
 	sh = uint8(r & (counterShards - 1))
-	g.counts[sh].active.Add(1)
+	enterOn(&g.counts[sh].active)
 	if g.life.Load() == h.gen {
 		return g, sh
 	}
@@ -131,7 +130,7 @@ func (h *Guard) BeforeAttempt(ctx context.Context, attempt int) error {
 
 // Stats returns a snapshot of the guard's counters and estimates.
 func (h *Guard) Stats() Stats {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	s := g.stats()
 	g.exit(sh)
 	return s

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 )
 
@@ -63,7 +62,7 @@ func (h *Guard) Allow(ctx context.Context) (Permit, error) {
 // live permit (see [Batch.AllowTo]). On refusal *p is the zero Permit.
 func (h *Guard) AllowTo(ctx context.Context, p *Permit) error {
 	*p = Permit{}
-	r := rand.Uint32()
+	r := draw()
 	g, sh := h.enter(r)
 	if err := g.allow(ctx, p, r); err != nil {
 		g.exit(sh)
@@ -105,7 +104,7 @@ type Batch struct {
 
 // Batch starts a batch of attempts on h; see [Batch].
 func (h *Guard) Batch() Batch {
-	r := rand.Uint32()
+	r := draw()
 	g, sh := h.enter(r) // counted in on a recycled state, as Guard.Allow
 	return Batch{g: g, shard: sh, rnd: r | 1}
 }
@@ -133,7 +132,9 @@ func (b *Batch) AllowTo(ctx context.Context, p *Permit) error {
 	x ^= x >> 17
 	x ^= x << 5
 	b.rnd = x
-	if err := b.g.allow(ctx, p, x); err != nil {
+	// The attempt counts on the batch's shard (its failures; its success
+	// is counted by End).
+	if err := b.g.allow(ctx, p, x&^(counterShards-1)|uint32(b.shard)); err != nil {
 		*p = Permit{}
 		return err
 	}
@@ -266,7 +267,7 @@ func (p *Permit) record(g *guard, err error) {
 		if p.batch != nil {
 			p.batch.successes++
 		} else {
-			g.counts[p.shard&(counterShards-1)].successes.Add(1)
+			countOn(&g.counts[p.shard&(counterShards-1)].successes)
 		}
 		g.earn()
 		if g.r.breaker {

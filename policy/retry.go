@@ -3,7 +3,6 @@ package policy
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 )
 
@@ -63,7 +62,7 @@ func (s StopReason) String() string {
 // err is only classified (Permanent or not): an error that wraps [ErrOpen]
 // is retried like any other; only this guard's own breaker gives StopOpen.
 func (h *Guard) NextRetry(attempt int, err error, prev time.Duration) RetryDecision {
-	g, sh := h.enter(rand.Uint32())
+	g, sh := h.enter(draw())
 	d := g.nextRetry(context.Background(), attempt, err, prev)
 	g.exit(sh)
 	return d
@@ -84,7 +83,7 @@ func (g *guard) nextRetry(ctx context.Context, attempt int, err error, prev time
 	d := g.r.backoffFor(attempt, err, prev)
 	if g.r.breaker {
 		if st, _ := unpack(g.state.Load()); st == Open && g.openUntil.Load()-g.now() > int64(d) {
-			g.counts[rand.Uint32()&(counterShards-1)].rejected.Add(1)
+			g.counts[draw()&(counterShards-1)].rejected.Add(1)
 			g.emit(Event{Kind: EventRejected, Attempt: attempt + 1, Err: g.openErr.Load()})
 			return RetryDecision{Stop: StopOpen}
 		}
