@@ -133,13 +133,13 @@ const counterShards = 4 // a power of two
 // A call counts on the counter shard of its goroutine: a shard picked from
 // the address of the goroutine's stack, mixed with shardSalt, so that
 // goroutines on different cores calling one guard keep writing lines of
-// their own. (A shard drawn at random per call made both cores write every
-// shard's line in turn, each write a transfer of the line from the other
-// core: the parallel rows of bench/policy.) Two goroutines that draw the
-// same shard and call at the same time find it out at their next count
-// (countOn's compare-and-swap fails) and move the salt, which moves every
-// goroutine to another shard. Which shard a call counts on is otherwise
-// immaterial: every reader sums the shards.
+// their own. (A shard drawn at random per call would have both cores
+// write every shard's line in turn, most writes a transfer of the line from
+// the other core: the parallel rows of bench/policy guard this.) Two
+// goroutines that draw the same shard and call at the same time find it
+// out at their next count (countOn's compare-and-swap fails) and move the
+// salt, which moves every goroutine to another shard. Which shard a call
+// counts on is otherwise immaterial: every reader sums the shards.
 var shardSalt struct {
 	_ [64]byte
 	v atomic.Uint32
