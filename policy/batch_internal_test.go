@@ -37,7 +37,7 @@ func TestBatchSamplesOneInSampleEvery(t *testing.T) {
 		if pm.timed {
 			timed++
 		}
-		shards[pm.shard]++
+		shards[pm.shard&(counterShards-1)]++
 		pm.Done(nil)
 	}
 	b.End()
@@ -66,6 +66,16 @@ func TestCallsKeepTheirGoroutineShard(t *testing.T) {
 		if got := draw() & (counterShards - 1); got != want {
 			t.Fatalf("draw's shard %d, want the goroutine's %d", got, want)
 		}
+	}
+	// About one call in collisionEvery checks for a collision.
+	n := 0
+	for range 64 * collisionEvery {
+		if checks(draw()) {
+			n++
+		}
+	}
+	if n < 32 || n > 96 {
+		t.Fatalf("%d of %d draws check for a collision, want about 64", n, 64*collisionEvery)
 	}
 	var c atomic.Uint64
 	c.Store(41)

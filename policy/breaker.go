@@ -75,8 +75,12 @@ func (h *Guard) RetryAfter() time.Duration {
 // counter shard and decides whether the attempt is a latency sample.
 func (g *guard) acquire(p *Permit, r uint32) error {
 	shard := uint8(r & (counterShards - 1))
+	ps := shard // the permit's: its success may check for a collision
+	if checks(r) {
+		ps |= shardChecked
+	}
 	if !g.r.breaker {
-		p.g, p.shard = g, shard
+		p.g, p.shard = g, ps
 		g.begin(p, r)
 		return nil
 	}
@@ -84,7 +88,7 @@ func (g *guard) acquire(p *Permit, r uint32) error {
 	if st == Closed {
 		// The hot path: no exact clock read unless this attempt is a
 		// sample (the slow-call check reads the coarse clock).
-		p.g, p.gen, p.shard = g, gen, shard
+		p.g, p.gen, p.shard = g, gen, ps
 		g.begin(p, r)
 		return nil
 	}

@@ -136,19 +136,36 @@ const counterShards = 4 // a power of two
 // their own. (A shard drawn at random per call would have both cores
 // write every shard's line in turn, most writes a transfer of the line from
 // the other core: the parallel rows of bench/policy guard this.) Two
-// goroutines that draw the same shard and call at the same time find it
-// out at their next count (countOn's compare-and-swap fails) and move the
-// salt, which moves every goroutine to another shard. Which shard a call
-// counts on is otherwise immaterial: every reader sums the shards.
+// goroutines that draw the same shard and keep calling at the same time
+// find it out within a few collisionEvery calls: such a call counts by
+// compare-and-swap (countOn), and one that fails (the other goroutine
+// wrote the line meanwhile) moves the salt, which moves every goroutine to
+// another shard. The other calls add plainly, which costs a serial caller
+// less. Which shard a call counts on is otherwise immaterial: every reader
+// sums the shards.
 var shardSalt struct {
 	_ [64]byte
 	v atomic.Uint32
 	_ [60]byte
 }
 
+// collisionEvery: one call in collisionEvery (a power of two) checks its
+// count for a collision (see shardSalt), chosen by the bits of its random
+// number above the shard's (checks).
+const collisionEvery = 64
+
+// checks reports whether the call whose random number is r counts by
+// compare-and-swap.
+func checks(r uint32) bool { return r>>2&(collisionEvery-1) == 0 }
+
+// shardChecked marks a Permit's shard (Permit.shard) as one whose success
+// checks for a collision.
+const shardChecked = 0x80
+
 // draw returns a random number for a call (whether its attempt is a
-// latency sample: see begin) whose low bits, r&(counterShards-1), are the
-// calling goroutine's counter shard.
+// latency sample, see begin, and whether it checks for a collision, see
+// checks) whose low bits, r&(counterShards-1), are the calling goroutine's
+// counter shard.
 func draw() uint32 {
 	return rand.Uint32()&^(counterShards-1) | goroutineShard(shardSalt.v.Load())
 }

@@ -70,7 +70,11 @@ func (h *Guard) enter(r uint32) (g *guard, sh uint8) {
 		return g, 0
 	}
 	sh = uint8(r & (counterShards - 1))
-	enterOn(&g.counts[sh].active)
+	if checks(r) {
+		enterOn(&g.counts[sh].active)
+	} else {
+		g.counts[sh].active.Add(1)
+	}
 	if g.life.Load() == h.gen {
 		return g, sh
 	}
@@ -81,7 +85,7 @@ func (h *Guard) enter(r uint32) (g *guard, sh uint8) {
 // exit ends a call counted in by enter.
 func (g *guard) exit(sh uint8) {
 	if g.pool != nil {
-		g.counts[sh].active.Add(-1)
+		g.counts[sh&(counterShards-1)].active.Add(-1)
 	}
 }
 

@@ -23,7 +23,7 @@ type Permit struct {
 	timed bool  // the attempt is a latency sample (clock is clockExact)
 	probe bool
 	clock uint8 // how start was read: clockNone, clockExact, clockCoarse
-	shard uint8 // counter shard
+	shard uint8 // counter shard, and shardChecked
 	// counted: the permit came from Guard.Allow on a recycled state, and
 	// Done or Release ends the call counted in by Guard.enter.
 	counted bool
@@ -267,7 +267,12 @@ func (p *Permit) record(g *guard, err error) {
 		if p.batch != nil {
 			p.batch.successes++
 		} else {
-			countOn(&g.counts[p.shard&(counterShards-1)].successes)
+			c := &g.counts[p.shard&(counterShards-1)].successes
+			if p.shard&shardChecked != 0 {
+				countOn(c)
+			} else {
+				c.Add(1)
+			}
 		}
 		g.earn()
 		if g.r.breaker {
