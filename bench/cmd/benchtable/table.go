@@ -58,6 +58,12 @@ func table(w io.Writer, s *samples) error {
 			x1(gb("serial") / ns("Success/ringfence/serial")),
 		},
 		{
+			"the same with `policy.Default()` as is (each attempt under its 10 s `AttemptTimeout`), serial",
+			fmt.Sprintf("%.1f ns, %s", ns("Success/ringfence-default/serial"), allocs("Success/ringfence-default/serial")),
+			fmt.Sprintf("gobreaker `Execute` %.1f ns", gb("serial")),
+			x1(gb("serial") / ns("Success/ringfence-default/serial")),
+		},
+		{
 			"guard success path, parallel",
 			fmt.Sprintf("%.1f ns, %s", ns("Success/ringfence/parallel"), allocs("Success/ringfence/parallel")),
 			fmt.Sprintf("gobreaker %.1f ns", gb("parallel")),

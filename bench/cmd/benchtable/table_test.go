@@ -20,7 +20,7 @@ func output(scale float64) string {
 		b.WriteString("\n")
 	}
 	for _, mode := range []string{"serial", "parallel"} {
-		for _, r := range []string{"ringfence", "ringfence-recycled", "ringfence-timed"} {
+		for _, r := range []string{"ringfence", "ringfence-default", "ringfence-recycled", "ringfence-timed"} {
 			line("Success/"+r+"/"+mode, 10, "ns/op", 0, "B/op", 0, "allocs/op")
 		}
 		for _, r := range []string{"gobreaker", "failsafe"} {
@@ -87,11 +87,12 @@ func TestTableRatios(t *testing.T) {
 	if strings.Count(b.String(), "page faults") != 2 {
 		t.Errorf("page faults shown %d times, want the distinct-keys row's two:\n%s", strings.Count(b.String(), "page faults"), b.String())
 	}
-	if len(rows) != 2+24 {
-		t.Fatalf("%d lines, want a header, a rule and 24 rows:\n%s", len(rows), b.String())
+	if len(rows) != 2+25 {
+		t.Fatalf("%d lines, want a header, a rule and 25 rows:\n%s", len(rows), b.String())
 	}
 	for _, want := range []string{
 		"| guard success path, parallel | 10.0 ns, 0 allocs | gobreaker 30.0 ns | 3.0x |",
+		"| the same with `policy.Default()` as is (each attempt under its 10 s `AttemptTimeout`), serial | 10.0 ns, 0 allocs | gobreaker `Execute` 30.0 ns | 3.0x |",
 		"| 3.0x; 3x |", // churn: the medians' ratios
 		"3.000x from the rows' medians; 3.000 the median of the paired ratios (2.00-4.00)",
 		"3.00x (4.000, 2.000, 3.000)", // the handler's paired ratios, in process order
