@@ -70,9 +70,10 @@ func (h *Guard) RetryAfter() time.Duration {
 
 // acquire fills the zero Permit *p, or refuses. It works through a pointer:
 // copying a Permit of mixed-size fields by value costs store-forwarding
-// stalls that showed up as a fifth of the hot path. r is a random number
-// (math/rand/v2's per-thread generator: no shared write) that picks the
-// counter shard and decides whether the attempt is a latency sample.
+// stalls that showed up as a fifth of the hot path. r is the call's draw
+// (see draw): its low bits are the counter shard, and its random bits
+// decide whether the attempt is a latency sample and whether its success
+// checks for a shard collision.
 func (g *guard) acquire(p *Permit, r uint32) error {
 	shard := uint8(r & (counterShards - 1))
 	ps := shard // the permit's: its success may check for a collision

@@ -93,12 +93,11 @@ func (h *Guard) AllowTo(ctx context.Context, p *Permit) error {
 // is ended.
 type Batch struct {
 	g         *guard
-	shard     uint8 // the counter shard Batch counted in on (a recycled state)
+	shard     uint8 // the counter shard of the batch's attempts (see draw)
 	successes uint64
-	// rnd draws each attempt's random number (its counter shard and
-	// whether it is a latency sample) by xorshift, seeded with the draw
-	// the batch started with, cheaper than a draw from the runtime's
-	// generator per attempt.
+	// rnd draws each attempt's random bits (whether it is a latency
+	// sample) by xorshift, seeded with the draw the batch started with,
+	// cheaper than a draw from the runtime's generator per attempt.
 	rnd uint32
 }
 
