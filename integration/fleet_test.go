@@ -289,8 +289,7 @@ func waitControlled(t *testing.T, st fleet.Store, procs []string, n int, since t
 }
 
 func fleetScenario(t *testing.T, bin, kind, source string) {
-	start := time.Now()
-	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	phase := phaseLog(t)
 	report := func(line string) {
 		fmt.Println(line)
 		t.Log(line)

@@ -559,3 +559,10 @@ func (r *rig) reconcile(scenario string) result {
 	}
 	return res
 }
+
+// phaseLog returns a logger of a scenario's phases, each with the seconds
+// since the call.
+func phaseLog(t *testing.T) func(what string) {
+	start := time.Now()
+	return func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+}

@@ -68,8 +68,7 @@ func TestScaleOut(t *testing.T) {
 }
 
 func scaleOut(t *testing.T, kind, source string) {
-	start := time.Now()
-	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	phase := phaseLog(t)
 	r := newRigPartitions(t, kind, false, scalePartitions)
 	tenants := tenantNames(scaleTenants)
 	failing := crowdedTenant(kind, tenants, scalePartitions)

@@ -46,8 +46,7 @@ func TestSpillKillRestart(t *testing.T) {
 }
 
 func spillKillRestart(t *testing.T, kind string) {
-	start := time.Now()
-	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	phase := phaseLog(t)
 	r := newRig(t, kind, false)
 	fault := filepath.Join(r.dir, "noisy-dependency-down")
 	if err := os.WriteFile(fault, nil, 0o644); err != nil {

@@ -36,8 +36,7 @@ func TestSpilledVerdictKill(t *testing.T) {
 }
 
 func spilledVerdictKill(t *testing.T, kind string) {
-	start := time.Now()
-	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	phase := phaseLog(t)
 	r := newRig(t, kind, true)
 	tenants := tenantNames(8)
 	poisoned := crowdedTenant(kind, tenants, 3) // newRig's topic has 3 partitions
