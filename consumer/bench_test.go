@@ -2,10 +2,14 @@ package consumer_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -235,6 +239,44 @@ func BenchmarkEngine(b *testing.B) {
 	}
 }
 
+// engineProfile is a file name prefix: each benchEngine row then writes a
+// CPU profile of its measured span alone to prefix.<row>, leaving out the
+// preparation of its messages and the warm-up of its tenants, which
+// -cpuprofile includes (with 100,000 tenants the warm-up builds 100,000
+// guards, and a profile of it puts the cost of a message in the wrong
+// places). To read where a message costs more at 100,000 tenants than at
+// 1,000, from consumer/:
+//
+//	go test -run '^$' -bench 'BenchmarkEngine/^tenants=(1000|100000)$/partitions=4/concurrency=64$' -benchtime 2000000x -engine.cpuprofile /tmp/engine
+//	go tool pprof -top -diff_base '/tmp/engine.tenants=1000_partitions=4_concurrency=64' consumer.test '/tmp/engine.tenants=100000_partitions=4_concurrency=64'
+var engineProfile = flag.String("engine.cpuprofile", "", "BenchmarkEngine: write a CPU profile of each row's measured span to this prefix plus the row's name")
+
+// profileMeasured starts the CPU profile of b's measured span if
+// -engine.cpuprofile is set, and returns the function that stops it.
+func profileMeasured(b *testing.B) (stop func()) {
+	if *engineProfile == "" {
+		return func() {}
+	}
+	row := b.Name()
+	row = row[strings.IndexByte(row, '/')+1:]
+	name := *engineProfile + "." + strings.NewReplacer("/", "_", " ", "_").Replace(row)
+	f, err := os.Create(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+		b.Logf("CPU profile of the measured span: %s", name)
+	}
+}
+
 // BenchmarkEngineTracing is BenchmarkEngine's first and third rows with
 // tracing: none configured, an SDK that samples nothing, and one that
 // records every span (and discards it as it ends).
@@ -308,6 +350,7 @@ func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bo
 		defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	}
 	b.ResetTimer()
+	stopProfile := profileMeasured(b)
 	cpu0, faults0 := cputime.Process(), cputime.Faults()
 	if src.gate != nil {
 		close(src.gate)
@@ -320,6 +363,7 @@ func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bo
 		b.Fatal("not every message settled")
 	}
 	b.StopTimer()
+	stopProfile()
 	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(1000*float64(cputime.Faults()-faults0)/float64(b.N), "faults/kmsg")
 	cancel()
