@@ -243,16 +243,17 @@ func BenchmarkEngine(b *testing.B) {
 // CPU profile of its measured span alone to prefix.<row>, leaving out the
 // preparation of its messages and the warm-up of its tenants, which
 // -cpuprofile includes (with 100,000 tenants the warm-up builds 100,000
-// guards, and a profile of it puts the cost of a message in the wrong
-// places). To read where a message costs more at 100,000 tenants than at
-// 1,000, from consumer/:
+// guards, whose samples a whole-run profile mixes with the messages'). To
+// read where a message costs more at 100,000 tenants than at 1,000, from
+// consumer/:
 //
 //	go test -run '^$' -bench 'BenchmarkEngine/^tenants=(1000|100000)$/partitions=4/concurrency=64$' -benchtime 2000000x -engine.cpuprofile /tmp/engine
 //	go tool pprof -top -diff_base '/tmp/engine.tenants=1000_partitions=4_concurrency=64' consumer.test '/tmp/engine.tenants=100000_partitions=4_concurrency=64'
 var engineProfile = flag.String("engine.cpuprofile", "", "BenchmarkEngine: write a CPU profile of each row's measured span to this prefix plus the row's name")
 
 // profileMeasured starts the CPU profile of b's measured span if
-// -engine.cpuprofile is set, and returns the function that stops it.
+// -engine.cpuprofile is set, and returns the function that stops it (once:
+// later calls do nothing, so that a deferred call covers a row that fails).
 func profileMeasured(b *testing.B) (stop func()) {
 	if *engineProfile == "" {
 		return func() {}
@@ -268,7 +269,12 @@ func profileMeasured(b *testing.B) (stop func()) {
 		f.Close()
 		b.Fatal(err)
 	}
+	stopped := false
 	return func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		pprof.StopCPUProfile()
 		if err := f.Close(); err != nil {
 			b.Error(err)
@@ -351,6 +357,7 @@ func benchEngine(b *testing.B, src *batchSource, tenants, concurrency int, gc bo
 	}
 	b.ResetTimer()
 	stopProfile := profileMeasured(b)
+	defer stopProfile()
 	cpu0, faults0 := cputime.Process(), cputime.Faults()
 	if src.gate != nil {
 		close(src.gate)
