@@ -79,7 +79,7 @@ func TestCallsKeepTheirGoroutineShard(t *testing.T) {
 	}
 	var c atomic.Uint64
 	c.Store(41)
-	countOn(&c)
+	countOn[uint64](&c)
 	if c.Load() != 42 {
 		t.Fatalf("counted %d, want 42", c.Load())
 	}

@@ -178,17 +178,17 @@ func goroutineShard(salt uint32) uint32 {
 	return uint32(p * 0x9E3779B97F4A7C15 >> 62)                    // top 2 bits: 4 shards
 }
 
-// countOn adds 1 to a counter of the caller's shard; if another goroutine
-// wrote it meanwhile, it moves the salt (see shardSalt).
-func countOn(c *atomic.Uint64) {
-	if n := c.Load(); !c.CompareAndSwap(n, n+1) {
-		collided()
-		c.Add(1)
-	}
+// shardCount is a counter of a shard: its outcome counts (atomic.Uint64)
+// and its count of calls in progress (atomic.Int64).
+type shardCount[T int64 | uint64] interface {
+	Load() T
+	CompareAndSwap(old, new T) bool
+	Add(delta T) T
 }
 
-// enterOn is countOn for a shard's count of calls in progress.
-func enterOn(c *atomic.Int64) {
+// countOn adds 1 to a counter of the caller's shard; if another goroutine
+// wrote it meanwhile, it moves the salt (see shardSalt).
+func countOn[T int64 | uint64, C shardCount[T]](c C) {
 	if n := c.Load(); !c.CompareAndSwap(n, n+1) {
 		collided()
 		c.Add(1)

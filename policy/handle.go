@@ -71,7 +71,7 @@ func (h *Guard) enter(r uint32) (g *guard, sh uint8) {
 	}
 	sh = uint8(r & (counterShards - 1))
 	if checks(r) {
-		enterOn(&g.counts[sh].active)
+		countOn[int64](&g.counts[sh].active)
 	} else {
 		g.counts[sh].active.Add(1)
 	}

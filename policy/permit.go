@@ -268,7 +268,7 @@ func (p *Permit) record(g *guard, err error) {
 		} else {
 			c := &g.counts[p.shard&(counterShards-1)].successes
 			if p.shard&shardChecked != 0 {
-				countOn(c)
+				countOn[uint64](c)
 			} else {
 				c.Add(1)
 			}
