@@ -30,3 +30,13 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("round trip %v with GOMAXPROCS=1, want 0", d)
 	}
 }
+
+// The chase returns a positive figure, and nothing for no steps.
+func TestMemoryMiss(t *testing.T) {
+	if d := MemoryMiss(20000); d <= 0 {
+		t.Fatalf("memory miss %v, want a positive figure", d)
+	}
+	if d := MemoryMiss(0); d != 0 {
+		t.Fatalf("memory miss %v for no steps, want 0", d)
+	}
+}
