@@ -2,6 +2,7 @@ package cputime
 
 import (
 	"math/rand/v2"
+	"runtime/debug"
 	"time"
 )
 
@@ -20,25 +21,36 @@ const MissSpan = 256 << 20
 // message at least this for each line it must read before the next
 // address is known; benchmarks report it beside the rows whose state
 // spans more than the caches, as RoundTrip beside those that cross cores.
-// The memory is garbage once it returns.
+//
+// Before it returns, it collects its memory and returns it to the
+// operating system: otherwise what a benchmark allocates next would be
+// served from pages the chase already faulted in, and a row measured after
+// it would not pay the page faults that the same row run alone pays.
 func MemoryMiss(steps int) time.Duration {
 	if steps < 1 {
 		return 0
 	}
+	d := chase(steps)
+	debug.FreeOSMemory()
+	return d
+}
+
+// chase is MemoryMiss's measurement; its memory is garbage once it
+// returns.
+func chase(steps int) time.Duration {
 	type line struct {
 		next *line
 		_    [56]byte
 	}
 	ls := make([]line, MissSpan/64)
-	// One cycle through every line, in random order.
+	// One cycle through every line, in random order. Linking writes every
+	// line, so the chase faults no page in.
 	order := rand.Perm(len(ls))
 	for i, j := range order {
 		ls[j].next = &ls[order[(i+1)%len(order)]]
 	}
 	p := &ls[order[0]]
-	// The links were written in order, so no page is touched first by the
-	// chase; a short unmeasured start settles it.
-	for range min(steps, len(ls)) / 10 {
+	for range min(steps, len(ls)) / 10 { // an unmeasured start
 		p = p.next
 	}
 	t0 := time.Now()
@@ -54,8 +66,9 @@ func MemoryMiss(steps int) time.Duration {
 	}
 	el := time.Since(t0)
 	sink = p
+	sink = nil
 	return el / time.Duration(n)
 }
 
-// sink keeps MemoryMiss's chase from being optimised away.
+// sink keeps the chase from being optimised away.
 var sink any
