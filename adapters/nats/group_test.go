@@ -161,6 +161,26 @@ func redelivered(m *consumer.Message) bool {
 	return err == nil && md.NumDelivered > 1
 }
 
+// overlapCount is overlaps, read under the lock: a member's handler may
+// still be running (a redelivery) while the test reads it.
+func (r *groupRecorder) overlapCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.overlaps
+}
+
+// partitionsOf returns the partitions tenant came on, copied under the
+// lock: handlers still running add to that set.
+func (r *groupRecorder) partitionsOf(tenant string) []consumer.Partition {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ps []consumer.Partition
+	for p := range r.parts[tenant] {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
 func (r *groupRecorder) distinct() int {
 	d, _, _, _ := r.tally()
 	return d
@@ -300,8 +320,8 @@ func TestGroupMembersKeepTenantOrder(t *testing.T) {
 	if inv != 0 {
 		t.Errorf("%d per-tenant order inversions", inv)
 	}
-	if rec.overlaps != 0 {
-		t.Errorf("%d times two engines ran handlers of one partition at once", rec.overlaps)
+	if o := rec.overlapCount(); o != 0 {
+		t.Errorf("%d times two engines ran handlers of one partition at once", o)
 	}
 	owners := map[consumer.Partition]string{}
 	for _, m := range ms {
@@ -328,7 +348,7 @@ func TestGroupMembersKeepTenantOrder(t *testing.T) {
 		}
 	}
 	t.Logf("group of 3 members: %d messages, %d tenants, %d partitions: %d handled, %d duplicates, %d inversions (%d more by redeliveries), %d overlaps",
-		n, tenants, partitions, distinct, dups, inv, again, rec.overlaps)
+		n, tenants, partitions, distinct, dups, inv, again, rec.overlapCount())
 }
 
 // owner waits until exactly one of ms owns its partitions and returns it.
@@ -405,11 +425,11 @@ func TestGroupStandbyTakesOver(t *testing.T) {
 	if inv != 0 {
 		t.Errorf("%d per-tenant order inversions", inv)
 	}
-	if rec.overlaps != 0 {
-		t.Errorf("%d times two engines ran handlers of one partition at once", rec.overlaps)
+	if o := rec.overlapCount(); o != 0 {
+		t.Errorf("%d times two engines ran handlers of one partition at once", o)
 	}
 	t.Logf("standby failover: %d messages, %d tenants, %d partitions: %d handled, %d duplicates, %d inversions (%d more by redeliveries), %d overlaps; pinned after kill in %v (AckWait %v, PinnedTTL %v), after graceful stop in %v",
-		n, tenants, partitions, distinct, dups, inv, again, rec.overlaps, killFailover.Round(time.Millisecond), f.ackWait, PinnedTTL(f.ackWait), stopFailover.Round(time.Millisecond))
+		n, tenants, partitions, distinct, dups, inv, again, rec.overlapCount(), killFailover.Round(time.Millisecond), f.ackWait, PinnedTTL(f.ackWait), stopFailover.Round(time.Millisecond))
 }
 
 // TestGroupSpillLaneFollowsOwner makes one tenant's dependency fail so
@@ -442,16 +462,11 @@ func TestGroupSpillLaneFollowsOwner(t *testing.T) {
 	if st, err := info.Info(testCtx(t), jetstream.WithSubjectFilter(">")); err == nil {
 		subjects = st.State.Subjects
 	}
-	rec.mu.Lock()
-	parts := rec.parts["t00"]
-	rec.mu.Unlock()
+	parts := rec.partitionsOf("t00")
 	if len(parts) != 1 {
 		t.Fatalf("t00 came on partitions %v", parts)
 	}
-	var lane string
-	for p := range parts {
-		lane = pinned.spill.subject(consumer.SpillLane{Tenant: "t00", Partition: p})
-	}
+	lane := pinned.spill.subject(consumer.SpillLane{Tenant: "t00", Partition: parts[0]})
 	if subjects[lane] == 0 {
 		t.Fatalf("spill subjects %v, want t00's lane %s", subjects, lane)
 	}
@@ -471,8 +486,8 @@ func TestGroupSpillLaneFollowsOwner(t *testing.T) {
 	if inv != 0 {
 		t.Errorf("%d per-tenant order inversions", inv)
 	}
-	if rec.overlaps != 0 {
-		t.Errorf("%d times two engines ran handlers of one partition at once", rec.overlaps)
+	if o := rec.overlapCount(); o != 0 {
+		t.Errorf("%d times two engines ran handlers of one partition at once", o)
 	}
 	if standby.engine.Stats().Refed == 0 {
 		t.Errorf("the new owner re-fed nothing from the spill lane")
