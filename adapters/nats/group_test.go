@@ -342,11 +342,13 @@ func TestGroupMembersKeepTenantOrder(t *testing.T) {
 	if len(owners) != partitions {
 		t.Errorf("%d partitions owned, want %d", len(owners), partitions)
 	}
+	rec.mu.Lock()
 	for p, a := range rec.active {
 		if len(a) != 1 {
 			t.Errorf("partition %v handled by %d engines", p, len(a))
 		}
 	}
+	rec.mu.Unlock()
 	t.Logf("group of 3 members: %d messages, %d tenants, %d partitions: %d handled, %d duplicates, %d inversions (%d more by redeliveries), %d overlaps",
 		n, tenants, partitions, distinct, dups, inv, again, rec.overlapCount())
 }
