@@ -320,8 +320,9 @@ func TestGroupMembersKeepTenantOrder(t *testing.T) {
 	if inv != 0 {
 		t.Errorf("%d per-tenant order inversions", inv)
 	}
-	if o := rec.overlapCount(); o != 0 {
-		t.Errorf("%d times two engines ran handlers of one partition at once", o)
+	overlaps := rec.overlapCount()
+	if overlaps != 0 {
+		t.Errorf("%d times two engines ran handlers of one partition at once", overlaps)
 	}
 	owners := map[consumer.Partition]string{}
 	for _, m := range ms {
@@ -350,7 +351,7 @@ func TestGroupMembersKeepTenantOrder(t *testing.T) {
 	}
 	rec.mu.Unlock()
 	t.Logf("group of 3 members: %d messages, %d tenants, %d partitions: %d handled, %d duplicates, %d inversions (%d more by redeliveries), %d overlaps",
-		n, tenants, partitions, distinct, dups, inv, again, rec.overlapCount())
+		n, tenants, partitions, distinct, dups, inv, again, overlaps)
 }
 
 // owner waits until exactly one of ms owns its partitions and returns it.
@@ -427,11 +428,12 @@ func TestGroupStandbyTakesOver(t *testing.T) {
 	if inv != 0 {
 		t.Errorf("%d per-tenant order inversions", inv)
 	}
-	if o := rec.overlapCount(); o != 0 {
-		t.Errorf("%d times two engines ran handlers of one partition at once", o)
+	overlaps := rec.overlapCount()
+	if overlaps != 0 {
+		t.Errorf("%d times two engines ran handlers of one partition at once", overlaps)
 	}
 	t.Logf("standby failover: %d messages, %d tenants, %d partitions: %d handled, %d duplicates, %d inversions (%d more by redeliveries), %d overlaps; pinned after kill in %v (AckWait %v, PinnedTTL %v), after graceful stop in %v",
-		n, tenants, partitions, distinct, dups, inv, again, rec.overlapCount(), killFailover.Round(time.Millisecond), f.ackWait, PinnedTTL(f.ackWait), stopFailover.Round(time.Millisecond))
+		n, tenants, partitions, distinct, dups, inv, again, overlaps, killFailover.Round(time.Millisecond), f.ackWait, PinnedTTL(f.ackWait), stopFailover.Round(time.Millisecond))
 }
 
 // TestGroupSpillLaneFollowsOwner makes one tenant's dependency fail so
@@ -488,8 +490,9 @@ func TestGroupSpillLaneFollowsOwner(t *testing.T) {
 	if inv != 0 {
 		t.Errorf("%d per-tenant order inversions", inv)
 	}
-	if o := rec.overlapCount(); o != 0 {
-		t.Errorf("%d times two engines ran handlers of one partition at once", o)
+	overlaps := rec.overlapCount()
+	if overlaps != 0 {
+		t.Errorf("%d times two engines ran handlers of one partition at once", overlaps)
 	}
 	if standby.engine.Stats().Refed == 0 {
 		t.Errorf("the new owner re-fed nothing from the spill lane")
