@@ -281,6 +281,7 @@ func (c *Consumer) take(sh *shard, w *worker) bool {
 			l.state = laneIdle
 			continue
 		}
+		l.t.prefetch()
 		ct := l.t.ctl.Load()
 		if ct.stops() {
 			c.holdLane(l, ct, &w.events)

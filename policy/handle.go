@@ -82,6 +82,23 @@ func (h *Guard) enter(r uint32) (g *guard, sh uint8) {
 	return h.detach(g), 0
 }
 
+// Prefetch loads the lines of h's state that a call from the calling
+// goroutine reads and writes (the breaker's head, the latency estimate and
+// the goroutine's counter shard), and nothing else, for an engine about to
+// call h whose state is likely cold (one of many keys). The loads do not
+// wait for each other, where the call's own accesses would wait for one
+// miss after another: its first write is an atomic add, which waits for
+// every load before it. Nothing on a zero Guard.
+func (h *Guard) Prefetch() {
+	g := h.st.Load()
+	if g == nil {
+		return
+	}
+	g.state.Load()
+	g.lat.est.Load()
+	g.counts[goroutineShard(shardSalt.v.Load())].active.Load()
+}
+
 // exit ends a call counted in by enter.
 func (g *guard) exit(sh uint8) {
 	if g.pool != nil {

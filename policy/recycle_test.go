@@ -265,6 +265,27 @@ func TestRetiredGuardReadsFresh(t *testing.T) {
 	}
 }
 
+// TestPrefetch: Prefetch changes nothing a guard reports, on a zero Guard,
+// a live one and a retired one.
+func TestPrefetch(t *testing.T) {
+	var zero policy.Guard
+	zero.Prefetch()
+
+	clk, c, rc := newRecycled(t)
+	h := rc.New(c, nil)
+	dirty(t, h, clk)
+	before := h.Stats()
+	h.Prefetch()
+	if got := h.Stats(); got != before || h.State() != policy.Open {
+		t.Fatalf("Prefetch changed the guard: %+v, then %+v (%v)", before, got, h.State())
+	}
+	rc.Retire(h)
+	h.Prefetch()
+	if !h.Closed() || h.Stats() != c.New().Stats() {
+		t.Fatalf("a retired guard reads its old state after Prefetch: %+v", h.Stats())
+	}
+}
+
 func TestShareTo(t *testing.T) {
 	clk, c, rc := newRecycled(t)
 	h := rc.New(c, nil)
