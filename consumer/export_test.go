@@ -62,3 +62,7 @@ func UseWallClock(c *Consumer, now func() time.Time) {
 	c.epoch = now()
 	c.epochNano = c.epoch.UnixNano()
 }
+
+// WarmTenants is how many tenants the engine tracks before it warms the
+// runs it queues (see warmRun).
+const WarmTenants = warmTenants

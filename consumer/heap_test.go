@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ringfence/ringfence/consumer"
+	"github.com/ringfence/ringfence/consumer/consumertest"
 	"github.com/ringfence/ringfence/dlq"
 	"github.com/ringfence/ringfence/policy"
 	"github.com/ringfence/ringfence/scope"
@@ -242,6 +243,56 @@ func TestEngineHeap(t *testing.T) {
 	}
 	if err := consumer.CheckInvariants(r.c); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestManyTenantsComeBackInBatches: with more tenants tracked than
+// WarmTenants, runs of a fetch are queued after a pass that loads their
+// lanes' and tenants' lines ahead (warmRun). Keys delivered in batches of
+// keyBatch, then all again, then new ones: every message is handled once,
+// each key that comes back finds its own tenant (none is made twice), and
+// the engine's invariants hold.
+func TestManyTenantsComeBackInBatches(t *testing.T) {
+	const parts, n = 4, consumer.WarmTenants + 2000
+	var mu sync.Mutex
+	handled := map[string]int{}
+	src := newKeySource(parts)
+	c := startWith(t, consumer.Config{
+		Scope:          scope.New(fastPolicy(), scope.Options[string]{MaxKeys: 2 * n}),
+		MaxIdleTenants: 2 * n, // every tenant stays tracked
+		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+			mu.Lock()
+			handled[string(m.Key)]++
+			mu.Unlock()
+			return nil
+		}),
+	}, src)
+	sent := int64(0)
+	for phase, keys := range [][2]int{{0, n}, {0, n}, {n, n + n/4}} {
+		src.phases <- keys
+		sent += int64(keys[1] - keys[0])
+		consumertest.Eventually(t, "every message settled", func() bool { return src.settled.Load() >= sent })
+		if got := src.settled.Load(); got != sent {
+			t.Fatalf("phase %d: %d settles, want %d", phase+1, got, sent)
+		}
+		tr := c.Stats().Tracked
+		if want := keys[1]; tr.Tenants != want || tr.Forgotten != 0 {
+			t.Fatalf("phase %d: %d tenants tracked, %d forgotten; want %d and none", phase+1, tr.Tenants, tr.Forgotten, want)
+		}
+		if err := consumer.CheckInvariants(c); err != nil {
+			t.Fatalf("phase %d: %v", phase+1, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n + n/4 {
+		want := 1
+		if i < n {
+			want = 2
+		}
+		if got := handled[heapKey(i)]; got != want {
+			t.Fatalf("%s handled %d times, want %d", heapKey(i), got, want)
+		}
 	}
 }
 

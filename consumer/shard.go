@@ -24,6 +24,8 @@ type shard struct {
 
 	mu   sync.Mutex
 	dead bool // revoked
+	// warmed keeps what warmRun loaded, so that its loads are made.
+	warmed byte
 	// spills counts its lanes' spill jobs in progress: Revoked waits for
 	// their SpillLog calls (see spillWork).
 	spills settleGate

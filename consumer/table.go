@@ -70,6 +70,22 @@ func (m *keyTable[T]) get(key string, h uint64) T {
 	}
 }
 
+// byHash returns the first entry whose key's hash is h, or the zero T: the
+// entry of a key of hash h, if present, most likely. It compares no key.
+func (m *keyTable[T]) byHash(h uint64) T {
+	var zero T
+	if m.n == 0 {
+		return zero
+	}
+	mask := uint64(len(m.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if s.v == zero || s.h == h {
+			return s.v
+		}
+	}
+}
+
 // put adds v, whose key's hash is h; its key must not be in the table.
 func (m *keyTable[T]) put(v T, h uint64) {
 	if (m.n+1)*4 > len(m.slots)*3 {
