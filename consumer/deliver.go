@@ -90,8 +90,11 @@ const warmTenants = 4096
 // warmRun hashes keys into hs and loads, for all of them at once, the
 // lines that queueing them reads first: each key's slot in sh's lane table
 // and its lane's key (in its tenant's first line), or, for a key whose
-// lane is not there, its slot in the tenants table and its tenant's key.
-// It compares no key and changes nothing. With many tenants those lines
+// lane is not there, its slot in the tenants table and its tenant's key;
+// and, if new lanes will make the partition sweep (see addLane), the lines
+// the sweep reads of the oldest lanes, which it drops first: each lane, its
+// slot, and its tenant's first line. It compares no key and changes
+// nothing. With many tenants those lines
 // are cold, and queueing the messages one after another would wait for
 // them one after another, each behind the last (a lane's key is read only
 // once its slot is in; a tenant is looked up only once its lane is found
@@ -114,8 +117,23 @@ func (c *Consumer) warmRun(sh *shard, keys []string, hs []uint64) {
 			missing = true
 		}
 	}
+	nv := 0 // the oldest lanes, at the sweep queue's front
+	if missing && sh.sweep.q.len() >= c.laneBound() {
+		nv = min(len(keys), sh.sweep.q.len())
+		for j := range nv {
+			v := sh.sweep.q.at(j)
+			x += byte(v.h) + byte(v.state)
+		}
+	}
 	if missing {
 		c.tmu.Lock()
+		for j := range nv {
+			v := sh.sweep.q.at(j)
+			x += sh.lanes.touch(v.h)
+			if v.t != nil {
+				x += byte(v.t.lanes)
+			}
+		}
 		for i, k := range keys {
 			if k == "" {
 				continue

@@ -247,52 +247,69 @@ func TestEngineHeap(t *testing.T) {
 }
 
 // TestManyTenantsComeBackInBatches: with more tenants tracked than
-// WarmTenants, runs of a fetch are queued after a pass that loads their
-// lanes' and tenants' lines ahead (warmRun). Keys delivered in batches of
-// keyBatch, then all again, then new ones: every message is handled once,
-// each key that comes back finds its own tenant (none is made twice), and
-// the engine's invariants hold.
+// WarmTenants, the runs of a fetch are queued after a pass that loads
+// their lanes', tenants' and the sweep's next lanes' lines ahead
+// (warmRun). Keys delivered in batches of keyBatch, then all again, then
+// new ones: every message is handled once, a key that comes back finds its
+// own tenant (none is made twice), and the engine's invariants hold. Once
+// with every tenant kept, and once on one partition with MaxIdleTenants at
+// WarmTenants, where each lane made sweeps the oldest.
 func TestManyTenantsComeBackInBatches(t *testing.T) {
-	const parts, n = 4, consumer.WarmTenants + 2000
-	var mu sync.Mutex
-	handled := map[string]int{}
-	src := newKeySource(parts)
-	c := startWith(t, consumer.Config{
-		Scope:          scope.New(fastPolicy(), scope.Options[string]{MaxKeys: 2 * n}),
-		MaxIdleTenants: 2 * n, // every tenant stays tracked
-		Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+	const n = consumer.WarmTenants + 2000
+	for _, tc := range []struct {
+		name           string
+		parts, maxIdle int
+		keep           bool // every tenant stays tracked
+	}{
+		{"kept", 4, 2 * n, true},
+		{"swept", 1, consumer.WarmTenants, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			handled := map[string]int{}
+			src := newKeySource(tc.parts)
+			c := startWith(t, consumer.Config{
+				Scope:          scope.New(fastPolicy(), scope.Options[string]{MaxKeys: 2 * n}),
+				MaxIdleTenants: tc.maxIdle,
+				Handler: consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) error {
+					mu.Lock()
+					handled[string(m.Key)]++
+					mu.Unlock()
+					return nil
+				}),
+			}, src)
+			sent := int64(0)
+			for phase, keys := range [][2]int{{0, n}, {0, n}, {n, n + n/4}} {
+				src.phases <- keys
+				sent += int64(keys[1] - keys[0])
+				consumertest.Eventually(t, "every message settled", func() bool { return src.settled.Load() >= sent })
+				if got := src.settled.Load(); got != sent {
+					t.Fatalf("phase %d: %d settles, want %d", phase+1, got, sent)
+				}
+				tr := c.Stats().Tracked
+				switch {
+				case tc.keep && (tr.Tenants != keys[1] || tr.Forgotten != 0):
+					t.Fatalf("phase %d: %d tenants tracked, %d forgotten; want %d and none", phase+1, tr.Tenants, tr.Forgotten, keys[1])
+				case !tc.keep && (tr.Tenants > 2*tc.maxIdle+1 || tr.Tenants < consumer.WarmTenants || tr.Lanes > tr.MaxLanes):
+					// More keys than MaxLanes: lanes were swept.
+					t.Fatalf("phase %d: %d tenants tracked, %d lanes; want %d to %d tenants and at most %d lanes", phase+1, tr.Tenants, tr.Lanes, consumer.WarmTenants, 2*tc.maxIdle+1, tr.MaxLanes)
+				}
+				if err := consumer.CheckInvariants(c); err != nil {
+					t.Fatalf("phase %d: %v", phase+1, err)
+				}
+			}
 			mu.Lock()
-			handled[string(m.Key)]++
-			mu.Unlock()
-			return nil
-		}),
-	}, src)
-	sent := int64(0)
-	for phase, keys := range [][2]int{{0, n}, {0, n}, {n, n + n/4}} {
-		src.phases <- keys
-		sent += int64(keys[1] - keys[0])
-		consumertest.Eventually(t, "every message settled", func() bool { return src.settled.Load() >= sent })
-		if got := src.settled.Load(); got != sent {
-			t.Fatalf("phase %d: %d settles, want %d", phase+1, got, sent)
-		}
-		tr := c.Stats().Tracked
-		if want := keys[1]; tr.Tenants != want || tr.Forgotten != 0 {
-			t.Fatalf("phase %d: %d tenants tracked, %d forgotten; want %d and none", phase+1, tr.Tenants, tr.Forgotten, want)
-		}
-		if err := consumer.CheckInvariants(c); err != nil {
-			t.Fatalf("phase %d: %v", phase+1, err)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for i := range n + n/4 {
-		want := 1
-		if i < n {
-			want = 2
-		}
-		if got := handled[heapKey(i)]; got != want {
-			t.Fatalf("%s handled %d times, want %d", heapKey(i), got, want)
-		}
+			defer mu.Unlock()
+			for i := range n + n/4 {
+				want := 1
+				if i < n {
+					want = 2
+				}
+				if got := handled[heapKey(i)]; got != want {
+					t.Fatalf("%s handled %d times, want %d", heapKey(i), got, want)
+				}
+			}
+		})
 	}
 }
 

@@ -86,6 +86,14 @@ func (m *keyTable[T]) byHash(h uint64) T {
 	}
 }
 
+// touch loads the home slot of a key of hash h.
+func (m *keyTable[T]) touch(h uint64) byte {
+	if len(m.slots) == 0 {
+		return 0
+	}
+	return byte(m.slots[h&uint64(len(m.slots)-1)].h)
+}
+
 // put adds v, whose key's hash is h; its key must not be in the table.
 func (m *keyTable[T]) put(v T, h uint64) {
 	if (m.n+1)*4 > len(m.slots)*3 {
