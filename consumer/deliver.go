@@ -182,10 +182,8 @@ func (c *Consumer) deliverRun(ms []*Message, keys []string, single bool) {
 		case prev != nil && prev.key == keys[i]:
 			l = prev
 		default:
-			var h uint64
-			if warm {
-				h = hs[i]
-			} else {
+			h := hs[i] // hashed by warmRun
+			if !warm {
 				h = keyHash(keys[i])
 			}
 			l = sh.laneFor(keys[i], h)
