@@ -94,12 +94,12 @@ const warmTenants = 4096
 // and, if new lanes will make the partition sweep (see addLane), the lines
 // the sweep reads of the oldest lanes, which it drops first: each lane, its
 // slot, and its tenant's first line. It compares no key and changes
-// nothing. With many tenants those lines
-// are cold, and queueing the messages one after another would wait for
-// them one after another, each behind the last (a lane's key is read only
-// once its slot is in; a tenant is looked up only once its lane is found
-// missing); here the loads of different keys overlap (BenchmarkEngine at
-// 100,000 tenants guards the gain). Called with sh.mu held; it takes tmu.
+// nothing. With many tenants those lines are cold, and queueing the
+// messages one after another would wait for them one after another, each
+// behind the last (a lane's key is read only once its slot is in; a tenant
+// is looked up only once its lane is found missing); here the loads of
+// different keys overlap (BenchmarkEngine at 100,000 tenants guards the
+// gain). Called with sh.mu held; it takes tmu.
 func (c *Consumer) warmRun(sh *shard, keys []string, hs []uint64) {
 	var x byte
 	missing := false
