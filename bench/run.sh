@@ -53,7 +53,7 @@ if [ -n "$smoke" ]; then
   bench scope   "$root/bench/scope"  scope.test  "${once[@]}"
   bench kafka   "$root/bench/kafka"  kafka.test  "${once[@]}"
   bench nats    "$root/bench/nats"   nats.test   "${once[@]}"
-  bench engine  "$root/consumer" consumer.test -test.bench 'Engine$|Handler$' -test.benchtime 1x
+  bench engine  "$root/consumer" consumer.test -test.bench 'Engine$|TenantPipeline$|Handler$' -test.benchtime 1x
 else
   # A row of one run reads whatever the host did in its second: the guard
   # and scope-hit cells are the medians of three.
@@ -63,7 +63,7 @@ else
   # rows' table cells are the medians of five. A fixed count of lookups
   # runs each row's warm-up once a run rather than once per b.N tried.
   bench scope-churn "$root/bench/scope" scope.test -test.bench 'Churn' -test.benchmem -test.benchtime 2000000x -test.count 5
-  bench engine "$root/consumer" consumer.test -test.bench 'Engine$' -test.benchtime 300000x -test.count 5
+  bench engine "$root/consumer" consumer.test -test.bench 'Engine$|TenantPipeline$' -test.benchtime 300000x -test.count 5
   # The paired rows run a process per round: the host moves the cores
   # between rounds, and a ratio within one process sees one placement.
   for i in 1 2 3 4 5; do

@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,6 +84,9 @@ func withWarmUp(n, parts, batch, tenants int, pick tenantPick) *batchSource {
 	return s
 }
 
+// tenantKey is the key of the t-th tenant of a benchmark's messages.
+func tenantKey(t int) string { return fmt.Sprintf("tenant-%04d", t) }
+
 func newKeyedSource(n, parts, batch int, pick tenantPick) *batchSource {
 	s := &batchSource{msgs: make([]consumer.Message, n), parts: parts, batch: batch, paused: map[int32]bool{}}
 	s.cond = sync.NewCond(&s.mu)
@@ -93,7 +97,7 @@ func newKeyedSource(n, parts, batch int, pick tenantPick) *batchSource {
 		t := pick(i)
 		k, ok := keys[t]
 		if !ok {
-			k = []byte(fmt.Sprintf("tenant-%04d", t))
+			k = []byte(tenantKey(t))
 			keys[t] = k
 		}
 		s.msgs[i] = consumer.Message{Key: k, Topic: "t", Partition: consumer.Partition{Topic: "t", ID: int32(p)}, Offset: offs[p]}
@@ -241,6 +245,113 @@ func BenchmarkEngine(b *testing.B) {
 				benchEngine(b, src, bc.tenants, bc.concurrency, gc, consumer.Tracing{})
 			})
 		}
+	}
+}
+
+// BenchmarkTenantPipeline is a reference for BenchmarkEngine's rows of
+// many tenants: the least a message costs in a pipeline that keeps state
+// per tenant, with the same messages as the engine row of the same name.
+// The goroutine that delivers looks each message's tenant up in a map and
+// hands each batch to one of GOMAXPROCS workers over a channel; the worker
+// loads the guard lines of the batch's tenants (policy.Guard.Prefetch) and
+// calls each guard, Allow then Done. Nothing else: no lane, order, bound,
+// settle or commit. Every tenant and its guard (in a scope of twice the
+// tenants, as the engine row's) is made before the timer starts, and the
+// collector is off. What a message costs here at 100,000 tenants beyond
+// its cost at 1,000 is what the tenants' state alone costs when the caches
+// cannot hold it; what the engine row costs beyond that is the engine's
+// own state of many tenants (its lanes). From consumer/:
+//
+//	go test -run '^$' -bench 'BenchmarkEngine/^tenants=(1000|100000)$/partitions=4/concurrency=64$|TenantPipeline' -benchtime 1000000x
+func BenchmarkTenantPipeline(b *testing.B) {
+	for _, bc := range []struct {
+		tenants int
+		zipf    float64
+	}{{tenants: 1000}, {tenants: 100000}, {tenants: 100000, zipf: 1.1}} {
+		name := fmt.Sprintf("tenants=%d/partitions=4", bc.tenants)
+		pick := roundRobin(bc.tenants)
+		if bc.zipf > 0 {
+			name = fmt.Sprintf("tenants=%d/zipf=%g/partitions=4", bc.tenants, bc.zipf)
+		}
+		b.Run(name, func(b *testing.B) {
+			if bc.zipf > 0 {
+				pick = zipf(bc.zipf, bc.tenants)
+			}
+			src := newKeyedSource(b.N, 4, 64, pick)
+			tenantPipeline(b, src.msgs, bc.tenants, src.batch)
+		})
+	}
+}
+
+// pipelineTenant is a tenant of tenantPipeline: its guard and a count, on
+// a line of its own.
+type pipelineTenant struct {
+	g       *policy.Guard
+	handled atomic.Uint64
+	_       [48]byte
+}
+
+// tenantPipeline runs ms, whose keys are those of n tenants (tenantKey),
+// through the pipeline BenchmarkTenantPipeline describes, batch messages
+// at a time.
+func tenantPipeline(b *testing.B, ms []consumer.Message, n, batch int) {
+	p := policy.Default()
+	p.AttemptTimeout = 0 // as the engine rows
+	sc := scope.New(p, scope.Options[string]{MaxKeys: 2 * n})
+	tenants := make(map[string]*pipelineTenant, n)
+	for t := range n {
+		k := tenantKey(t)
+		tenants[k] = &pipelineTenant{g: sc.Pin(k)}
+	}
+	ctx := context.Background()
+	work := make(chan []*pipelineTenant, 8)
+	free := make(chan []*pipelineTenant, 16)
+	for range cap(free) {
+		free <- make([]*pipelineTenant, 0, batch)
+	}
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for ts := range work {
+				for _, t := range ts {
+					t.g.Prefetch()
+				}
+				for _, t := range ts {
+					pm, err := t.g.Allow(ctx)
+					if err != nil {
+						refused.Add(1)
+						continue
+					}
+					pm.Done(nil)
+					t.handled.Add(1)
+				}
+				free <- ts[:0]
+			}
+		})
+	}
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for rest := ms; len(rest) > 0; {
+		n := min(batch, len(rest))
+		ts := <-free
+		for i := range rest[:n] {
+			ts = append(ts, tenants[string(rest[i].Key)])
+		}
+		work <- ts
+		rest = rest[n:]
+	}
+	close(work)
+	wg.Wait()
+	b.StopTimer()
+	var handled uint64
+	for _, t := range tenants {
+		handled += t.handled.Load()
+	}
+	if refused.Load() > 0 || handled != uint64(len(ms)) {
+		b.Fatalf("%d calls refused, %d handled of %d", refused.Load(), handled, len(ms))
 	}
 }
 
