@@ -249,52 +249,92 @@ func BenchmarkEngine(b *testing.B) {
 }
 
 // BenchmarkTenantPipeline is a reference for BenchmarkEngine's rows of
-// many tenants: the least a message costs in a pipeline that keeps state
-// per tenant, with the same messages as the engine row of the same name.
-// The goroutine that delivers looks each message's tenant up in a map and
-// hands each batch to one of GOMAXPROCS workers over a channel; the worker
-// loads the guard lines of the batch's tenants (policy.Guard.Prefetch) and
-// calls each guard, Allow then Done. Nothing else: no lane, order, bound,
-// settle or commit. Every tenant and its guard (in a scope of twice the
-// tenants, as the engine row's) is made before the timer starts, and the
-// collector is off. What a message costs here at 100,000 tenants beyond
-// its cost at 1,000 is what the tenants' state alone costs when the caches
-// cannot hold it; what the engine row costs beyond that is the engine's
-// own state of many tenants (its lanes). From consumer/:
+// many tenants: what a message costs in a pipeline that does nothing but
+// keep state per tenant, over the same messages as the engine row of the
+// same tenants. The goroutine that delivers looks each message's tenant up
+// in a map and hands each batch to one of GOMAXPROCS workers over a
+// channel; the worker loads the guard lines of the batch's tenants
+// (policy.Guard.Prefetch) and calls each guard, Allow then Done. No lane,
+// bound, settle or commit. With order=tenant it also keeps each tenant's
+// order, the least an engine of ordered tenants does: the delivering
+// goroutine appends the message to its tenant's queue (under the tenant's
+// mutex) and hands the tenant over only if no worker holds it, and a
+// worker handles what the queue holds until it finds it empty. Every
+// tenant and its guard (in a scope of twice the tenants, as the engine
+// row's) is made before the timer starts, and the collector is off. What a
+// message costs at 100,000 tenants beyond its cost at 1,000 is what the
+// tenants' state costs when the caches cannot hold it; the engine row's
+// cost beyond that is the engine's own. From consumer/:
 //
 //	go test -run '^$' -bench 'BenchmarkEngine/^tenants=(1000|100000)$/partitions=4/concurrency=64$|TenantPipeline' -benchtime 1000000x
 func BenchmarkTenantPipeline(b *testing.B) {
-	for _, bc := range []struct {
-		tenants int
-		zipf    float64
-	}{{tenants: 1000}, {tenants: 100000}, {tenants: 100000, zipf: 1.1}} {
-		name := fmt.Sprintf("tenants=%d/partitions=4", bc.tenants)
-		pick := roundRobin(bc.tenants)
-		if bc.zipf > 0 {
-			name = fmt.Sprintf("tenants=%d/zipf=%g/partitions=4", bc.tenants, bc.zipf)
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, ordered := range []bool{false, true} {
+		for _, bc := range []struct {
+			tenants int
+			zipf    float64
+		}{{tenants: 1000}, {tenants: 100000}, {tenants: 100000, zipf: 1.1}} {
+			name := fmt.Sprintf("tenants=%d", bc.tenants)
+			pick := roundRobin(bc.tenants)
 			if bc.zipf > 0 {
-				pick = zipf(bc.zipf, bc.tenants)
+				name = fmt.Sprintf("tenants=%d/zipf=%g", bc.tenants, bc.zipf)
 			}
-			src := newKeyedSource(b.N, 4, 64, pick)
-			tenantPipeline(b, src.msgs, bc.tenants, src.batch)
-		})
+			order := "none"
+			if ordered {
+				order = "tenant"
+			}
+			b.Run(fmt.Sprintf("order=%s/%s/partitions=4", order, name), func(b *testing.B) {
+				if bc.zipf > 0 {
+					pick = zipf(bc.zipf, bc.tenants)
+				}
+				src := newKeyedSource(b.N, 4, 64, pick)
+				tenantPipeline(b, src.msgs, bc.tenants, src.batch, ordered)
+			})
+		}
 	}
 }
 
-// pipelineTenant is a tenant of tenantPipeline: its guard and a count, on
-// a line of its own.
+// pipelineTenant is a tenant of tenantPipeline.
 type pipelineTenant struct {
 	g       *policy.Guard
 	handled atomic.Uint64
-	_       [48]byte
+	mu      sync.Mutex
+	q       int  // messages queued (order=tenant)
+	held    bool // a batch or a worker holds it (order=tenant)
+	_       [24]byte
+}
+
+// run handles the messages of t that wait (order=tenant): one call each,
+// until it finds none, then lets t go.
+func (t *pipelineTenant) run(ctx context.Context) (refused int64) {
+	t.mu.Lock()
+	for n := t.q; n > 0; n = t.q {
+		t.q = 0
+		t.mu.Unlock()
+		for range n {
+			refused += t.call(ctx)
+		}
+		t.mu.Lock()
+	}
+	t.held = false
+	t.mu.Unlock()
+	return refused
+}
+
+// call calls t's guard once, as a successful message does.
+func (t *pipelineTenant) call(ctx context.Context) (refused int64) {
+	pm, err := t.g.Allow(ctx)
+	if err != nil {
+		return 1
+	}
+	pm.Done(nil)
+	t.handled.Add(1)
+	return 0
 }
 
 // tenantPipeline runs ms, whose keys are those of n tenants (tenantKey),
 // through the pipeline BenchmarkTenantPipeline describes, batch messages
 // at a time.
-func tenantPipeline(b *testing.B, ms []consumer.Message, n, batch int) {
+func tenantPipeline(b *testing.B, ms []consumer.Message, n, batch int, ordered bool) {
 	p := policy.Default()
 	p.AttemptTimeout = 0 // as the engine rows
 	sc := scope.New(p, scope.Options[string]{MaxKeys: 2 * n})
@@ -318,13 +358,11 @@ func tenantPipeline(b *testing.B, ms []consumer.Message, n, batch int) {
 					t.g.Prefetch()
 				}
 				for _, t := range ts {
-					pm, err := t.g.Allow(ctx)
-					if err != nil {
-						refused.Add(1)
-						continue
+					if ordered {
+						refused.Add(t.run(ctx))
+					} else {
+						refused.Add(t.call(ctx))
 					}
-					pm.Done(nil)
-					t.handled.Add(1)
 				}
 				free <- ts[:0]
 			}
@@ -335,13 +373,24 @@ func tenantPipeline(b *testing.B, ms []consumer.Message, n, batch int) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for rest := ms; len(rest) > 0; {
-		n := min(batch, len(rest))
+		k := min(batch, len(rest))
 		ts := <-free
-		for i := range rest[:n] {
-			ts = append(ts, tenants[string(rest[i].Key)])
+		for i := range rest[:k] {
+			t := tenants[string(rest[i].Key)]
+			if !ordered {
+				ts = append(ts, t)
+				continue
+			}
+			t.mu.Lock()
+			t.q++
+			if !t.held {
+				t.held = true
+				ts = append(ts, t)
+			}
+			t.mu.Unlock()
 		}
 		work <- ts
-		rest = rest[n:]
+		rest = rest[k:]
 	}
 	close(work)
 	wg.Wait()

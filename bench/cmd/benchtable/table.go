@@ -19,9 +19,10 @@ const (
 	engineZipf  = "Engine/tenants=1000000/zipf=1.1/partitions=4/concurrency=64"
 	engine512   = "Engine/tenants=1000/partitions=512/concurrency=64"
 	engineOnce  = "Engine/tenants=distinct/partitions=4/concurrency=64"
-	pipe1000    = "TenantPipeline/tenants=1000/partitions=4"
-	pipe100k    = "TenantPipeline/tenants=100000/partitions=4"
-	pipeZipfS   = "TenantPipeline/tenants=100000/zipf=1.1/partitions=4"
+	pipe        = "TenantPipeline/order=" // then none/ or tenant/, and one of:
+	pipe1000    = "tenants=1000/partitions=4"
+	pipe100k    = "tenants=100000/partitions=4"
+	pipeZipfS   = "tenants=100000/zipf=1.1/partitions=4"
 	kEngine     = "Consume/ringfence-engine"
 	kSource     = "Consume/ringfence-source"
 	kFloor      = "Consume/handoff-floor"
@@ -216,20 +217,29 @@ func scaleRow(s *samples, name, what string) [4]string {
 }
 
 // pipelineRow is the reference for the rows of many tenants: a pipeline
-// that does nothing but find each message's tenant and call its guard, over
-// the same messages as the engine rows. What it costs at 100,000 tenants
-// beyond 1,000 is what the tenants' state costs alone; the engine rows'
-// cost beyond that is the engine's own.
+// that does nothing but find each message's tenant and call its guard
+// (and, with order=tenant, keep each tenant's order), over the same
+// messages as the engine rows. What it costs at 100,000 tenants beyond
+// 1,000 is what the tenants' state costs alone; the engine rows' cost
+// beyond that is the engine's own.
 func pipelineRow(s *samples) [4]string {
 	ns := func(name string) float64 { return s.med(name, "ns/op") }
-	more := func(name, base string) float64 { return ns(name) - ns(base) }
+	cell := func(order string) string {
+		p := pipe + order + "/"
+		return fmt.Sprintf("%.1f / %.1f / %.1f ns", ns(p+pipe1000), ns(p+pipe100k), ns(p+pipeZipfS))
+	}
+	more := func(order string) string {
+		p := pipe + order + "/"
+		return fmt.Sprintf("%.2fx its 1000 row, %.0f ns more / %.2fx, %.0f ns more",
+			ns(p+pipe100k)/ns(p+pipe1000), ns(p+pipe100k)-ns(p+pipe1000),
+			ns(p+pipeZipfS)/ns(p+pipe1000), ns(p+pipeZipfS)-ns(p+pipe1000))
+	}
 	return [4]string{
-		fmt.Sprintf("reference for the two rows above: a pipeline that only looks each message's tenant up (a map, on the delivering goroutine) and calls its guard (on the workers, batches handed over a channel), no lanes, order, bounds or commits; 1000 tenants / 100,000 round-robin / Zipf(1.1) over 100,000, the engine rows' messages, median of %d", s.count(pipe1000, "ns/op")),
-		fmt.Sprintf("%.1f / %.1f / %.1f ns, %s allocs", ns(pipe1000), ns(pipe100k), ns(pipeZipfS), strconv.FormatFloat(s.med(pipe100k, "allocs/op"), 'f', 0, 64)),
+		fmt.Sprintf("reference for the two rows above: a pipeline that only looks each message's tenant up (a map, on the delivering goroutine) and calls its guard (on the workers, batches handed over a channel), no lanes, bounds or commits; then the same keeping each tenant's order (a queue and a mutex in the tenant); 1000 tenants / 100,000 round-robin / Zipf(1.1) over 100,000, the engine rows' messages, median of %d", s.count(pipe+"none/"+pipe1000, "ns/op")),
+		fmt.Sprintf("%s; in order %s; %s allocs", cell("none"), cell("tenant"), strconv.FormatFloat(s.med(pipe+"tenant/"+pipe100k, "allocs/op"), 'f', 0, 64)),
 		fmt.Sprintf("the engine rows %.1f / %.1f / %.1f ns", ns(engine1000), ns(engine100k), ns(engineZipfS)),
-		fmt.Sprintf("100,000: %.2fx its 1000 row, %.0f ns more (the engine %.0f ns more); Zipf %.2fx, %.0f ns more (the engine %.0f ns more)",
-			ns(pipe100k)/ns(pipe1000), more(pipe100k, pipe1000), more(engine100k, engine1000),
-			ns(pipeZipfS)/ns(pipe1000), more(pipeZipfS, pipe1000), more(engineZipfS, engine1000)),
+		fmt.Sprintf("100,000 / Zipf: %s; in order %s; the engine %.0f / %.0f ns more",
+			more("none"), more("tenant"), ns(engine100k)-ns(engine1000), ns(engineZipfS)-ns(engine1000)),
 	}
 }
 
