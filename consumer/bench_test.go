@@ -257,9 +257,10 @@ func BenchmarkEngine(b *testing.B) {
 // (policy.Guard.Prefetch) and calls each guard, Allow then Done. No lane,
 // bound, settle or commit. With order=tenant it also keeps each tenant's
 // order, the least an engine of ordered tenants does: the delivering
-// goroutine appends the message to its tenant's queue (under the tenant's
-// mutex) and hands the tenant over only if no worker holds it, and a
-// worker handles what the queue holds until it finds it empty. Every
+// goroutine counts the message into its tenant's queue (under the tenant's
+// mutex; a count, the messages themselves are not kept) and hands the
+// tenant over only if no worker holds it, and a worker handles what the
+// queue holds until it finds it empty. Every
 // tenant and its guard (in a scope of twice the tenants, as the engine
 // row's) is made before the timer starts, and the collector is off. What a
 // message costs at 100,000 tenants beyond its cost at 1,000 is what the
