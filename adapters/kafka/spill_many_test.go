@@ -34,9 +34,9 @@ const spillSoakEnv = "RINGFENCE_SPILL_SOAK"
 // lane spills: the broker-side footprint stays two topics with the source's
 // partition count, every message is handled, in order per tenant (but for
 // the messages the engine announces it handled ahead of a suspect head,
-// EventReordered, which a head that used up its retries before its
-// tenant's breaker opened leads to), nothing is lost or dead-lettered, and
-// the group's commit moves on through the fault. The normal run has 1,000 tenants and a 4s fault (-short: 200);
+// EventReordered, the one reordering it documents), nothing is lost or
+// dead-lettered, and the group's commit moves on through the fault. The
+// normal run has 1,000 tenants and a 4s fault (-short: 200);
 // RINGFENCE_SPILL_SOAK=1 runs a 30s fault and asserts the commit lag bound;
 // RINGFENCE_SPILL_SOAK_PARTITIONS sets the source's partition count (4).
 func TestSpillManyTenantsAtOnce(t *testing.T) {
@@ -79,17 +79,17 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 
 	var failing atomic.Bool
 	var mu sync.Mutex
-	handled := map[string][]int{} // tenant -> sequence numbers in handling order
-	// The messages the engine handled ahead of a suspect head, as evidence
-	// (EventReordered, the one reordering it documents), by partition and
-	// offset; and each handled message's tenant and sequence number, to
-	// leave those out of the order check.
-	type tenantSeq struct {
-		tenant string
-		seq    int
+	// handled is each tenant's messages in handling order: a sequence
+	// number, and where the message was (partition, offset). reordered
+	// holds where the messages are that the engine handled ahead of a
+	// suspect head, as evidence (EventReordered): the order check leaves
+	// them out.
+	type handledMsg struct {
+		seq int
+		at  [2]int64
 	}
+	handled := map[string][]handledMsg{}
 	reordered := map[[2]int64]bool{}
-	seqAt := map[[2]int64]tenantSeq{}
 	cons, err := consumer.New(consumer.Config{
 		Scope:              scope.New(consumertest.FastPolicy(), scope.Options[string]{MaxKeys: 4 * shape.tenants}),
 		Tenant:             h.Tenant(),
@@ -106,8 +106,7 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 				return fmt.Errorf("bad value %q", m.Value)
 			}
 			mu.Lock()
-			handled[tn] = append(handled[tn], n)
-			seqAt[[2]int64{int64(m.Partition.ID), m.Offset}] = tenantSeq{tn, n}
+			handled[tn] = append(handled[tn], handledMsg{n, [2]int64{int64(m.Partition.ID), m.Offset}})
 			mu.Unlock()
 			return nil
 		}),
@@ -185,10 +184,10 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		n := 0
-		for _, seqs := range handled {
+		for _, msgs := range handled {
 			seen := map[int]bool{}
-			for _, s := range seqs {
-				seen[s] = true
+			for _, h := range msgs {
+				seen[h.seq] = true
 			}
 			n += len(seen)
 		}
@@ -215,29 +214,19 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 	slices.Sort(made)
 
 	mu.Lock()
-	// A message handled ahead of its suspect head was announced
-	// (EventReordered): it is left out of its tenant's order.
-	ahead := map[string]map[int]bool{}
-	for at := range reordered {
-		if ts, ok := seqAt[at]; ok {
-			if ahead[ts.tenant] == nil {
-				ahead[ts.tenant] = map[int]bool{}
-			}
-			ahead[ts.tenant][ts.seq] = true
-		}
-	}
 	inversions, duplicates := 0, 0
-	for tn, seqs := range handled {
+	for _, msgs := range handled {
 		last := -1
 		seen := map[int]bool{}
-		for _, s := range seqs {
+		for _, h := range msgs {
+			s := h.seq
 			if seen[s] {
 				duplicates++
 				continue
 			}
 			seen[s] = true
-			if ahead[tn][s] {
-				continue
+			if reordered[h.at] {
+				continue // handled ahead of its suspect head, announced
 			}
 			if s < last {
 				inversions++
