@@ -69,14 +69,13 @@ func zipf(s float64, tenants int) tenantPick {
 }
 
 // withWarmUp returns a source of warm-up messages, then n messages picked
-// by pick: the warm-up is one message of each of tenants tenants in turn,
+// by pick. The warm-up is one message of each of tenants tenants in turn,
 // and as many more as it takes to feed every partition two batches (the
-// tenants again, in turn), so that the engine has seen every tenant once
-// and made every partition's state (its lane table, and lanes past its
-// bound when the partitions are many), before the measurement (see benchEngine), which
-// then measures the cost of a message in steady state, not that of a
-// tenant's or a partition's first sight (the distinct-keys row measures
-// the first).
+// tenants again, in turn): the engine has seen every tenant and made every
+// partition's state (its lane table, and lanes past its bound when the
+// partitions are many) before the measurement (see benchEngine), which then
+// measures the cost of a message in steady state, not that of a tenant's or
+// a partition's first sight (the distinct-keys row measures the first).
 func withWarmUp(n, parts, batch, tenants int, pick tenantPick) *batchSource {
 	warm := max(tenants, 2*parts*batch)
 	s := newKeyedSource(warm+n, parts, batch, func(i int) int {
