@@ -84,12 +84,16 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 	// holds where the messages are that the engine handled ahead of a
 	// suspect head, as evidence (EventReordered): the order check leaves
 	// them out.
+	type msgPos struct {
+		partition int32
+		offset    int64
+	}
 	type handledMsg struct {
 		seq int
-		at  [2]int64
+		at  msgPos
 	}
 	handled := map[string][]handledMsg{}
-	reordered := map[[2]int64]bool{}
+	reordered := map[msgPos]bool{}
 	cons, err := consumer.New(consumer.Config{
 		Scope:              scope.New(consumertest.FastPolicy(), scope.Options[string]{MaxKeys: 4 * shape.tenants}),
 		Tenant:             h.Tenant(),
@@ -106,14 +110,14 @@ func TestSpillManyTenantsAtOnce(t *testing.T) {
 				return fmt.Errorf("bad value %q", m.Value)
 			}
 			mu.Lock()
-			handled[tn] = append(handled[tn], handledMsg{n, [2]int64{int64(m.Partition.ID), m.Offset}})
+			handled[tn] = append(handled[tn], handledMsg{n, msgPos{m.Partition.ID, m.Offset}})
 			mu.Unlock()
 			return nil
 		}),
 		OnEvent: func(e consumer.Event) {
 			if e.Kind == consumer.EventReordered {
 				mu.Lock()
-				reordered[[2]int64{int64(e.Partition.ID), e.Offset}] = true
+				reordered[msgPos{e.Partition.ID, e.Offset}] = true
 				mu.Unlock()
 			}
 		},
